@@ -1,0 +1,52 @@
+//! `idemwatch drill SCENARIO`: one redelivery drill, headless, with its verdict.
+
+use clap::Args;
+
+use super::{print_json, CliError, CliResult, EngineArgs};
+use idemwatch::drills::{self, DrillError, DrillOptions, Scenario};
+
+#[derive(Debug, Args)]
+pub struct DrillArgs {
+    /// Which failure to reproduce.
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Deliveries (crash-before-ack, default 7) or publishes (double-publish, default 2).
+    #[arg(long)]
+    pub times: Option<u32>,
+    /// Run each consumer as a real child process that aborts at the crash point.
+    #[arg(long)]
+    pub kill_process: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Machine-readable report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(args: DrillArgs) -> CliResult {
+    let mut opts = DrillOptions::new(
+        args.scenario,
+        &args.engine.db_url(),
+        &args.engine.queue_url(),
+    );
+    opts.times = args.times;
+    opts.mode = args.engine.mode;
+    opts.kill_process = args.kill_process;
+    opts.sms_url = args.engine.sms_url.clone();
+    opts.webhook_url = args.engine.webhook_url.clone();
+    if args.kill_process {
+        opts.child_exe = Some(std::env::current_exe().map_err(|e| {
+            CliError::unavailable(format!("cannot find the idemwatch executable: {e}"))
+        })?);
+    }
+    let report = drills::run(opts).await.map_err(|e| match e {
+        DrillError::Usage(m) => CliError::usage(m),
+        other => CliError::unavailable(other),
+    })?;
+    if args.json {
+        print_json(&report);
+    } else {
+        print!("{}", report.render_text());
+    }
+    Ok(report.exit_code())
+}

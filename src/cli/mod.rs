@@ -1,0 +1,185 @@
+//! Command-line parsing (SPEC §6). Each subcommand lives in its own file and only
+//! calls the library layers.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use idemwatch::engine::consumers::ConsumerMode;
+use idemwatch::engine::crash::CrashPoint;
+use idemwatch::engine::runner::RunnerSettings;
+use idemwatch::engine::{default_db_url, default_queue_url, EngineConfig};
+use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
+
+pub mod consume;
+pub mod drill;
+pub mod publish;
+pub mod purge;
+pub mod sandbox;
+pub mod serve;
+
+/// Exit codes (SPEC §6, plus 3 for an environment we could not reach). A failed
+/// idempotent drill exits 1 (see `DrillReport::exit_code`).
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_USAGE: i32 = 2;
+pub const EXIT_UNAVAILABLE: i32 = 3;
+
+/// An error with the exit code it maps to.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: i32,
+    pub message: String,
+}
+
+impl CliError {
+    pub fn usage(message: impl Into<String>) -> Self {
+        CliError {
+            code: EXIT_USAGE,
+            message: message.into(),
+        }
+    }
+
+    pub fn unavailable(message: impl std::fmt::Display) -> Self {
+        CliError {
+            code: EXIT_UNAVAILABLE,
+            message: message.to_string(),
+        }
+    }
+}
+
+pub type CliResult = Result<i32, CliError>;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idemwatch",
+    version,
+    about = "Watch and prove idempotent consumers: a terminal dashboard plus an embedded engine with redelivery drills",
+    after_help = "Without a subcommand: the dashboard (a live demo on an embedded engine when no config is found)."
+)]
+pub struct Cli {
+    /// Config file (TOML). Default: $XDG_CONFIG_HOME/idemwatch/config.toml if present.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Where logs go (the terminal belongs to the TUI and to --json output).
+    #[arg(long, global = true, value_name = "FILE", env = "IDEMWATCH_LOG_FILE")]
+    pub log_file: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the consumers as a service; /metrics on --listen.
+    Serve(serve::ServeArgs),
+    /// Enqueue envelopes from a .jsonl file ('-' = stdin), one message per line.
+    Publish(publish::PublishArgs),
+    /// Run the consumers until the queue is empty, then print counts.
+    Consume(consume::ConsumeArgs),
+    /// Run one redelivery drill headless and print its report.
+    Drill(drill::DrillArgs),
+    /// Retention purge of processed_messages, in batches.
+    Purge(purge::PurgeArgs),
+    /// The SMS/ERP sandbox provider, standalone.
+    SmsSandbox(sandbox::SandboxArgs),
+}
+
+/// Flags every engine-backed command shares (SPEC §6 "common flags").
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Database URL: sqlite://PATH, postgres://…, mysql://… (default: SQLite in the data dir).
+    #[arg(long, env = "IDEMWATCH_DB")]
+    pub db: Option<String>,
+    /// Queue URL (default: the embedded queue next to the database).
+    #[arg(long, env = "IDEMWATCH_QUEUE")]
+    pub queue: Option<String>,
+    /// Base URL of the SMS provider (default: an embedded sandbox).
+    #[arg(long, env = "IDEMWATCH_SMS_URL")]
+    pub sms_url: Option<String>,
+    /// Base URL of the ERP webhook sink (default: same as --sms-url).
+    #[arg(long, env = "IDEMWATCH_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+    /// Idempotency mode of the consumers.
+    #[arg(long, value_enum, default_value_t = ConsumerMode::Idempotent)]
+    pub mode: ConsumerMode,
+    /// Run only these consumers (repeatable; default: all four).
+    #[arg(long = "consumer", value_name = "NAME")]
+    pub consumers: Vec<String>,
+
+    // Tuning and drill plumbing: hidden from --help, used by drills' child processes.
+    #[arg(long, hide = true)]
+    pub namespace: Option<String>,
+    #[arg(long, hide = true, default_value_t = 30_000)]
+    pub visibility_ms: u64,
+    #[arg(long, hide = true, default_value_t = 60_000)]
+    pub claim_lease_ms: u64,
+    #[arg(long, hide = true, default_value_t = 1_000)]
+    pub retry_ms: u64,
+    #[arg(long, hide = true, default_value_t = 16)]
+    pub lease_batch: usize,
+    #[arg(long, hide = true, default_value_t = 10)]
+    pub max_deliveries: u32,
+    #[arg(long, hide = true, value_parser = clap::value_parser!(CrashPoint))]
+    pub crash_at: Option<CrashPoint>,
+    /// Die for real (abort) at --crash-at instead of stopping the worker.
+    #[arg(long, hide = true)]
+    pub crash_abort: bool,
+}
+
+impl EngineArgs {
+    pub fn db_url(&self) -> String {
+        self.db.clone().unwrap_or_else(default_db_url)
+    }
+
+    pub fn queue_url(&self) -> String {
+        self.queue
+            .clone()
+            .unwrap_or_else(|| default_queue_url(&self.db_url()))
+    }
+
+    /// The engine config; `sms_url` must already be resolved (see [`provider_urls`]).
+    pub fn engine_config(&self, sms_url: &str, webhook_url: &str) -> EngineConfig {
+        let mut cfg = EngineConfig::new(&self.db_url(), &self.queue_url(), sms_url, webhook_url);
+        cfg.mode = self.mode;
+        cfg.consumers = self.consumers.clone();
+        cfg.namespace = self.namespace.clone();
+        cfg.claim_lease = Duration::from_millis(self.claim_lease_ms);
+        cfg.runner = RunnerSettings {
+            visibility_timeout: Duration::from_millis(self.visibility_ms),
+            max_deliveries: self.max_deliveries,
+            lease_batch: self.lease_batch.max(1),
+            retry_delay: Duration::from_millis(self.retry_ms),
+            ..RunnerSettings::default()
+        };
+        cfg
+    }
+
+    /// Provider URLs, starting an embedded sandbox when none is given. The handle
+    /// must live as long as the engine uses it.
+    pub async fn provider_urls(&self) -> Result<(String, String, Option<SandboxHandle>), CliError> {
+        let (sms, handle) = match &self.sms_url {
+            Some(u) => (u.clone(), None),
+            None => {
+                let h = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+                    .await
+                    .map_err(|e| {
+                        CliError::unavailable(format!("cannot start the embedded SMS sandbox: {e}"))
+                    })?;
+                tracing::info!(url = %h.url(), "embedded SMS/ERP sandbox started");
+                (h.url(), Some(h))
+            }
+        };
+        let webhook = self.webhook_url.clone().unwrap_or_else(|| sms.clone());
+        Ok((sms, webhook, handle))
+    }
+}
+
+/// Print a value as one JSON document on stdout.
+pub fn print_json<T: serde::Serialize>(value: &T) {
+    match serde_json::to_string_pretty(value) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("error: cannot encode JSON: {e}"),
+    }
+}

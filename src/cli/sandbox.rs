@@ -1,0 +1,27 @@
+//! `idemwatch sms-sandbox`: the SMS/ERP provider of SPEC §4, standalone.
+
+use std::net::SocketAddr;
+
+use clap::Args;
+
+use super::{CliError, CliResult, EXIT_OK};
+use idemwatch::sim::sandbox_provider;
+
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// Address to listen on (loopback by default).
+    #[arg(long, default_value = "127.0.0.1:9465")]
+    pub listen: SocketAddr,
+}
+
+pub async fn run(args: SandboxArgs) -> CliResult {
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| CliError::unavailable(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener.local_addr().map_err(CliError::unavailable)?;
+    eprintln!("SMS/ERP sandbox on http://{addr} (POST /sms, GET /sms/sent, POST /erp, GET /erp/sent); Ctrl-C stops it");
+    sandbox_provider::serve(listener, super::serve::shutdown_signal())
+        .await
+        .map_err(CliError::unavailable)?;
+    Ok(EXIT_OK)
+}

@@ -1,0 +1,124 @@
+//! `idemwatch serve`: the consumers as a long-running service, with `/metrics`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use clap::Args;
+use tokio::sync::watch;
+
+use super::{CliError, CliResult, EngineArgs, EXIT_OK};
+use idemwatch::engine::crash::CrashPlan;
+use idemwatch::engine::metrics::Metrics;
+use idemwatch::engine::Engine;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address for /metrics (loopback by default: exposing it is a decision).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub listen: SocketAddr,
+    /// Workers per consumer.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// The content type Prometheus expects for the text exposition with exemplars off.
+const EXPOSITION: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, EXPOSITION)], metrics.encode())
+}
+
+/// The `/metrics` and `/healthz` routes over one engine's metrics.
+pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(metrics)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+pub async fn run(args: ServeArgs) -> CliResult {
+    let (sms, webhook, _sandbox) = args.engine.provider_urls().await?;
+    let cfg = args.engine.engine_config(&sms, &webhook);
+    let engine = Arc::new(Engine::open(&cfg).await.map_err(CliError::unavailable)?);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| CliError::unavailable(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener.local_addr().map_err(CliError::unavailable)?;
+    eprintln!(
+        "idemwatch serve: consumers {:?} ({}) on {} / {}; metrics on http://{addr}/metrics; SMS to {sms}",
+        engine.consumer_names(),
+        cfg.mode.as_str(),
+        engine.store.redacted_url(),
+        engine.queue.redacted_url(),
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let gauges = {
+        let engine = engine.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = engine.refresh_in_doubt_gauge().await {
+                    tracing::warn!(error = %e, "in-doubt gauge refresh failed");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    _ = stop.changed() => break,
+                }
+            }
+        })
+    };
+    let http = {
+        let mut stop = stop_rx.clone();
+        let app = metrics_router(engine.metrics.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                })
+                .await
+        })
+    };
+    let workers = {
+        let engine = engine.clone();
+        let stop = stop_rx.clone();
+        let n = args.workers;
+        tokio::spawn(async move { engine.run(n, Arc::new(CrashPlan::none()), stop).await })
+    };
+    shutdown_signal().await;
+    eprintln!("idemwatch serve: stopping (finishing deliveries in hand)…");
+    let _ = stop_tx.send(true);
+    let _ = workers.await;
+    let _ = http.await;
+    let _ = gauges.await;
+    Ok(EXIT_OK)
+}

@@ -1,0 +1,390 @@
+//! Redelivery drills (SPEC §6): reproduce a failure of the field report on demand
+//! and return a verdict.
+//!
+//! A drill runs against the configured store and queue but in its own corner: its
+//! own queue namespace and its own device id, so it never touches live rows. Every
+//! drill writes a `drill_runs` row and a `drill` marker. In naive mode the same
+//! checks run and fail: that is the harm the pattern prevents.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::engine::consumers::ConsumerMode;
+use crate::engine::runner::DeliveryEvent;
+use crate::engine::store::{MarkerKind, StoreError};
+
+mod concurrent_duplicate;
+mod crash_after_send;
+mod crash_before_ack;
+mod double_publish;
+mod key_conflict;
+mod out_of_order;
+pub(crate) mod rig;
+
+use rig::Rig;
+
+/// The drill scenarios of SPEC §6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    CrashBeforeAck,
+    CrashAfterSend,
+    DoublePublish,
+    ConcurrentDuplicate,
+    OutOfOrder,
+    KeyConflict,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 6] = [
+        Scenario::CrashBeforeAck,
+        Scenario::CrashAfterSend,
+        Scenario::DoublePublish,
+        Scenario::ConcurrentDuplicate,
+        Scenario::OutOfOrder,
+        Scenario::KeyConflict,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scenario::CrashBeforeAck => "crash-before-ack",
+            Scenario::CrashAfterSend => "crash-after-send",
+            Scenario::DoublePublish => "double-publish",
+            Scenario::ConcurrentDuplicate => "concurrent-duplicate",
+            Scenario::OutOfOrder => "out-of-order",
+            Scenario::KeyConflict => "key-conflict",
+        }
+    }
+
+    /// One line for the operator: what the drill does.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Scenario::CrashBeforeAck => "one zone_exit delivered N times; the first N-1 consumers die after the side effect, before the ack",
+            Scenario::CrashAfterSend => "the consumer dies between the SMS provider call and recording the result",
+            Scenario::DoublePublish => "the producer publishes the same event twice with different message_ids",
+            Scenario::ConcurrentDuplicate => "two workers get the same key at the same moment",
+            Scenario::OutOfOrder => "ignition_off (seq n+1) is processed, then ignition_on (seq n) arrives late",
+            Scenario::KeyConflict => "the same key arrives with a different payload",
+        }
+    }
+
+    /// The default `--times` of the scenario.
+    pub fn default_times(self) -> u32 {
+        match self {
+            Scenario::CrashBeforeAck => 7,
+            Scenario::CrashAfterSend | Scenario::DoublePublish | Scenario::ConcurrentDuplicate => 2,
+            Scenario::OutOfOrder | Scenario::KeyConflict => 2,
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scenario {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Scenario::ALL
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .ok_or_else(|| format!("unknown drill scenario {s:?}"))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrillError {
+    #[error("drill setup failed: {0}")]
+    Setup(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("could not read the provider's record: {0}")]
+    Provider(String),
+    #[error("bad drill parameters: {0}")]
+    Usage(String),
+}
+
+/// How to run one drill.
+#[derive(Debug, Clone)]
+pub struct DrillOptions {
+    pub scenario: Scenario,
+    pub times: Option<u32>,
+    /// `Idempotent` or `Naive` (SPEC §6); `SeenSet` also works and shows its window.
+    pub mode: ConsumerMode,
+    /// Run each consumer incarnation as a real child process that aborts.
+    pub kill_process: bool,
+    /// The idemwatch executable for child processes (the CLI passes its own).
+    pub child_exe: Option<PathBuf>,
+    pub db_url: String,
+    pub queue_url: String,
+    /// SMS provider base URL; `None` starts an embedded sandbox for the drill.
+    pub sms_url: Option<String>,
+    pub webhook_url: Option<String>,
+    /// Progress lines for a live view (the TUI's Drills tab).
+    pub progress: Option<mpsc::UnboundedSender<String>>,
+}
+
+impl DrillOptions {
+    pub fn new(scenario: Scenario, db_url: &str, queue_url: &str) -> Self {
+        DrillOptions {
+            scenario,
+            times: None,
+            mode: ConsumerMode::Idempotent,
+            kill_process: false,
+            child_exe: None,
+            db_url: db_url.to_string(),
+            queue_url: queue_url.to_string(),
+            sms_url: None,
+            webhook_url: None,
+            progress: None,
+        }
+    }
+}
+
+/// One checked expectation of a drill.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub expected: Value,
+    pub actual: Value,
+    pub ok: bool,
+}
+
+/// What a scenario measured; the common report is built from it.
+#[derive(Debug, Default)]
+pub(crate) struct Findings {
+    pub deliveries: u64,
+    pub sms_sent: u64,
+    pub webhooks_sent: u64,
+    pub duplicate_dropped: u64,
+    pub counter_delta: i64,
+    pub dead_lettered: u64,
+    pub state_ok: bool,
+    pub checks: Vec<Check>,
+    pub notes: Vec<String>,
+    pub extra: serde_json::Map<String, Value>,
+    pub events: Vec<DeliveryEvent>,
+}
+
+impl Findings {
+    pub fn check(&mut self, name: &str, expected: impl Into<Value>, actual: impl Into<Value>) {
+        let (expected, actual) = (expected.into(), actual.into());
+        let ok = expected == actual;
+        self.checks.push(Check {
+            name: name.to_string(),
+            expected,
+            actual,
+            ok,
+        });
+    }
+
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+}
+
+/// Count delivery outcomes of one consumer.
+pub(crate) fn count(events: &[DeliveryEvent], consumer: &str, outcome: &str) -> u64 {
+    events
+        .iter()
+        .filter(|e| e.consumer == consumer && e.outcome == outcome)
+        .count() as u64
+}
+
+/// Deliveries one consumer saw (crashed ones included: they emit no event in a child
+/// that aborted, so the drill counts those itself).
+pub(crate) fn deliveries(events: &[DeliveryEvent], consumer: &str) -> u64 {
+    events.iter().filter(|e| e.consumer == consumer).count() as u64
+}
+
+/// The drill report (SPEC §6 JSON).
+#[derive(Debug, Clone, Serialize)]
+pub struct DrillReport {
+    pub run_id: i64,
+    pub scenario: Scenario,
+    pub mode: ConsumerMode,
+    pub times: u32,
+    pub kill_process: bool,
+    pub deliveries: u64,
+    pub sms_sent: u64,
+    pub webhooks_sent: u64,
+    pub duplicate_dropped: u64,
+    pub counter_delta: i64,
+    pub dead_lettered: u64,
+    pub state_ok: bool,
+    pub verdict: Verdict,
+    pub duration_ms: u64,
+    pub details: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Fail,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "fail",
+        }
+    }
+}
+
+impl DrillReport {
+    /// Exit code for the CLI (SPEC §6): 1 only when an idempotent drill failed; a
+    /// naive drill failing is the expected demonstration of harm.
+    pub fn exit_code(&self) -> i32 {
+        if self.verdict == Verdict::Fail && self.mode != ConsumerMode::Naive {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// Human-readable summary for the terminal.
+    pub fn render_text(&self) -> String {
+        let mut out = format!(
+            "drill {} ({}{}) run #{}: {}\n",
+            self.scenario,
+            self.mode.as_str(),
+            if self.kill_process {
+                ", real process kills"
+            } else {
+                ""
+            },
+            self.run_id,
+            self.verdict.as_str().to_uppercase()
+        );
+        out.push_str(&format!(
+            "  deliveries {}  sms_sent {}  webhooks_sent {}  duplicate_dropped {}  counter_delta {}  dead_lettered {}  state_ok {}\n",
+            self.deliveries, self.sms_sent, self.webhooks_sent, self.duplicate_dropped,
+            self.counter_delta, self.dead_lettered, self.state_ok
+        ));
+        if let Some(checks) = self.details.get("checks").and_then(Value::as_array) {
+            for c in checks {
+                let ok = c.get("ok").and_then(Value::as_bool).unwrap_or(false);
+                out.push_str(&format!(
+                    "  [{}] {}: expected {}, got {}\n",
+                    if ok { "ok" } else { "FAIL" },
+                    c.get("name").and_then(Value::as_str).unwrap_or("?"),
+                    c.get("expected").unwrap_or(&Value::Null),
+                    c.get("actual").unwrap_or(&Value::Null),
+                ));
+            }
+        }
+        if let Some(notes) = self.details.get("notes").and_then(Value::as_array) {
+            for n in notes {
+                out.push_str(&format!("  - {}\n", n.as_str().unwrap_or("")));
+            }
+        }
+        out
+    }
+}
+
+/// Run one drill against the store and queue the options name.
+pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
+    let started = Instant::now();
+    let times = opts.times.unwrap_or(opts.scenario.default_times());
+    if times == 0 || times > 1000 {
+        return Err(DrillError::Usage(format!(
+            "--times {times} is outside 1..=1000"
+        )));
+    }
+    let store = crate::engine::store::open(&opts.db_url).await?;
+    let queue = crate::engine::queue::open(&opts.queue_url)
+        .await
+        .map_err(|e| DrillError::Setup(e.to_string()))?;
+    let run_id = store
+        .start_drill_run(opts.scenario.as_str(), opts.mode.as_str())
+        .await?;
+    let rig = Rig::new(&opts, store.clone(), queue, run_id).await?;
+    rig.say(format!(
+        "drill #{run_id} {} ({}): {}",
+        opts.scenario,
+        opts.mode.as_str(),
+        opts.scenario.describe()
+    ));
+    let findings = match opts.scenario {
+        Scenario::CrashBeforeAck => crash_before_ack::run(&rig, times).await,
+        Scenario::CrashAfterSend => crash_after_send::run(&rig).await,
+        Scenario::DoublePublish => double_publish::run(&rig, times).await,
+        Scenario::ConcurrentDuplicate => concurrent_duplicate::run(&rig).await,
+        Scenario::OutOfOrder => out_of_order::run(&rig).await,
+        Scenario::KeyConflict => key_conflict::run(&rig).await,
+    };
+    let mut findings = match findings {
+        Ok(f) => f,
+        Err(e) => {
+            let report = json!({ "error": e.to_string() });
+            let _ = store.finish_drill_run(run_id, "error", &report).await;
+            return Err(e);
+        }
+    };
+    findings.webhooks_sent = rig.webhooks_sent().await? as u64;
+    let verdict = if findings.checks.iter().all(|c| c.ok) {
+        Verdict::Pass
+    } else {
+        Verdict::Fail
+    };
+    let mut per_consumer: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for e in &findings.events {
+        *per_consumer
+            .entry(e.consumer.clone())
+            .or_default()
+            .entry(e.outcome.clone())
+            .or_default() += 1;
+    }
+    let mut details = findings.extra.clone();
+    details.insert("description".into(), json!(opts.scenario.describe()));
+    details.insert("device_id".into(), json!(rig.device));
+    details.insert("checks".into(), json!(findings.checks));
+    details.insert("notes".into(), json!(findings.notes));
+    details.insert("outcomes_by_consumer".into(), json!(per_consumer));
+    let report = DrillReport {
+        run_id,
+        scenario: opts.scenario,
+        mode: opts.mode,
+        times,
+        kill_process: opts.kill_process,
+        deliveries: findings.deliveries,
+        sms_sent: findings.sms_sent,
+        webhooks_sent: findings.webhooks_sent,
+        duplicate_dropped: findings.duplicate_dropped,
+        counter_delta: findings.counter_delta,
+        dead_lettered: findings.dead_lettered,
+        state_ok: findings.state_ok,
+        verdict,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        details: Value::Object(details),
+    };
+    let report_json = serde_json::to_value(&report).unwrap_or(Value::Null);
+    store
+        .finish_drill_run(run_id, verdict.as_str(), &report_json)
+        .await?;
+    store
+        .add_marker(
+            MarkerKind::Drill,
+            &format!(
+                "drill {} ({}): {}",
+                opts.scenario,
+                opts.mode.as_str(),
+                verdict.as_str()
+            ),
+            Some(&json!({"run_id": run_id}).to_string()),
+        )
+        .await?;
+    rig.say(format!("verdict: {}", verdict.as_str()));
+    Ok(report)
+}

@@ -1,0 +1,345 @@
+//! The drill rig: an isolated corner of the configured system (its own queue
+//! namespace, its own device id) plus a supervisor that runs consumer incarnations
+//! in-process or as real child processes, restarting them as a supervisor would.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+
+use super::{DrillError, DrillOptions};
+use crate::engine::consumers::ConsumerMode;
+use crate::engine::crash::{CrashPlan, CrashPoint, CrashStyle};
+use crate::engine::envelope::{Envelope, EventType};
+use crate::engine::metrics::Metrics;
+use crate::engine::queue::Queue;
+use crate::engine::runner::{DeliveryEvent, EventSink, RunnerSettings};
+use crate::engine::store::Store;
+use crate::engine::{Engine, EngineConfig};
+use crate::sim::sandbox_provider::{self, SandboxClient, SandboxHandle};
+
+/// Timings that keep a drill to a few seconds while exercising the real paths:
+/// redelivery after a visibility timeout, in doubt after a claim lease.
+pub(crate) const DRILL_VISIBILITY: Duration = Duration::from_millis(300);
+pub(crate) const DRILL_CLAIM_LEASE: Duration = Duration::from_millis(500);
+pub(crate) const DRILL_RETRY: Duration = Duration::from_millis(100);
+
+/// What one incarnation of a consumer did before it exited or died.
+#[derive(Debug, Default)]
+pub(crate) struct Incarnation {
+    pub events: Vec<DeliveryEvent>,
+    pub crashed: bool,
+}
+
+pub(crate) struct Rig {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    pub mode: ConsumerMode,
+    pub namespace: String,
+    pub device: String,
+    pub phone: String,
+    pub sms_url: String,
+    pub webhook_url: String,
+    db_url: String,
+    queue_url: String,
+    child_exe: Option<PathBuf>,
+    sandbox: SandboxClient,
+    _embedded_sandbox: Option<SandboxHandle>,
+    progress: Option<mpsc::UnboundedSender<String>>,
+}
+
+impl Rig {
+    pub async fn new(
+        opts: &DrillOptions,
+        store: Arc<dyn Store>,
+        queue: Arc<dyn Queue>,
+        run_id: i64,
+    ) -> Result<Rig, DrillError> {
+        let (embedded, sms_url) = match &opts.sms_url {
+            Some(url) => (None, url.clone()),
+            None => {
+                let handle = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+                    .await
+                    .map_err(|e| DrillError::Setup(format!("cannot start the SMS sandbox: {e}")))?;
+                let url = handle.url();
+                (Some(handle), url)
+            }
+        };
+        let webhook_url = opts.webhook_url.clone().unwrap_or_else(|| sms_url.clone());
+        let sandbox = SandboxClient::new(sms_url.clone())
+            .map_err(|e| DrillError::Setup(format!("HTTP client: {e}")))?;
+        let salt: u32 = rand::random();
+        let child_exe = if opts.kill_process {
+            Some(opts.child_exe.clone().ok_or_else(|| {
+                DrillError::Setup("--kill-process needs the idemwatch executable".into())
+            })?)
+        } else {
+            None
+        };
+        Ok(Rig {
+            store,
+            queue,
+            mode: opts.mode,
+            namespace: format!("drill-{run_id}-{salt:08x}"),
+            device: format!("DRILL-{run_id}-{salt:08x}"),
+            phone: format!("+9000{:08}", salt % 100_000_000),
+            sms_url,
+            webhook_url,
+            db_url: opts.db_url.clone(),
+            queue_url: opts.queue_url.clone(),
+            child_exe,
+            sandbox,
+            _embedded_sandbox: embedded,
+            progress: opts.progress.clone(),
+        })
+    }
+
+    pub fn say(&self, line: impl Into<String>) {
+        let line = line.into();
+        tracing::info!(drill = %self.namespace, "{line}");
+        if let Some(p) = &self.progress {
+            let _ = p.send(line);
+        }
+    }
+
+    /// A well-formed event of the drill's device.
+    pub fn event(&self, seq: u64, event_type: EventType, message_id: &str) -> Envelope {
+        let mut payload = serde_json::Map::new();
+        match event_type {
+            EventType::ZoneEnter | EventType::ZoneExit => {
+                payload.insert("zone".into(), json!("X"));
+                payload.insert("phone".into(), json!(self.phone));
+            }
+            EventType::Position => {
+                payload.insert("lat".into(), json!(41.0082));
+                payload.insert("lon".into(), json!(28.9784));
+            }
+            _ => {}
+        }
+        let base = chrono::DateTime::parse_from_rfc3339("2026-11-30T04:12:03Z")
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .unwrap_or_default();
+        Envelope {
+            message_id: Some(message_id.to_string()),
+            device_id: self.device.clone(),
+            seq,
+            event_type,
+            occurred_at: base + chrono::Duration::seconds(i64::try_from(seq).unwrap_or(0)),
+            payload,
+        }
+    }
+
+    fn config(&self, consumers: &[&str]) -> EngineConfig {
+        let mut cfg = EngineConfig::new(
+            &self.db_url,
+            &self.queue_url,
+            &self.sms_url,
+            &self.webhook_url,
+        );
+        cfg.mode = self.mode;
+        cfg.consumers = consumers.iter().map(|s| s.to_string()).collect();
+        cfg.namespace = Some(self.namespace.clone());
+        cfg.claim_lease = DRILL_CLAIM_LEASE;
+        cfg.runner = RunnerSettings {
+            visibility_timeout: DRILL_VISIBILITY,
+            max_deliveries: 50,
+            lease_batch: 1,
+            retry_delay: DRILL_RETRY,
+            idle_poll: Duration::from_millis(20),
+        };
+        cfg
+    }
+
+    fn engine(&self, consumers: &[&str]) -> Result<Engine, DrillError> {
+        Engine::from_parts(
+            self.store.clone(),
+            self.queue.clone(),
+            Arc::new(Metrics::new()),
+            &self.config(consumers),
+        )
+        .map_err(|e| DrillError::Setup(e.to_string()))
+    }
+
+    /// Publish raw bodies to the named consumers' drill queues.
+    pub async fn publish(&self, consumers: &[&str], bodies: &[Vec<u8>]) -> Result<(), DrillError> {
+        self.engine(consumers)?
+            .publish(bodies)
+            .await
+            .map_err(|e| DrillError::Setup(e.to_string()))
+    }
+
+    /// Run one incarnation of `consumer` until its queue is empty or it dies at
+    /// `crash`. In-process, or as a real child process with `--kill-process`.
+    pub async fn incarnation(
+        &self,
+        consumer: &str,
+        crash: Option<CrashPoint>,
+    ) -> Result<Incarnation, DrillError> {
+        match &self.child_exe {
+            Some(exe) => self.child_incarnation(exe, consumer, crash).await,
+            None => self.inprocess_incarnation(consumer, crash).await,
+        }
+    }
+
+    async fn inprocess_incarnation(
+        &self,
+        consumer: &str,
+        crash: Option<CrashPoint>,
+    ) -> Result<Incarnation, DrillError> {
+        let engine = self.engine(&[consumer])?;
+        let plan = Arc::new(match crash {
+            Some(p) => CrashPlan::at(p, 1, CrashStyle::Unwind),
+            None => CrashPlan::none(),
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let sink: EventSink = Arc::new(move |e| {
+            let _ = tx.send(e);
+        });
+        let worker = engine
+            .worker(consumer, plan, Some(sink))
+            .map_err(|e| DrillError::Setup(e.to_string()))?;
+        let crashed = worker.run_until_idle().await.is_err();
+        drop(worker);
+        let mut events = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            events.push(e);
+        }
+        Ok(Incarnation { events, crashed })
+    }
+
+    async fn child_incarnation(
+        &self,
+        exe: &PathBuf,
+        consumer: &str,
+        crash: Option<CrashPoint>,
+    ) -> Result<Incarnation, DrillError> {
+        let cfg = self.config(&[consumer]);
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.arg("consume")
+            .arg("--until-idle")
+            .arg("--events")
+            .args(["--db", &cfg.db_url, "--queue", &cfg.queue_url])
+            .args(["--sms-url", &cfg.sms_url, "--webhook-url", &cfg.webhook_url])
+            .args(["--consumer", consumer, "--mode", self.mode.as_str()])
+            .args(["--namespace", &self.namespace])
+            .args([
+                "--visibility-ms",
+                &cfg.runner.visibility_timeout.as_millis().to_string(),
+            ])
+            .args(["--claim-lease-ms", &cfg.claim_lease.as_millis().to_string()])
+            .args([
+                "--retry-ms",
+                &cfg.runner.retry_delay.as_millis().to_string(),
+            ])
+            .args(["--lease-batch", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(p) = crash {
+            cmd.args(["--crash-at", p.as_str(), "--crash-abort"]);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| DrillError::Setup(format!("cannot start {}: {e}", exe.display())))?;
+        let pid = child.id().unwrap_or(0);
+        let mut events = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(e) = serde_json::from_str::<DeliveryEvent>(&line) {
+                    events.push(e);
+                }
+            }
+        }
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| DrillError::Setup(format!("waiting for child {pid}: {e}")))?;
+        let crashed = !status.success();
+        self.say(format!(
+            "child process {pid} ({consumer}) exited: {status}{}",
+            if crashed {
+                " — restarting it, as a supervisor would"
+            } else {
+                ""
+            }
+        ));
+        Ok(Incarnation { events, crashed })
+    }
+
+    /// Supervise `consumer` through `incarnations` lives: each of the first
+    /// `crashing` ones is armed to die at `point`; the rest run clean.
+    pub async fn supervise(
+        &self,
+        consumer: &str,
+        incarnations: u32,
+        crashing: u32,
+        point: CrashPoint,
+    ) -> Result<Vec<DeliveryEvent>, DrillError> {
+        let mut all = Vec::new();
+        for i in 1..=incarnations {
+            let crash = (i <= crashing).then_some(point);
+            let inc = self.incarnation(consumer, crash).await?;
+            if crash.is_some() && !inc.crashed {
+                self.say(format!(
+                    "{consumer}: incarnation {i} was armed but never reached {point}"
+                ));
+            } else if crash.is_some() {
+                self.say(format!("{consumer}: incarnation {i} died at {point}"));
+            }
+            all.extend(inc.events);
+        }
+        Ok(all)
+    }
+
+    /// SMS the provider really sent for this drill's device.
+    pub async fn sms_sent(&self) -> Result<usize, DrillError> {
+        let sent = self.sandbox.sent_sms().await.map_err(provider_err)?;
+        Ok(sent
+            .iter()
+            .filter(|s| s.text.contains(&self.device))
+            .count())
+    }
+
+    /// Every SMS request the provider received for this device: the Idempotency-Key
+    /// each carried.
+    pub async fn sms_request_keys(&self) -> Result<Vec<Option<String>>, DrillError> {
+        let reqs = self.sandbox.sms_requests().await.map_err(provider_err)?;
+        Ok(reqs
+            .into_iter()
+            .filter(|r| r.text.as_deref().is_some_and(|t| t.contains(&self.device)))
+            .map(|r| r.idempotency_key)
+            .collect())
+    }
+
+    pub async fn webhooks_sent(&self) -> Result<usize, DrillError> {
+        let sent = self.sandbox.sent_erp().await.map_err(provider_err)?;
+        Ok(sent
+            .iter()
+            .filter(|s| s.body.get("device_id").and_then(|d| d.as_str()) == Some(&self.device))
+            .count())
+    }
+
+    pub async fn counter(&self) -> Result<i64, DrillError> {
+        Ok(self.store.zone_exits(&self.device).await?)
+    }
+
+    /// Drop whatever is left in the drill's queues.
+    pub async fn clean_up(&self, consumers: &[&str]) {
+        for c in consumers {
+            let _ = self
+                .queue
+                .purge_queue(&format!("{}/{c}", self.namespace))
+                .await;
+        }
+    }
+}
+
+fn provider_err(e: reqwest::Error) -> DrillError {
+    DrillError::Provider(e.to_string())
+}

@@ -1,0 +1,60 @@
+//! `erp-webhook`: one POST to the customer's ERP per trip end (`ignition_off`).
+//! External side effect: two-phase claim plus an `Idempotency-Key` header.
+
+use async_trait::async_trait;
+
+use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome, RiskClass};
+use crate::engine::crash::CrashPlan;
+use crate::engine::envelope::{rfc3339, Envelope, EventType};
+
+pub const NAME: &str = "erp-webhook";
+
+pub struct ErpWebhook {
+    deps: Deps,
+    mode: ConsumerMode,
+}
+
+impl ErpWebhook {
+    pub fn new(deps: Deps, mode: ConsumerMode) -> Self {
+        ErpWebhook { deps, mode }
+    }
+}
+
+/// The webhook body: a pure function of the event, so a resend is byte-identical.
+pub fn trip_end_body(env: &Envelope) -> serde_json::Value {
+    serde_json::json!({
+        "event": "trip_end",
+        "device_id": env.device_id,
+        "seq": env.seq,
+        "message_key": env.key(),
+        "occurred_at": rfc3339(&env.occurred_at),
+    })
+}
+
+#[async_trait]
+impl Consumer for ErpWebhook {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn risk(&self) -> RiskClass {
+        RiskClass::ExternalSideEffect
+    }
+
+    fn mode(&self) -> ConsumerMode {
+        self.mode
+    }
+
+    fn wants(&self, event: EventType) -> bool {
+        event == EventType::IgnitionOff
+    }
+
+    async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError> {
+        let body = trip_end_body(env);
+        let provider = &self.deps.provider;
+        side_effect::perform(NAME, &self.deps, self.mode, env, crash, |key| async move {
+            provider.post_webhook(&body, key.as_deref()).await
+        })
+        .await
+    }
+}

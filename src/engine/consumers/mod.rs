@@ -1,0 +1,160 @@
+//! The four fleet consumers of the field report (SPEC §2), one file each.
+//!
+//! The review rule for every consumer: "what happens if I call this handler twice
+//! with the same message?" The answer must be "the same result"; the property tests
+//! in `tests/twice.rs` ask it of every consumer here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use super::crash::{CrashPlan, Crashed};
+use super::envelope::{Envelope, EventType, Rejection};
+use super::metrics::{EffectResult, Metrics};
+use super::provider::ProviderClient;
+use super::store::{Store, StoreError};
+
+pub mod erp_webhook;
+mod side_effect;
+pub mod trip_counter;
+pub mod vehicle_state;
+pub mod zone_exit_sms;
+
+/// How dangerous a second call of the handler is, from the field report's inventory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RiskClass {
+    /// Writes "set state": naturally idempotent with a seq guard.
+    Natural,
+    /// Counters, balances, appends: needs the dedup table.
+    Accumulation,
+    /// Cannot be rolled back: SMS, e-mail, webhooks.
+    ExternalSideEffect,
+}
+
+impl RiskClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RiskClass::Natural => "natural",
+            RiskClass::Accumulation => "accumulation",
+            RiskClass::ExternalSideEffect => "external side effect",
+        }
+    }
+}
+
+/// Which idempotency mechanism a consumer runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConsumerMode {
+    /// The consumer's proper mode: seq guard, transactional dedup, or two-phase claim.
+    #[default]
+    Idempotent,
+    /// Record the key after the effect succeeded (cheap; re-runs the effect if the
+    /// process dies between the two).
+    SeenSet,
+    /// No dedup, no claims, no provider key, no seq guard. For drills only.
+    Naive,
+}
+
+impl ConsumerMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConsumerMode::Idempotent => "idempotent",
+            ConsumerMode::SeenSet => "seen-set",
+            ConsumerMode::Naive => "naive",
+        }
+    }
+}
+
+/// What one handler call decided; the runner turns it into metrics and an ack.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The effect was applied (the first completed delivery of this key).
+    Processed {
+        effect: Option<EffectResult>,
+        /// This delivery took over a claim left in doubt by a dead predecessor.
+        took_over_in_doubt: bool,
+    },
+    /// Stored in history only: older than the current state.
+    Late,
+    /// Already done: acked without effect.
+    Duplicate,
+    /// Not an event this consumer cares about.
+    Skipped,
+    /// Bad input discovered by the consumer (a key conflict): dead-letter and ack.
+    Rejected(Rejection),
+    /// Not now (a live claim elsewhere, the provider down): leave unacked.
+    Retry(String),
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Processed { .. } => "processed",
+            Outcome::Late => "late",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Skipped => "skipped",
+            Outcome::Rejected(_) => "dead_lettered",
+            Outcome::Retry(_) => "retry",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandleError {
+    #[error(transparent)]
+    Crashed(#[from] Crashed),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What every consumer needs from the engine.
+#[derive(Clone)]
+pub struct Deps {
+    pub store: Arc<dyn Store>,
+    pub provider: ProviderClient,
+    pub metrics: Arc<Metrics>,
+    /// A claim older than this without a result is in doubt (SPEC §3: 60 s).
+    pub claim_lease: Duration,
+}
+
+#[async_trait]
+pub trait Consumer: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn risk(&self) -> RiskClass;
+    fn mode(&self) -> ConsumerMode;
+    /// Event types this consumer acts on; the rest are acked as skipped.
+    fn wants(&self, event: EventType) -> bool;
+    /// Handle one parsed message. Must give "the same result" when called twice.
+    async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError>;
+}
+
+/// The names of the fleet consumers, in the order of the SPEC table.
+pub const FLEET_CONSUMERS: [&str; 4] = [
+    vehicle_state::NAME,
+    trip_counter::NAME,
+    zone_exit_sms::NAME,
+    erp_webhook::NAME,
+];
+
+/// Build one fleet consumer by name.
+pub fn build(name: &str, deps: &Deps, mode: ConsumerMode) -> Option<Arc<dyn Consumer>> {
+    let deps = deps.clone();
+    Some(match name {
+        vehicle_state::NAME => Arc::new(vehicle_state::VehicleStateConsumer::new(deps, mode)),
+        trip_counter::NAME => Arc::new(trip_counter::TripCounter::new(deps, mode)),
+        zone_exit_sms::NAME => Arc::new(zone_exit_sms::ZoneExitSms::new(deps, mode)),
+        erp_webhook::NAME => Arc::new(erp_webhook::ErpWebhook::new(deps, mode)),
+        _ => return None,
+    })
+}
+
+/// All four fleet consumers in one mode.
+pub fn fleet(deps: &Deps, mode: ConsumerMode) -> Vec<Arc<dyn Consumer>> {
+    FLEET_CONSUMERS
+        .iter()
+        .filter_map(|n| build(n, deps, mode))
+        .collect()
+}

@@ -1,0 +1,167 @@
+//! The two-phase side effect shared by `zone-exit-sms` and `erp-webhook`:
+//! claim (in the dedup transaction) → call the provider with the claim's key →
+//! record `sent` / `failed`.
+//!
+//! Invariant: one external effect per distinct key. The claim makes a redelivery
+//! that finds `sent` do nothing; the provider's Idempotency-Key closes the window the
+//! claim cannot (a crash after the send, before the record): the in-doubt retry
+//! reuses the same key and the provider replays instead of sending again.
+
+use std::future::Future;
+
+use sha2::{Digest, Sha256};
+
+use super::{ConsumerMode, Deps, HandleError, Outcome};
+use crate::engine::crash::{CrashPlan, CrashPoint};
+use crate::engine::envelope::{Envelope, RejectReason, Rejection};
+use crate::engine::metrics::EffectResult;
+use crate::engine::provider::{ProviderError, ProviderReply};
+use crate::engine::store::{ClaimOutcome, ClaimState, DedupOutcome};
+
+/// The provider key for one consumer's effect of one message. Derived, never random:
+/// even with the claim row gone, the same message yields the same key.
+pub(crate) fn provider_key(consumer: &str, env: &Envelope) -> String {
+    let mut h = Sha256::new();
+    h.update(consumer.as_bytes());
+    h.update(b"\n");
+    h.update(env.key().as_str().as_bytes());
+    format!("idemwatch-{}", &hex::encode(h.finalize())[..32])
+}
+
+/// Perform `send` at most once per key, according to `mode`.
+pub(crate) async fn perform<F, Fut>(
+    consumer: &'static str,
+    deps: &Deps,
+    mode: ConsumerMode,
+    env: &Envelope,
+    crash: &CrashPlan,
+    send: F,
+) -> Result<Outcome, HandleError>
+where
+    F: FnOnce(Option<String>) -> Fut,
+    Fut: Future<Output = Result<ProviderReply, ProviderError>>,
+{
+    let key = env.key();
+    let fingerprint = env.fingerprint();
+    match mode {
+        ConsumerMode::Naive => {
+            let reply = send(None).await;
+            crash.reach(CrashPoint::AfterSideEffect)?;
+            Ok(match reply {
+                Ok(_) => record(deps, consumer, EffectResult::Sent, false),
+                Err(ProviderError::Rejected { .. }) => {
+                    record(deps, consumer, EffectResult::Failed, false)
+                }
+                Err(e) => Outcome::Retry(e.to_string()),
+            })
+        }
+        ConsumerMode::SeenSet => {
+            match deps.store.seen(consumer, &key, &fingerprint).await? {
+                Some(DedupOutcome::KeyConflict { stored }) => return Ok(conflict(stored.as_str())),
+                Some(_) => {
+                    deps.metrics.side_effect(consumer, EffectResult::Suppressed);
+                    return Ok(Outcome::Duplicate);
+                }
+                None => {}
+            }
+            let reply = send(Some(provider_key(consumer, env))).await;
+            crash.reach(CrashPoint::AfterSideEffect)?;
+            match reply {
+                Ok(r) => {
+                    deps.store.mark_seen(consumer, &key, &fingerprint).await?;
+                    Ok(record(deps, consumer, sent_or_replayed(&r), false))
+                }
+                Err(ProviderError::Rejected { .. }) => {
+                    deps.store.mark_seen(consumer, &key, &fingerprint).await?;
+                    Ok(record(deps, consumer, EffectResult::Failed, false))
+                }
+                Err(e) => Ok(Outcome::Retry(e.to_string())),
+            }
+        }
+        ConsumerMode::Idempotent => {
+            let claim = match deps
+                .store
+                .claim_side_effect(
+                    consumer,
+                    &key,
+                    &fingerprint,
+                    &provider_key(consumer, env),
+                    deps.claim_lease,
+                )
+                .await?
+            {
+                ClaimOutcome::KeyConflict { stored } => return Ok(conflict(stored.as_str())),
+                ClaimOutcome::Done(_) => {
+                    deps.metrics.side_effect(consumer, EffectResult::Suppressed);
+                    return Ok(Outcome::Duplicate);
+                }
+                ClaimOutcome::Busy => {
+                    return Ok(Outcome::Retry(
+                        "another delivery holds a live claim on this key".into(),
+                    ))
+                }
+                ClaimOutcome::Fresh(c) => (c, false),
+                ClaimOutcome::InDoubt(c) => (c, true),
+            };
+            let (claim, in_doubt) = claim;
+            if in_doubt {
+                tracing::warn!(consumer, key = %key, attempts = claim.attempts,
+                    "claim in doubt: resending with the same provider key");
+            }
+            crash.reach(CrashPoint::AfterClaim)?;
+            let reply = send(Some(claim.provider_key.clone())).await;
+            crash.reach(CrashPoint::AfterSideEffect)?;
+            match reply {
+                Ok(r) => {
+                    let detail = if r.replayed {
+                        format!("provider replayed its first response ({})", r.status)
+                    } else {
+                        format!("sent ({})", r.status)
+                    };
+                    deps.store
+                        .finish_side_effect(consumer, &key, ClaimState::Sent, &detail)
+                        .await?;
+                    Ok(record(deps, consumer, sent_or_replayed(&r), in_doubt))
+                }
+                Err(ProviderError::Rejected { status, body }) => {
+                    let detail = format!("provider rejected ({status}): {body}");
+                    deps.store
+                        .finish_side_effect(consumer, &key, ClaimState::Failed, &detail)
+                        .await?;
+                    Ok(record(deps, consumer, EffectResult::Failed, in_doubt))
+                }
+                Err(e) => {
+                    // We do not know whether it went out: keep the claim, make it
+                    // immediately retryable with the same key, leave the delivery unacked.
+                    deps.store
+                        .release_claim(consumer, &key, &e.to_string())
+                        .await?;
+                    Ok(Outcome::Retry(e.to_string()))
+                }
+            }
+        }
+    }
+}
+
+fn sent_or_replayed(reply: &ProviderReply) -> EffectResult {
+    if reply.replayed {
+        EffectResult::Suppressed
+    } else {
+        EffectResult::Sent
+    }
+}
+
+fn record(deps: &Deps, consumer: &str, result: EffectResult, in_doubt: bool) -> Outcome {
+    deps.metrics.side_effect(consumer, result);
+    Outcome::Processed {
+        effect: Some(result),
+        took_over_in_doubt: in_doubt,
+    }
+}
+
+fn conflict(stored: &str) -> Outcome {
+    Outcome::Rejected(Rejection::new(
+        RejectReason::KeyConflict,
+        format!("key already recorded with fingerprint {stored}"),
+    ))
+}

@@ -1,0 +1,64 @@
+//! `vehicle-state`: the vehicle's current state plus its full history.
+//! Naturally idempotent: a seq-guarded upsert and an insert-once history row; no
+//! dedup row needed. Late events go to history only.
+
+use async_trait::async_trait;
+
+use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome, RiskClass};
+use crate::engine::crash::CrashPlan;
+use crate::engine::envelope::{Envelope, EventType, RejectReason, Rejection};
+use crate::engine::store::VehicleOutcome;
+
+pub const NAME: &str = "vehicle-state";
+
+pub struct VehicleStateConsumer {
+    deps: Deps,
+    mode: ConsumerMode,
+}
+
+impl VehicleStateConsumer {
+    pub fn new(deps: Deps, mode: ConsumerMode) -> Self {
+        VehicleStateConsumer { deps, mode }
+    }
+}
+
+#[async_trait]
+impl Consumer for VehicleStateConsumer {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn risk(&self) -> RiskClass {
+        RiskClass::Natural
+    }
+
+    fn mode(&self) -> ConsumerMode {
+        self.mode
+    }
+
+    fn wants(&self, _event: EventType) -> bool {
+        true
+    }
+
+    async fn handle(&self, env: &Envelope, _crash: &CrashPlan) -> Result<Outcome, HandleError> {
+        // Seen-set adds nothing to a naturally idempotent write: it runs guarded.
+        let guarded = self.mode != ConsumerMode::Naive;
+        let outcome = self
+            .deps
+            .store
+            .apply_vehicle_event(env, &env.fingerprint(), guarded)
+            .await?;
+        Ok(match outcome {
+            VehicleOutcome::Applied => Outcome::Processed {
+                effect: None,
+                took_over_in_doubt: false,
+            },
+            VehicleOutcome::Late => Outcome::Late,
+            VehicleOutcome::Duplicate => Outcome::Duplicate,
+            VehicleOutcome::KeyConflict { stored } => Outcome::Rejected(Rejection::new(
+                RejectReason::KeyConflict,
+                format!("history already holds this event with fingerprint {stored}"),
+            )),
+        })
+    }
+}

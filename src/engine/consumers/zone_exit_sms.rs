@@ -1,0 +1,63 @@
+//! `zone-exit-sms`: "your vehicle left zone X" — the consumer of the 7-SMS incident.
+//! External side effect: two-phase claim plus the provider's Idempotency-Key.
+
+use async_trait::async_trait;
+
+use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome, RiskClass};
+use crate::engine::crash::CrashPlan;
+use crate::engine::envelope::{rfc3339, Envelope, EventType};
+
+pub const NAME: &str = "zone-exit-sms";
+
+pub struct ZoneExitSms {
+    deps: Deps,
+    mode: ConsumerMode,
+}
+
+impl ZoneExitSms {
+    pub fn new(deps: Deps, mode: ConsumerMode) -> Self {
+        ZoneExitSms { deps, mode }
+    }
+}
+
+/// The SMS text: a pure function of the event, so a resend is byte-identical.
+pub fn sms_text(env: &Envelope) -> String {
+    format!(
+        "Your vehicle {} left zone {} at {}.",
+        env.device_id,
+        env.zone().unwrap_or("?"),
+        rfc3339(&env.occurred_at)
+    )
+}
+
+#[async_trait]
+impl Consumer for ZoneExitSms {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn risk(&self) -> RiskClass {
+        RiskClass::ExternalSideEffect
+    }
+
+    fn mode(&self) -> ConsumerMode {
+        self.mode
+    }
+
+    fn wants(&self, event: EventType) -> bool {
+        event == EventType::ZoneExit
+    }
+
+    async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError> {
+        let Some(phone) = env.phone() else {
+            // Nobody to notify: nothing to do, and nothing to do twice.
+            return Ok(Outcome::Skipped);
+        };
+        let text = sms_text(env);
+        let provider = &self.deps.provider;
+        side_effect::perform(NAME, &self.deps, self.mode, env, crash, |key| async move {
+            provider.send_sms(phone, &text, key.as_deref()).await
+        })
+        .await
+    }
+}

@@ -1,0 +1,524 @@
+//! The message envelope (SPEC §1): parsing with precise errors, the deterministic
+//! [`MessageKey`] and the payload [`Fingerprint`].
+//!
+//! Parsing never panics and never loses input: every rejection carries a
+//! [`RejectReason`] and the caller keeps the raw bytes for `dead_letters`.
+
+use std::fmt;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// Largest accepted serialized payload (SPEC §1: "a payload over 64 KiB" is `too_large`).
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// Largest raw message we even try to parse. Anything bigger cannot hold a payload
+/// under [`MAX_PAYLOAD_BYTES`] plus the envelope fields, so it is rejected unread.
+pub const MAX_RAW_BYTES: usize = MAX_PAYLOAD_BYTES + 4 * 1024;
+/// Largest accepted `seq`: the tables store it as a signed 64-bit integer.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+/// Longest accepted `device_id`, in bytes.
+pub const MAX_DEVICE_ID_BYTES: usize = 128;
+
+/// The five event types a telematics device emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventType {
+    IgnitionOn,
+    IgnitionOff,
+    Position,
+    ZoneEnter,
+    ZoneExit,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 5] = [
+        EventType::IgnitionOn,
+        EventType::IgnitionOff,
+        EventType::Position,
+        EventType::ZoneEnter,
+        EventType::ZoneExit,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::IgnitionOn => "ignition_on",
+            EventType::IgnitionOff => "ignition_off",
+            EventType::Position => "position",
+            EventType::ZoneEnter => "zone_enter",
+            EventType::ZoneExit => "zone_exit",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<EventType> {
+        EventType::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a message could not be accepted. The string forms are the `reason` column of
+/// `dead_letters` and the `reason` label of `idem_dead_lettered_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    MalformedJson,
+    MissingField,
+    InvalidField,
+    UnknownEventType,
+    TooLarge,
+    /// Same key, different fingerprint: two different events claim one identity.
+    KeyConflict,
+    /// The queue gave up redelivering it (a handler kept failing on it).
+    MaxDeliveries,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 7] = [
+        RejectReason::MalformedJson,
+        RejectReason::MissingField,
+        RejectReason::InvalidField,
+        RejectReason::UnknownEventType,
+        RejectReason::TooLarge,
+        RejectReason::KeyConflict,
+        RejectReason::MaxDeliveries,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::MalformedJson => "malformed_json",
+            RejectReason::MissingField => "missing_field",
+            RejectReason::InvalidField => "invalid_field",
+            RejectReason::UnknownEventType => "unknown_event_type",
+            RejectReason::TooLarge => "too_large",
+            RejectReason::KeyConflict => "key_conflict",
+            RejectReason::MaxDeliveries => "max_deliveries",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RejectReason> {
+        RejectReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A rejected message: the reason (machine-readable) and a precise human detail.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {detail}")]
+pub struct Rejection {
+    pub reason: RejectReason,
+    pub detail: String,
+}
+
+impl Rejection {
+    pub fn new(reason: RejectReason, detail: impl Into<String>) -> Self {
+        Rejection {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// The deterministic identity of a real-world event: `device_id:seq:event_type`.
+///
+/// It is derived from what the device sent, never invented by the receiver, so the
+/// same event has the same key however many times and by whatever path it arrives.
+/// A key from the payload alone would be wrong: two legitimately identical events
+/// would collide.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MessageKey(String);
+
+impl MessageKey {
+    pub fn new(device_id: &str, seq: u64, event_type: EventType) -> Self {
+        MessageKey(format!("{device_id}:{seq}:{event_type}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Wrap a key read back from a table.
+    pub fn from_stored(s: String) -> Self {
+        MessageKey(s)
+    }
+}
+
+impl fmt::Display for MessageKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A stable hash of the canonical payload plus `occurred_at` (hex SHA-256).
+///
+/// Stored beside the key: a redelivery has the same fingerprint; the same key with a
+/// different fingerprint is a `key_conflict`, never a silent duplicate.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    pub fn of(payload: &Map<String, Value>, occurred_at: &DateTime<Utc>) -> Self {
+        // serde_json's Map is a BTreeMap here (no `preserve_order`), so serializing
+        // it yields sorted keys at every depth: a canonical form.
+        let canonical = serde_json::to_string(payload).unwrap_or_default();
+        let mut hasher = Sha256::new();
+        hasher.update(canonical.as_bytes());
+        hasher.update(b"\n");
+        hasher.update(rfc3339(occurred_at).as_bytes());
+        Fingerprint(hex::encode(hasher.finalize()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn from_stored(s: String) -> Self {
+        Fingerprint(s)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One parsed message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub message_id: Option<String>,
+    pub device_id: String,
+    pub seq: u64,
+    pub event_type: EventType,
+    pub occurred_at: DateTime<Utc>,
+    #[serde(default)]
+    pub payload: Map<String, Value>,
+}
+
+impl Envelope {
+    pub fn key(&self) -> MessageKey {
+        MessageKey::new(&self.device_id, self.seq, self.event_type)
+    }
+
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of(&self.payload, &self.occurred_at)
+    }
+
+    /// `zone` of a `zone_enter` / `zone_exit`.
+    pub fn zone(&self) -> Option<&str> {
+        self.payload.get("zone").and_then(Value::as_str)
+    }
+
+    /// Optional `phone` of a zone event: where the SMS goes.
+    pub fn phone(&self) -> Option<&str> {
+        self.payload.get("phone").and_then(Value::as_str)
+    }
+
+    pub fn lat_lon(&self) -> Option<(f64, f64)> {
+        let lat = self.payload.get("lat").and_then(Value::as_f64)?;
+        let lon = self.payload.get("lon").and_then(Value::as_f64)?;
+        Some((lat, lon))
+    }
+
+    /// One JSON line, as a producer would publish it.
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parse one message. Every failure is a [`Rejection`] with a precise detail;
+    /// nothing here panics, whatever the bytes.
+    pub fn parse(raw: &[u8]) -> Result<Envelope, Rejection> {
+        if raw.len() > MAX_RAW_BYTES {
+            return Err(Rejection::new(
+                RejectReason::TooLarge,
+                format!("message is {} bytes, limit {MAX_RAW_BYTES}", raw.len()),
+            ));
+        }
+        let value: Value = serde_json::from_slice(raw)
+            .map_err(|e| Rejection::new(RejectReason::MalformedJson, e.to_string()))?;
+        let Value::Object(mut obj) = value else {
+            return Err(Rejection::new(
+                RejectReason::MalformedJson,
+                format!("expected a JSON object, got {}", json_kind(&value)),
+            ));
+        };
+
+        let device_id = match take_required(&mut obj, "device_id")? {
+            Value::String(s) if s.is_empty() => {
+                return Err(invalid("device_id", "must not be empty"));
+            }
+            Value::String(s) if s.len() > MAX_DEVICE_ID_BYTES => {
+                return Err(invalid(
+                    "device_id",
+                    &format!("is {} bytes, limit {MAX_DEVICE_ID_BYTES}", s.len()),
+                ));
+            }
+            Value::String(s) => s,
+            other => return Err(wrong_type("device_id", "a string", &other)),
+        };
+        let seq = match take_required(&mut obj, "seq")? {
+            Value::Number(n) => match n.as_u64() {
+                None => {
+                    return Err(invalid(
+                        "seq",
+                        &format!("{n} is not an unsigned 64-bit integer"),
+                    ))
+                }
+                // Every backend stores seq as a signed BIGINT; see README "Deviations".
+                Some(seq) if seq > MAX_SEQ => {
+                    return Err(invalid(
+                        "seq",
+                        &format!("{seq} exceeds {MAX_SEQ}, the largest storable sequence number"),
+                    ))
+                }
+                Some(seq) => seq,
+            },
+            other => return Err(wrong_type("seq", "an unsigned integer", &other)),
+        };
+        let event_type = match take_required(&mut obj, "event_type")? {
+            Value::String(s) => EventType::parse(&s).ok_or_else(|| {
+                Rejection::new(
+                    RejectReason::UnknownEventType,
+                    format!("event_type {s:?} is not one of ignition_on, ignition_off, position, zone_enter, zone_exit"),
+                )
+            })?,
+            other => return Err(wrong_type("event_type", "a string", &other)),
+        };
+        let occurred_at = match take_required(&mut obj, "occurred_at")? {
+            Value::String(s) => DateTime::parse_from_rfc3339(&s)
+                .map_err(|e| invalid("occurred_at", &format!("{s:?} is not RFC 3339: {e}")))?
+                .with_timezone(&Utc),
+            other => return Err(wrong_type("occurred_at", "an RFC 3339 string", &other)),
+        };
+        let message_id = match obj.remove("message_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s),
+            Some(other) => return Err(wrong_type("message_id", "a string", &other)),
+        };
+        let payload = match obj.remove("payload") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m,
+            Some(other) => return Err(wrong_type("payload", "an object", &other)),
+        };
+        let payload_len = serde_json::to_string(&payload)
+            .map(|s| s.len())
+            .unwrap_or(0);
+        if payload_len > MAX_PAYLOAD_BYTES {
+            return Err(Rejection::new(
+                RejectReason::TooLarge,
+                format!("payload is {payload_len} bytes, limit {MAX_PAYLOAD_BYTES}"),
+            ));
+        }
+        check_payload(event_type, &payload)?;
+
+        Ok(Envelope {
+            message_id,
+            device_id,
+            seq,
+            event_type,
+            occurred_at,
+            payload,
+        })
+    }
+}
+
+/// The payload fields each event type needs (SPEC §1).
+fn check_payload(event_type: EventType, payload: &Map<String, Value>) -> Result<(), Rejection> {
+    match event_type {
+        EventType::Position => {
+            for field in ["lat", "lon"] {
+                match payload.get(field) {
+                    None => return Err(missing(&format!("payload.{field}"))),
+                    Some(Value::Number(n)) if n.as_f64().is_some_and(f64::is_finite) => {}
+                    Some(other) => {
+                        return Err(wrong_type(&format!("payload.{field}"), "a number", other))
+                    }
+                }
+            }
+        }
+        EventType::ZoneEnter | EventType::ZoneExit => {
+            match payload.get("zone") {
+                None => return Err(missing("payload.zone")),
+                Some(Value::String(_)) => {}
+                Some(other) => return Err(wrong_type("payload.zone", "a string", other)),
+            }
+            match payload.get("phone") {
+                None | Some(Value::Null) | Some(Value::String(_)) => {}
+                Some(other) => return Err(wrong_type("payload.phone", "a string", other)),
+            }
+        }
+        EventType::IgnitionOn | EventType::IgnitionOff => {}
+    }
+    Ok(())
+}
+
+fn take_required(obj: &mut Map<String, Value>, field: &str) -> Result<Value, Rejection> {
+    match obj.remove(field) {
+        None | Some(Value::Null) => Err(missing(field)),
+        Some(v) => Ok(v),
+    }
+}
+
+fn missing(field: &str) -> Rejection {
+    Rejection::new(
+        RejectReason::MissingField,
+        format!("required field {field} is missing"),
+    )
+}
+
+fn invalid(field: &str, what: &str) -> Rejection {
+    Rejection::new(RejectReason::InvalidField, format!("{field} {what}"))
+}
+
+fn wrong_type(field: &str, expected: &str, got: &Value) -> Rejection {
+    invalid(
+        field,
+        &format!("must be {expected}, got {}", json_kind(got)),
+    )
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// RFC 3339 in UTC with `Z`, the one timestamp format idemwatch writes.
+pub fn rfc3339(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const GOOD: &str = r#"{"message_id":"p-81f3","device_id":"34-ABC-123","seq":48211,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}"#;
+
+    fn reject(raw: &str) -> Rejection {
+        Envelope::parse(raw.as_bytes()).expect_err("should be rejected")
+    }
+
+    #[test]
+    fn field_report_message_parses_with_deterministic_key() {
+        let env = Envelope::parse(GOOD.as_bytes()).unwrap();
+        assert_eq!(env.key().as_str(), "34-ABC-123:48211:zone_exit");
+        assert_eq!(env.zone(), Some("X"));
+        assert_eq!(env.phone(), Some("+905551112233"));
+    }
+
+    #[test]
+    fn fingerprint_ignores_message_id_and_key_order() {
+        let a = Envelope::parse(GOOD.as_bytes()).unwrap();
+        let reordered = r#"{"payload":{"phone":"+905551112233","zone":"X"},"occurred_at":"2026-11-30T07:12:03+03:00","event_type":"zone_exit","seq":48211,"device_id":"34-ABC-123","message_id":"other"}"#;
+        let b = Envelope::parse(reordered.as_bytes()).unwrap();
+        assert_eq!(a.key(), b.key());
+        assert_eq!(a.fingerprint(), b.fingerprint());
+    }
+
+    #[test]
+    fn different_payload_same_key_has_different_fingerprint() {
+        let a = Envelope::parse(GOOD.as_bytes()).unwrap();
+        let b = Envelope::parse(GOOD.replace("\"X\"", "\"Y\"").as_bytes()).unwrap();
+        assert_eq!(a.key(), b.key());
+        assert_ne!(a.fingerprint(), b.fingerprint());
+    }
+
+    #[test]
+    fn every_bad_input_has_its_reason() {
+        assert_eq!(reject("not json").reason, RejectReason::MalformedJson);
+        assert_eq!(reject("[1,2]").reason, RejectReason::MalformedJson);
+        assert_eq!(
+            reject(&GOOD.replace("\"seq\":48211,", "")).reason,
+            RejectReason::MissingField
+        );
+        assert_eq!(
+            reject(&GOOD.replace("48211", "\"48211\"")).reason,
+            RejectReason::InvalidField
+        );
+        assert_eq!(
+            reject(&GOOD.replace("48211", "-1")).reason,
+            RejectReason::InvalidField
+        );
+        assert_eq!(
+            reject(&GOOD.replace("48211", "9223372036854775808")).reason,
+            RejectReason::InvalidField
+        );
+        assert_eq!(
+            reject(&GOOD.replace("34-ABC-123", "")).reason,
+            RejectReason::InvalidField
+        );
+        assert_eq!(
+            reject(&GOOD.replace("2026-11-30T04:12:03Z", "yesterday")).reason,
+            RejectReason::InvalidField
+        );
+        assert_eq!(
+            reject(&GOOD.replace("zone_exit", "teleport")).reason,
+            RejectReason::UnknownEventType
+        );
+        assert_eq!(
+            reject(&GOOD.replace("\"zone\":\"X\",", "")).reason,
+            RejectReason::MissingField
+        );
+        let huge = GOOD.replace("\"X\"", &format!("\"{}\"", "x".repeat(MAX_PAYLOAD_BYTES)));
+        assert_eq!(reject(&huge).reason, RejectReason::TooLarge);
+        let detail = reject(&GOOD.replace("\"seq\":48211,", "")).detail;
+        assert!(detail.contains("seq"), "{detail}");
+    }
+
+    #[test]
+    fn position_needs_numeric_lat_lon() {
+        let pos = r#"{"device_id":"d","seq":1,"event_type":"position","occurred_at":"2026-11-30T04:12:03Z","payload":{"lat":41.0,"lon":"29"}}"#;
+        let r = reject(pos);
+        assert_eq!(r.reason, RejectReason::InvalidField);
+        assert!(r.detail.contains("payload.lon"));
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = Envelope::parse(&bytes);
+        }
+
+        #[test]
+        fn parse_never_panics_on_mutated_envelopes(pos in 0usize..GOOD.len(), byte in any::<u8>(), cut in 0usize..GOOD.len()) {
+            let mut bytes = GOOD.as_bytes().to_vec();
+            bytes[pos] = byte;
+            let _ = Envelope::parse(&bytes);
+            let _ = Envelope::parse(&GOOD.as_bytes()[..cut]);
+        }
+
+        #[test]
+        fn roundtrip_keeps_key_and_fingerprint(device in "[A-Za-z0-9-]{1,40}", seq in 0..=MAX_SEQ, t in 0usize..5, secs in 0i64..4_000_000_000) {
+            let env = Envelope {
+                message_id: None,
+                device_id: device,
+                seq,
+                event_type: EventType::ALL[t],
+                occurred_at: DateTime::from_timestamp(secs, 0).unwrap(),
+                payload: serde_json::json!({"zone":"Z","lat":1.5,"lon":2.5}).as_object().unwrap().clone(),
+            };
+            let back = Envelope::parse(env.to_json_line().as_bytes()).unwrap();
+            prop_assert_eq!(back.key(), env.key());
+            prop_assert_eq!(back.fingerprint(), env.fingerprint());
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! Engine metrics (SPEC §5), exposed in the Prometheus text format through the
+//! `prometheus-client` crate.
+//!
+//! The same families are the engine's own source of truth for counts: `consume
+//! --json` and the drills read them back instead of keeping a second tally.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use super::envelope::RejectReason;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConsumerLabel {
+    consumer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeadLetterLabel {
+    consumer: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EffectLabel {
+    consumer: String,
+    result: String,
+}
+
+/// What happened to one side-effect attempt, the `result` label of
+/// `idem_side_effects_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectResult {
+    /// The provider accepted a new send.
+    Sent,
+    /// Nothing went out: our claim said `sent` already, or the provider recognised the
+    /// Idempotency-Key and replayed its first answer.
+    Suppressed,
+    /// The provider refused it for good (4xx); recorded as `failed`.
+    Failed,
+}
+
+impl EffectResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectResult::Sent => "sent",
+            EffectResult::Suppressed => "suppressed",
+            EffectResult::Failed => "failed",
+        }
+    }
+}
+
+/// Counts for one consumer, read back from the metric families.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ConsumerCounts {
+    pub processed: u64,
+    pub duplicate_dropped: u64,
+    pub out_of_order: u64,
+    pub dead_lettered: u64,
+    pub redelivered: u64,
+    pub side_effects_sent: u64,
+    pub side_effects_suppressed: u64,
+    pub side_effects_failed: u64,
+}
+
+impl ConsumerCounts {
+    pub fn add(&mut self, other: &ConsumerCounts) {
+        self.processed += other.processed;
+        self.duplicate_dropped += other.duplicate_dropped;
+        self.out_of_order += other.out_of_order;
+        self.dead_lettered += other.dead_lettered;
+        self.redelivered += other.redelivered;
+        self.side_effects_sent += other.side_effects_sent;
+        self.side_effects_suppressed += other.side_effects_suppressed;
+        self.side_effects_failed += other.side_effects_failed;
+    }
+}
+
+/// The engine's metric families and their registry.
+pub struct Metrics {
+    registry: Registry,
+    processed: Family<ConsumerLabel, Counter>,
+    duplicate_dropped: Family<ConsumerLabel, Counter>,
+    redelivered: Family<ConsumerLabel, Counter>,
+    out_of_order: Family<ConsumerLabel, Counter>,
+    dead_lettered: Family<DeadLetterLabel, Counter>,
+    side_effects: Family<EffectLabel, Counter>,
+    claims_in_doubt: Family<ConsumerLabel, Gauge>,
+    handler_duration: Family<ConsumerLabel, Histogram>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let processed = Family::<ConsumerLabel, Counter>::default();
+        let duplicate_dropped = Family::<ConsumerLabel, Counter>::default();
+        let redelivered = Family::<ConsumerLabel, Counter>::default();
+        let out_of_order = Family::<ConsumerLabel, Counter>::default();
+        let dead_lettered = Family::<DeadLetterLabel, Counter>::default();
+        let side_effects = Family::<EffectLabel, Counter>::default();
+        let claims_in_doubt = Family::<ConsumerLabel, Gauge>::default();
+        let handler_duration = Family::<ConsumerLabel, Histogram>::new_with_constructor(
+            handler_histogram as fn() -> _,
+        );
+        // prometheus-client appends `_total` to counter names itself.
+        registry.register(
+            "idem_messages_processed",
+            "Messages whose effect was applied (first delivery of a key)",
+            processed.clone(),
+        );
+        registry.register(
+            "idem_duplicate_dropped",
+            "Redelivered or republished messages recognised as already done and acked without effect",
+            duplicate_dropped.clone(),
+        );
+        registry.register(
+            "idem_messages_redelivered",
+            "Deliveries the queue marked as redelivered",
+            redelivered.clone(),
+        );
+        registry.register(
+            "idem_out_of_order",
+            "Events older than the current state: kept in history, not applied",
+            out_of_order.clone(),
+        );
+        registry.register(
+            "idem_dead_lettered",
+            "Messages moved to dead_letters, by reason",
+            dead_lettered.clone(),
+        );
+        registry.register(
+            "idem_side_effects",
+            "External side effects by result (sent, suppressed, failed)",
+            side_effects.clone(),
+        );
+        registry.register(
+            "idem_side_effect_claims_in_doubt",
+            "Claims older than the lease without a recorded result: the send may or may not have happened",
+            claims_in_doubt.clone(),
+        );
+        registry.register(
+            "idem_handler_duration_seconds",
+            "Time from delivery to ack decision, per consumer",
+            handler_duration.clone(),
+        );
+        let start: Gauge<f64, AtomicU64> = Gauge::default();
+        start.set(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            start,
+        );
+        Metrics {
+            registry,
+            processed,
+            duplicate_dropped,
+            redelivered,
+            out_of_order,
+            dead_lettered,
+            side_effects,
+            claims_in_doubt,
+            handler_duration,
+        }
+    }
+
+    /// Make every consumer's series visible at zero, so a scraper sees the consumer
+    /// before its first message and rates start from a known point.
+    pub fn register_consumer(&self, consumer: &str) {
+        let l = label(consumer);
+        drop(self.processed.get_or_create(&l));
+        drop(self.duplicate_dropped.get_or_create(&l));
+        drop(self.redelivered.get_or_create(&l));
+        drop(self.out_of_order.get_or_create(&l));
+        drop(self.claims_in_doubt.get_or_create(&l));
+        drop(self.handler_duration.get_or_create(&l));
+    }
+
+    pub fn processed(&self, consumer: &str) {
+        self.processed.get_or_create(&label(consumer)).inc();
+    }
+
+    pub fn duplicate_dropped(&self, consumer: &str) {
+        self.duplicate_dropped.get_or_create(&label(consumer)).inc();
+    }
+
+    pub fn redelivered(&self, consumer: &str) {
+        self.redelivered.get_or_create(&label(consumer)).inc();
+    }
+
+    pub fn out_of_order(&self, consumer: &str) {
+        self.out_of_order.get_or_create(&label(consumer)).inc();
+    }
+
+    pub fn dead_lettered(&self, consumer: &str, reason: RejectReason) {
+        self.dead_lettered
+            .get_or_create(&DeadLetterLabel {
+                consumer: consumer.to_string(),
+                reason: reason.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    pub fn side_effect(&self, consumer: &str, result: EffectResult) {
+        self.side_effects
+            .get_or_create(&EffectLabel {
+                consumer: consumer.to_string(),
+                result: result.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_claims_in_doubt(&self, consumer: &str, n: i64) {
+        self.claims_in_doubt.get_or_create(&label(consumer)).set(n);
+    }
+
+    pub fn observe_handler(&self, consumer: &str, seconds: f64) {
+        self.handler_duration
+            .get_or_create(&label(consumer))
+            .observe(seconds);
+    }
+
+    /// The text exposition served on `/metrics`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Read one consumer's counts back from the families.
+    pub fn counts(&self, consumer: &str) -> ConsumerCounts {
+        let l = label(consumer);
+        let dead_lettered = RejectReason::ALL
+            .iter()
+            .map(|r| {
+                self.dead_lettered
+                    .get(&DeadLetterLabel {
+                        consumer: consumer.to_string(),
+                        reason: r.as_str().to_string(),
+                    })
+                    .map(|c| c.get())
+                    .unwrap_or(0)
+            })
+            .sum();
+        let effect = |r: EffectResult| {
+            self.side_effects
+                .get(&EffectLabel {
+                    consumer: consumer.to_string(),
+                    result: r.as_str().to_string(),
+                })
+                .map(|c| c.get())
+                .unwrap_or(0)
+        };
+        let get = |f: &Family<ConsumerLabel, Counter>| f.get(&l).map(|c| c.get()).unwrap_or(0);
+        ConsumerCounts {
+            processed: get(&self.processed),
+            duplicate_dropped: get(&self.duplicate_dropped),
+            out_of_order: get(&self.out_of_order),
+            dead_lettered,
+            redelivered: get(&self.redelivered),
+            side_effects_sent: effect(EffectResult::Sent),
+            side_effects_suppressed: effect(EffectResult::Suppressed),
+            side_effects_failed: effect(EffectResult::Failed),
+        }
+    }
+
+    /// Counts for several consumers and their sum.
+    pub fn summary<'a>(&self, consumers: impl IntoIterator<Item = &'a str>) -> CountSummary {
+        let mut total = ConsumerCounts::default();
+        let mut per = BTreeMap::new();
+        for c in consumers {
+            let counts = self.counts(c);
+            total.add(&counts);
+            per.insert(c.to_string(), counts);
+        }
+        CountSummary {
+            total,
+            consumers: per,
+        }
+    }
+}
+
+/// `consume --until-idle --json`: totals flattened at the top, per consumer under
+/// `"consumers"` (SPEC §6).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CountSummary {
+    #[serde(flatten)]
+    pub total: ConsumerCounts,
+    pub consumers: BTreeMap<String, ConsumerCounts>,
+}
+
+fn label(consumer: &str) -> ConsumerLabel {
+    ConsumerLabel {
+        consumer: consumer.to_string(),
+    }
+}
+
+fn handler_histogram() -> Histogram {
+    // 100 µs .. ~3 s
+    Histogram::new(exponential_buckets(0.0001, 2.5, 12))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_spec_names() {
+        let m = Metrics::new();
+        m.register_consumer("trip-counter");
+        m.processed("trip-counter");
+        m.duplicate_dropped("trip-counter");
+        m.dead_lettered("trip-counter", RejectReason::MalformedJson);
+        m.side_effect("zone-exit-sms", EffectResult::Sent);
+        let text = m.encode();
+        for name in [
+            "idem_messages_processed_total{consumer=\"trip-counter\"} 1",
+            "idem_duplicate_dropped_total{consumer=\"trip-counter\"} 1",
+            "idem_messages_redelivered_total{consumer=\"trip-counter\"} 0",
+            "idem_out_of_order_total",
+            "idem_dead_lettered_total{consumer=\"trip-counter\",reason=\"malformed_json\"} 1",
+            "idem_side_effects_total{consumer=\"zone-exit-sms\",result=\"sent\"} 1",
+            "idem_side_effect_claims_in_doubt{consumer=\"trip-counter\"} 0",
+            "idem_handler_duration_seconds_bucket",
+            "process_start_time_seconds ",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+        let c = m.counts("trip-counter");
+        assert_eq!(
+            (c.processed, c.duplicate_dropped, c.dead_lettered),
+            (1, 1, 1)
+        );
+    }
+}

@@ -1,0 +1,273 @@
+//! The embedded idempotent-consumer engine. Knows nothing of terminals: it could be
+//! published alone as a library.
+//!
+//! [`Engine`] ties a [`store::Store`], a [`queue::Queue`], the fleet
+//! [`consumers`] and their [`metrics::Metrics`] together.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+pub mod consumers;
+pub mod crash;
+pub mod envelope;
+pub mod metrics;
+pub mod provider;
+pub mod queue;
+pub mod runner;
+pub mod store;
+
+use consumers::{Consumer, ConsumerMode, Deps};
+use crash::{CrashPlan, Crashed};
+use metrics::{CountSummary, Metrics};
+use provider::ProviderClient;
+use queue::{Queue, QueueError};
+use runner::{EventSink, RunnerSettings, Worker};
+use store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error(
+        "unknown consumer {0:?} (known: vehicle-state, trip-counter, zone-exit-sms, erp-webhook)"
+    )]
+    UnknownConsumer(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Everything needed to open an engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub db_url: String,
+    pub queue_url: String,
+    pub sms_url: String,
+    pub webhook_url: String,
+    pub mode: ConsumerMode,
+    /// Which consumers run; empty = all four.
+    pub consumers: Vec<String>,
+    /// Queue-name prefix, so drills never touch live queues.
+    pub namespace: Option<String>,
+    pub runner: RunnerSettings,
+    pub claim_lease: Duration,
+}
+
+impl EngineConfig {
+    pub fn new(db_url: &str, queue_url: &str, sms_url: &str, webhook_url: &str) -> Self {
+        EngineConfig {
+            db_url: db_url.to_string(),
+            queue_url: queue_url.to_string(),
+            sms_url: sms_url.to_string(),
+            webhook_url: webhook_url.to_string(),
+            mode: ConsumerMode::Idempotent,
+            consumers: Vec::new(),
+            namespace: None,
+            runner: RunnerSettings::default(),
+            claim_lease: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The default data directory: `$XDG_DATA_HOME/idemwatch` (or the platform's).
+pub fn default_data_dir() -> PathBuf {
+    dirs::data_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("idemwatch")
+}
+
+/// `sqlite://…/idemwatch.db` in the default data directory.
+pub fn default_db_url() -> String {
+    format!(
+        "sqlite://{}",
+        default_data_dir().join("idemwatch.db").display()
+    )
+}
+
+/// The embedded queue's file beside a SQLite database, else in the data directory.
+pub fn default_queue_url(db_url: &str) -> String {
+    let dir = db_url
+        .strip_prefix("sqlite://")
+        .map(|p| p.split('?').next().unwrap_or(p))
+        .map(PathBuf::from)
+        .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(default_data_dir);
+    format!("sqlite://{}", dir.join("idemwatch-queue.db").display())
+}
+
+/// The consumer engine.
+pub struct Engine {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    pub metrics: Arc<Metrics>,
+    pub deps: Deps,
+    consumers: Vec<Arc<dyn Consumer>>,
+    namespace: Option<String>,
+    runner: RunnerSettings,
+}
+
+impl Engine {
+    /// Open the store and queue the config names and build the consumers.
+    pub async fn open(cfg: &EngineConfig) -> Result<Engine, EngineError> {
+        let store = store::open(&cfg.db_url).await?;
+        let queue = queue::open(&cfg.queue_url).await?;
+        Engine::from_parts(store, queue, Arc::new(Metrics::new()), cfg)
+    }
+
+    /// Build an engine over already-open parts (drills share one store and queue
+    /// between several engines).
+    pub fn from_parts(
+        store: Arc<dyn Store>,
+        queue: Arc<dyn Queue>,
+        metrics: Arc<Metrics>,
+        cfg: &EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        let deps = Deps {
+            store: store.clone(),
+            provider: ProviderClient::new(&cfg.sms_url, &cfg.webhook_url),
+            metrics: metrics.clone(),
+            claim_lease: cfg.claim_lease,
+        };
+        let names: Vec<String> = if cfg.consumers.is_empty() {
+            consumers::FLEET_CONSUMERS
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            cfg.consumers.clone()
+        };
+        let consumers = names
+            .iter()
+            .map(|n| {
+                consumers::build(n, &deps, cfg.mode)
+                    .ok_or_else(|| EngineError::UnknownConsumer(n.clone()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for c in &consumers {
+            metrics.register_consumer(c.name());
+        }
+        Ok(Engine {
+            store,
+            queue,
+            metrics,
+            deps,
+            consumers,
+            namespace: cfg.namespace.clone(),
+            runner: cfg.runner.clone(),
+        })
+    }
+
+    pub fn consumers(&self) -> &[Arc<dyn Consumer>] {
+        &self.consumers
+    }
+
+    pub fn consumer_names(&self) -> Vec<&'static str> {
+        self.consumers.iter().map(|c| c.name()).collect()
+    }
+
+    /// The queue a consumer reads: its name, prefixed by the namespace if any.
+    pub fn queue_name(&self, consumer: &str) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{ns}/{consumer}"),
+            None => consumer.to_string(),
+        }
+    }
+
+    /// Publish raw messages to every consumer's queue (the fan-out exchange).
+    pub async fn publish(&self, bodies: &[Vec<u8>]) -> Result<(), EngineError> {
+        let queues: Vec<String> = self
+            .consumers
+            .iter()
+            .map(|c| self.queue_name(c.name()))
+            .collect();
+        self.queue.publish(&queues, bodies).await?;
+        Ok(())
+    }
+
+    /// One worker for one consumer of this engine.
+    pub fn worker(
+        &self,
+        consumer: &str,
+        crash: Arc<CrashPlan>,
+        events: Option<EventSink>,
+    ) -> Result<Worker, EngineError> {
+        let c = self
+            .consumers
+            .iter()
+            .find(|c| c.name() == consumer)
+            .ok_or_else(|| EngineError::UnknownConsumer(consumer.to_string()))?;
+        Ok(Worker::new(
+            c.clone(),
+            self.queue.clone(),
+            self.queue_name(consumer),
+            self.store.clone(),
+            self.metrics.clone(),
+            crash,
+            self.runner.clone(),
+            events,
+        ))
+    }
+
+    /// Run every consumer (one worker each) until all their queues are empty.
+    pub async fn run_until_idle(
+        &self,
+        crash: Arc<CrashPlan>,
+        events: Option<EventSink>,
+    ) -> Result<CountSummary, Crashed> {
+        let workers = self
+            .consumer_names()
+            .into_iter()
+            .map(|c| self.worker(c, crash.clone(), events.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| Crashed(crash::CrashPoint::AfterHandle))?;
+        let results = futures::future::join_all(workers.iter().map(|w| w.run_until_idle())).await;
+        for r in results {
+            r?;
+        }
+        Ok(self.summary())
+    }
+
+    /// Run `workers_per_consumer` workers per consumer until `shutdown`.
+    pub async fn run(
+        &self,
+        workers_per_consumer: usize,
+        crash: Arc<CrashPlan>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), Crashed> {
+        let mut workers = Vec::new();
+        for c in self.consumer_names() {
+            for _ in 0..workers_per_consumer.max(1) {
+                if let Ok(w) = self.worker(c, crash.clone(), None) {
+                    workers.push(w);
+                }
+            }
+        }
+        let results =
+            futures::future::join_all(workers.iter().map(|w| w.run(shutdown.clone()))).await;
+        for r in results {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Counts of this engine's consumers since it started.
+    pub fn summary(&self) -> CountSummary {
+        self.metrics.summary(self.consumer_names())
+    }
+
+    /// Refresh `idem_side_effect_claims_in_doubt` from the claims table.
+    pub async fn refresh_in_doubt_gauge(&self) -> Result<(), EngineError> {
+        let in_doubt = self.store.claims_in_doubt(self.deps.claim_lease).await?;
+        for c in &self.consumers {
+            let n = in_doubt.iter().filter(|k| k.consumer == c.name()).count();
+            self.metrics
+                .set_claims_in_doubt(c.name(), i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        Ok(())
+    }
+}

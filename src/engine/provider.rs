@@ -1,0 +1,117 @@
+//! HTTP client for the external side effects: the SMS provider and the customer's
+//! ERP webhook (SPEC §4). Real HTTP through reqwest.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// The provider's answer to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderReply {
+    pub status: u16,
+    /// The provider recognised the Idempotency-Key and replayed its first answer:
+    /// nothing was sent this time.
+    pub replayed: bool,
+    pub body: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// Network error or timeout: the request may or may not have reached the provider.
+    #[error("provider unreachable or timed out: {0}")]
+    Transport(String),
+    /// 5xx: the provider failed; retrying (with the same key) is safe.
+    #[error("provider error {status}: {body}")]
+    Unavailable { status: u16, body: String },
+    /// 4xx: the provider refused the request; retrying will not help.
+    #[error("provider rejected the request ({status}): {body}")]
+    Rejected { status: u16, body: String },
+}
+
+/// Where side effects go.
+#[derive(Debug, Clone)]
+pub struct ProviderClient {
+    http: reqwest::Client,
+    sms_url: String,
+    webhook_url: String,
+}
+
+impl ProviderClient {
+    pub fn new(sms_url: &str, webhook_url: &str) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        ProviderClient {
+            http,
+            sms_url: sms_url.trim_end_matches('/').to_string(),
+            webhook_url: webhook_url.trim_end_matches('/').to_string(),
+        }
+    }
+
+    pub fn sms_url(&self) -> &str {
+        &self.sms_url
+    }
+
+    pub fn webhook_url(&self) -> &str {
+        &self.webhook_url
+    }
+
+    /// `POST {sms_url}/sms`.
+    pub async fn send_sms(
+        &self,
+        to: &str,
+        text: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<ProviderReply, ProviderError> {
+        let body = serde_json::json!({ "to": to, "text": text });
+        self.post(&format!("{}/sms", self.sms_url), &body, idempotency_key)
+            .await
+    }
+
+    /// `POST {webhook_url}/erp`.
+    pub async fn post_webhook(
+        &self,
+        body: &Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<ProviderReply, ProviderError> {
+        self.post(&format!("{}/erp", self.webhook_url), body, idempotency_key)
+            .await
+    }
+
+    async fn post(
+        &self,
+        url: &str,
+        body: &Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<ProviderReply, ProviderError> {
+        let mut req = self.http.post(url).json(body);
+        if let Some(key) = idempotency_key {
+            req = req.header("Idempotency-Key", key);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| ProviderError::Transport(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let replayed = resp
+            .headers()
+            .get("Idempotent-Replayed")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| ProviderError::Transport(e.to_string()))?;
+        match status {
+            200..=299 => Ok(ProviderReply {
+                status,
+                replayed,
+                body,
+            }),
+            400..=499 => Err(ProviderError::Rejected { status, body }),
+            _ => Err(ProviderError::Unavailable { status, body }),
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The broker side: at-least-once delivery with leases, acks and redelivery.
+//!
+//! One named queue per consumer (a fan-out, as a RabbitMQ exchange with one queue per
+//! consuming service would do), so one consumer dying does not redeliver to another.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+pub mod embedded;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("queue database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("queue migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0}")]
+    Store(#[from] crate::engine::store::StoreError),
+    #[error("unsupported queue URL {0} (expected sqlite://…)")]
+    UnsupportedUrl(String),
+}
+
+pub type QueueResult<T> = Result<T, QueueError>;
+
+/// One leased message. Until it is acked it will come back after the visibility
+/// timeout, with `redelivered = true` and a higher `delivery_count`.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub id: i64,
+    pub queue: String,
+    pub body: Vec<u8>,
+    /// 1 on the first delivery.
+    pub delivery_count: u32,
+    pub redelivered: bool,
+    /// Proves this lease: an ack with a stale token (the lease expired and another
+    /// worker took the message) does nothing.
+    pub lease_token: String,
+}
+
+/// Ready and leased (in flight) messages of one queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct QueueDepth {
+    pub ready: u64,
+    pub in_flight: u64,
+}
+
+impl QueueDepth {
+    pub fn is_empty(&self) -> bool {
+        self.ready == 0 && self.in_flight == 0
+    }
+}
+
+#[async_trait]
+pub trait Queue: Send + Sync + 'static {
+    /// Publish each body to every named queue, atomically for the whole call.
+    async fn publish(&self, queues: &[String], bodies: &[Vec<u8>]) -> QueueResult<()>;
+
+    /// Lease up to `max` visible messages of `queue` for `visibility`.
+    async fn lease(
+        &self,
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+    ) -> QueueResult<Vec<Delivery>>;
+
+    /// Acknowledge: the message is done and will not come back. `false` when the
+    /// lease was lost (expired and taken by someone else).
+    async fn ack(&self, delivery: &Delivery) -> QueueResult<bool>;
+
+    /// Give the message back now (or after `delay`) without counting it done.
+    async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()>;
+
+    async fn depth(&self, queue: &str) -> QueueResult<QueueDepth>;
+
+    /// Remove every message of `queue` (drill clean-up).
+    async fn purge_queue(&self, queue: &str) -> QueueResult<u64>;
+
+    fn redacted_url(&self) -> String;
+}
+
+/// Open the queue a `--queue` URL names.
+pub async fn open(url: &str) -> QueueResult<Arc<dyn Queue>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(embedded::EmbeddedQueue::open(url).await?))
+    } else {
+        Err(QueueError::UnsupportedUrl(
+            crate::engine::store::redact_url(url),
+        ))
+    }
+}

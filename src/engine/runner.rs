@@ -1,0 +1,289 @@
+//! The runner: deliver → parse → handle (commit) → count → ack, with named crash
+//! points between the steps.
+//!
+//! The ack is a separate step after the business commit, as with any real broker;
+//! that gap is where the field report's 7 SMS came from, and where drills aim.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::consumers::{Consumer, HandleError, Outcome};
+use super::crash::{CrashPlan, CrashPoint, Crashed};
+use super::envelope::{Envelope, RejectReason};
+use super::metrics::{EffectResult, Metrics};
+use super::queue::{Delivery, Queue};
+use super::store::Store;
+
+/// Knobs of the deliver/ack loop.
+#[derive(Debug, Clone)]
+pub struct RunnerSettings {
+    /// How long a leased delivery stays invisible before it is redelivered.
+    pub visibility_timeout: Duration,
+    /// Past this many deliveries a message is dead-lettered (`max_deliveries`).
+    pub max_deliveries: u32,
+    /// Deliveries leased per poll.
+    pub lease_batch: usize,
+    /// When a handler says "not now": how long until the delivery comes back.
+    pub retry_delay: Duration,
+    /// Sleep between polls of an empty queue.
+    pub idle_poll: Duration,
+}
+
+impl Default for RunnerSettings {
+    fn default() -> Self {
+        RunnerSettings {
+            visibility_timeout: Duration::from_secs(30),
+            max_deliveries: 10,
+            lease_batch: 16,
+            retry_delay: Duration::from_secs(1),
+            idle_poll: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What happened to one delivery; streamed to drills (and, as JSON lines, from a
+/// child consumer process to its supervising drill).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct DeliveryEvent {
+    pub consumer: String,
+    pub key: Option<String>,
+    pub outcome: String,
+    pub redelivered: bool,
+    pub delivery_count: u32,
+    pub effect: Option<String>,
+    pub took_over_in_doubt: bool,
+    pub reason: Option<String>,
+}
+
+/// Receives every delivery's outcome, synchronously, before the ack: a process that
+/// then dies at the ack crash point has already reported what it did.
+pub type EventSink = Arc<dyn Fn(DeliveryEvent) + Send + Sync>;
+
+/// One worker consuming one consumer's queue.
+pub struct Worker {
+    consumer: Arc<dyn Consumer>,
+    queue: Arc<dyn Queue>,
+    queue_name: String,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    crash: Arc<CrashPlan>,
+    settings: RunnerSettings,
+    events: Option<EventSink>,
+}
+
+impl Worker {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        consumer: Arc<dyn Consumer>,
+        queue: Arc<dyn Queue>,
+        queue_name: String,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        crash: Arc<CrashPlan>,
+        settings: RunnerSettings,
+        events: Option<EventSink>,
+    ) -> Self {
+        Worker {
+            consumer,
+            queue,
+            queue_name,
+            store,
+            metrics,
+            crash,
+            settings,
+            events,
+        }
+    }
+
+    pub fn consumer_name(&self) -> &'static str {
+        self.consumer.name()
+    }
+
+    /// Lease one batch and process it. `Ok(n)` is the number of deliveries leased;
+    /// `Err(Crashed)` means this incarnation died at an armed crash point.
+    pub async fn poll_once(&self) -> Result<usize, Crashed> {
+        let batch = match self
+            .queue
+            .lease(
+                &self.queue_name,
+                self.settings.lease_batch,
+                self.settings.visibility_timeout,
+            )
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(queue = %self.queue_name, error = %e, "lease failed");
+                tokio::time::sleep(self.settings.idle_poll).await;
+                return Ok(0);
+            }
+        };
+        let n = batch.len();
+        for delivery in batch {
+            self.process(delivery).await?;
+        }
+        Ok(n)
+    }
+
+    /// Run until the queue is empty (nothing ready, nothing in flight).
+    pub async fn run_until_idle(&self) -> Result<(), Crashed> {
+        loop {
+            if self.poll_once().await? > 0 {
+                continue;
+            }
+            match self.queue.depth(&self.queue_name).await {
+                Ok(d) if d.is_empty() => return Ok(()),
+                Ok(_) => {
+                    tokio::time::sleep(self.settings.idle_poll.min(Duration::from_millis(25))).await
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "queue depth failed");
+                    tokio::time::sleep(self.settings.idle_poll).await;
+                }
+            }
+        }
+    }
+
+    /// Run until `shutdown` turns true. Stops between deliveries, never inside one.
+    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), Crashed> {
+        while !*shutdown.borrow() {
+            if self.poll_once().await? == 0 {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.settings.idle_poll) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn process(&self, delivery: Delivery) -> Result<(), Crashed> {
+        let started = Instant::now();
+        let consumer = self.consumer.name();
+        let mut event = DeliveryEvent {
+            consumer: consumer.to_string(),
+            key: None,
+            outcome: String::new(),
+            redelivered: delivery.redelivered,
+            delivery_count: delivery.delivery_count,
+            effect: None,
+            took_over_in_doubt: false,
+            reason: None,
+        };
+        if delivery.redelivered {
+            self.metrics.redelivered(consumer);
+        }
+        let ack = self.decide(&delivery, &mut event).await?;
+        self.metrics
+            .observe_handler(consumer, started.elapsed().as_secs_f64());
+        if let Some(sink) = &self.events {
+            sink(event);
+        }
+        if ack {
+            self.crash.reach(CrashPoint::AfterCommitBeforeAck)?;
+            if let Err(e) = self.queue.ack(&delivery).await {
+                tracing::warn!(error = %e, "ack failed: the delivery will come back");
+            }
+        }
+        Ok(())
+    }
+
+    /// Handle one delivery and count it. Returns whether to ack.
+    async fn decide(
+        &self,
+        delivery: &Delivery,
+        event: &mut DeliveryEvent,
+    ) -> Result<bool, Crashed> {
+        let consumer = self.consumer.name();
+        if delivery.delivery_count > self.settings.max_deliveries {
+            let detail = format!(
+                "gave up after {} deliveries",
+                delivery.delivery_count.saturating_sub(1)
+            );
+            return Ok(self
+                .dead_letter(RejectReason::MaxDeliveries, &detail, delivery, event)
+                .await);
+        }
+        let env = match Envelope::parse(&delivery.body) {
+            Ok(env) => env,
+            Err(rejection) => {
+                return Ok(self
+                    .dead_letter(rejection.reason, &rejection.detail, delivery, event)
+                    .await)
+            }
+        };
+        event.key = Some(env.key().to_string());
+        if !self.consumer.wants(env.event_type) {
+            event.outcome = "skipped".into();
+            return Ok(true);
+        }
+        let outcome = match self.consumer.handle(&env, &self.crash).await {
+            Ok(o) => o,
+            Err(HandleError::Crashed(c)) => return Err(c),
+            Err(HandleError::Store(e)) => {
+                tracing::warn!(consumer, key = %env.key(), error = %e, "store error: will retry");
+                Outcome::Retry(e.to_string())
+            }
+        };
+        self.crash.reach(CrashPoint::AfterHandle)?;
+        event.outcome = outcome.label().to_string();
+        match outcome {
+            Outcome::Processed {
+                effect,
+                took_over_in_doubt,
+            } => {
+                self.metrics.processed(consumer);
+                event.effect = effect.map(|e: EffectResult| e.as_str().to_string());
+                event.took_over_in_doubt = took_over_in_doubt;
+            }
+            Outcome::Late => {
+                self.metrics.processed(consumer);
+                self.metrics.out_of_order(consumer);
+            }
+            Outcome::Duplicate => self.metrics.duplicate_dropped(consumer),
+            Outcome::Skipped => {}
+            Outcome::Rejected(r) => {
+                return Ok(self.dead_letter(r.reason, &r.detail, delivery, event).await);
+            }
+            Outcome::Retry(why) => {
+                event.reason = Some(why);
+                if let Err(e) = self.queue.nack(delivery, self.settings.retry_delay).await {
+                    tracing::warn!(error = %e, "nack failed: the lease will expire instead");
+                }
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Keep the raw bytes and the reason; ack only once they are safely stored.
+    async fn dead_letter(
+        &self,
+        reason: RejectReason,
+        detail: &str,
+        delivery: &Delivery,
+        event: &mut DeliveryEvent,
+    ) -> bool {
+        let consumer = self.consumer.name();
+        event.reason = Some(format!("{reason}: {detail}"));
+        match self
+            .store
+            .dead_letter(consumer, reason, detail, &delivery.body)
+            .await
+        {
+            Ok(_) => {
+                self.metrics.dead_lettered(consumer, reason);
+                event.outcome = "dead_lettered".into();
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "dead-letter insert failed: leaving the delivery unacked");
+                event.outcome = "retry".into();
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! The business database behind one [`Store`] trait (SPEC §3).
+//!
+//! Each idempotency mode is one method here, and each backend implements it with
+//! its own native atomic form. The invariants every backend must keep are written
+//! once, on the trait methods; the conformance tests check them on every backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
+
+pub mod sqlite;
+
+/// Errors from the database layer. All of them are transient from the engine's point
+/// of view: the delivery is not acked and comes back.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unsupported database URL {0} (expected sqlite://, postgres:// or mysql://)")]
+    UnsupportedUrl(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// What the dedup insert decided. Always decided from the rows the unique-key insert
+/// affected, never from a prior SELECT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DedupOutcome {
+    /// First time this key: the dedup row and the business rows committed together.
+    Applied,
+    /// Already done: nothing written, the caller acks and counts a duplicate.
+    Duplicate,
+    /// The key was recorded with another fingerprint: two different events claim one
+    /// identity. Nothing written; the caller dead-letters it.
+    KeyConflict { stored: Fingerprint },
+}
+
+/// The business rows a transactional consumer writes with its dedup row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusinessWrite {
+    /// `trip_counters.zone_exits + 1`: accumulation, not naturally idempotent.
+    CountZoneExit { device_id: String },
+}
+
+/// The result of the natural (seq-guarded) vehicle-state write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VehicleOutcome {
+    /// Newest seq so far: state moved, history row `applied = true`.
+    Applied,
+    /// Older than the state: history row stored with `applied = false`, state untouched.
+    Late,
+    /// This (device, seq, event_type) is already in history with the same payload.
+    Duplicate,
+    /// Already in history with a different payload.
+    KeyConflict { stored: Fingerprint },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimState {
+    Claimed,
+    Sent,
+    Failed,
+}
+
+impl ClaimState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimState::Claimed => "claimed",
+            ClaimState::Sent => "sent",
+            ClaimState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "claimed" => Some(ClaimState::Claimed),
+            "sent" => Some(ClaimState::Sent),
+            "failed" => Some(ClaimState::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// A row of `side_effect_claims`: who owns the right to perform one external effect.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Claim {
+    pub consumer: String,
+    pub message_key: String,
+    /// Sent to the provider as `Idempotency-Key` on every attempt of this claim.
+    pub provider_key: String,
+    pub state: ClaimState,
+    pub claimed_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub attempts: i64,
+    pub detail: Option<String>,
+}
+
+/// What the claim step decided for one delivery of a side-effect message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// First delivery of this key: we own the send.
+    Fresh(Claim),
+    /// A previous owner claimed it longer than the lease ago and never recorded a
+    /// result: the send may or may not have happened. We now own the retry, which
+    /// must reuse the claim's provider key.
+    InDoubt(Claim),
+    /// Already finished (`sent` or `failed`): a duplicate, nothing to do.
+    Done(ClaimState),
+    /// Another delivery holds a live claim (within the lease): come back later.
+    Busy,
+    /// The key is recorded with another fingerprint.
+    KeyConflict { stored: Fingerprint },
+}
+
+/// One `vehicle_state` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VehicleState {
+    pub device_id: String,
+    pub last_seq: i64,
+    pub last_event_type: String,
+    pub ignition: Option<String>,
+    pub zone: Option<String>,
+    pub lat: Option<f64>,
+    pub lon: Option<f64>,
+    pub occurred_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One `vehicle_history` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HistoryRow {
+    pub device_id: String,
+    pub seq: i64,
+    pub event_type: String,
+    pub occurred_at: DateTime<Utc>,
+    pub received_at: DateTime<Utc>,
+    pub applied: bool,
+    pub payload: String,
+}
+
+/// One `dead_letters` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetter {
+    pub id: i64,
+    pub consumer: String,
+    pub reason: String,
+    pub detail: Option<String>,
+    #[serde(serialize_with = "raw_as_lossy_text")]
+    pub raw: Vec<u8>,
+    pub received_at: DateTime<Utc>,
+}
+
+fn raw_as_lossy_text<S: serde::Serializer>(raw: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(raw))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MarkerKind {
+    Deploy,
+    Restart,
+    Drill,
+    Manual,
+}
+
+impl MarkerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MarkerKind::Deploy => "deploy",
+            MarkerKind::Restart => "restart",
+            MarkerKind::Drill => "drill",
+            MarkerKind::Manual => "manual",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "deploy" => Some(MarkerKind::Deploy),
+            "restart" => Some(MarkerKind::Restart),
+            "drill" => Some(MarkerKind::Drill),
+            "manual" => Some(MarkerKind::Manual),
+            _ => None,
+        }
+    }
+}
+
+/// One `markers` row: a vertical line on the duplicate-rate chart.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Marker {
+    pub id: i64,
+    pub kind: MarkerKind,
+    pub at: DateTime<Utc>,
+    pub label: String,
+    pub detail: Option<String>,
+}
+
+/// One `drill_runs` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DrillRun {
+    pub id: i64,
+    pub scenario: String,
+    pub mode: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub verdict: Option<String>,
+    pub report: Option<serde_json::Value>,
+}
+
+/// Which database a [`Store`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+    Mysql,
+}
+
+/// Everything the engine, the drills and the dashboard need from the business
+/// database. One implementation per backend.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    fn backend(&self) -> Backend;
+
+    /// The URL with any password replaced by `***`.
+    fn redacted_url(&self) -> String;
+
+    // ---- transactional mode -------------------------------------------------
+
+    /// Transactional dedup: insert `(consumer, key)` into `processed_messages` and
+    /// apply `write`, in ONE transaction.
+    ///
+    /// Invariant: the effect of `write` is committed exactly once per key. The
+    /// duplicate decision comes from the insert's rows-affected under the unique
+    /// constraint (`ON CONFLICT DO NOTHING` and kin), so two racing deliveries cannot
+    /// both win, and a duplicate neither raises an error nor aborts the transaction.
+    async fn record_once(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        write: &BusinessWrite,
+    ) -> StoreResult<DedupOutcome>;
+
+    // ---- seen-set mode ------------------------------------------------------
+
+    /// Seen-set check: has `(consumer, key)` been recorded? `Some(Duplicate)` or
+    /// `Some(KeyConflict)` when it has, `None` when not.
+    async fn seen(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+    ) -> StoreResult<Option<DedupOutcome>>;
+
+    /// Seen-set record, AFTER the effect succeeded.
+    ///
+    /// Invariant (weaker by design): a crash between the effect and this call re-runs
+    /// the effect on redelivery. Only acceptable when the effect is itself idempotent.
+    async fn mark_seen(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+    ) -> StoreResult<()>;
+
+    /// Naive mode: apply `write` with no dedup at all. For drills only.
+    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()>;
+
+    // ---- natural mode -------------------------------------------------------
+
+    /// Natural idempotency for `vehicle-state`, in one transaction: insert the event
+    /// into `vehicle_history` once (unique on device, seq, event_type), then upsert
+    /// `vehicle_state` only if the event's seq is newer than the stored one.
+    ///
+    /// Invariant: state never goes backwards; every distinct event is in history
+    /// exactly once; a late event is kept with `applied = false` ("the late truth is
+    /// not lost, but it cannot rewrite today"). With `guarded = false` (naive) the
+    /// upsert overwrites whatever arrives last.
+    async fn apply_vehicle_event(
+        &self,
+        env: &Envelope,
+        fingerprint: &Fingerprint,
+        guarded: bool,
+    ) -> StoreResult<VehicleOutcome>;
+
+    // ---- side effects (two-phase claim) -------------------------------------
+
+    /// Phase 1: in one transaction, insert the dedup row and a `claimed` claim.
+    ///
+    /// Invariant: at most one live claim per key. A redelivery that finds `sent` or
+    /// `failed` does nothing; one that finds a claim older than `lease` takes it over
+    /// (compare-and-set on `claimed_at`, attempts + 1) and must resend with the SAME
+    /// provider key, so the provider's own dedup closes the send/record window.
+    async fn claim_side_effect(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        provider_key: &str,
+        lease: Duration,
+    ) -> StoreResult<ClaimOutcome>;
+
+    /// Phase 3: record the provider's answer on the claim.
+    async fn finish_side_effect(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        state: ClaimState,
+        detail: &str,
+    ) -> StoreResult<()>;
+
+    /// A transient provider failure: keep the claim, note why, and make it
+    /// immediately eligible for an in-doubt retry (with the same provider key).
+    async fn release_claim(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        detail: &str,
+    ) -> StoreResult<()>;
+
+    // ---- bad input, markers, drills ------------------------------------------
+
+    /// Keep a message we cannot process, with its raw bytes. Never loses input.
+    async fn dead_letter(
+        &self,
+        consumer: &str,
+        reason: RejectReason,
+        detail: &str,
+        raw: &[u8],
+    ) -> StoreResult<i64>;
+
+    async fn add_marker(
+        &self,
+        kind: MarkerKind,
+        label: &str,
+        detail: Option<&str>,
+    ) -> StoreResult<i64>;
+
+    async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64>;
+
+    async fn finish_drill_run(
+        &self,
+        id: i64,
+        verdict: &str,
+        report: &serde_json::Value,
+    ) -> StoreResult<()>;
+
+    // ---- reads ----------------------------------------------------------------
+
+    async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>>;
+    async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>>;
+    async fn zone_exits(&self, device_id: &str) -> StoreResult<i64>;
+    async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>>;
+    /// Claims still `claimed` and older than `lease`: the sends in doubt.
+    async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>>;
+    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>>;
+    async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>>;
+    async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>>;
+    /// Whole-table contents in a canonical order, without wall-clock columns: two
+    /// databases that saw the same distinct events have equal digests.
+    async fn digest(&self) -> StoreResult<StateDigest>;
+
+    // ---- retention ------------------------------------------------------------
+
+    /// Delete at most `batch` dedup rows (and their finished claims) processed
+    /// before `cutoff`. Returns how many dedup rows went; 0 means done. Callers loop:
+    /// each batch is its own short transaction, so the purge can be interrupted and
+    /// rerun and never holds locks for long.
+    async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64>;
+}
+
+/// Canonical contents of the business tables, for the "twice" property.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct StateDigest {
+    pub processed: Vec<(String, String, String)>,
+    pub claims: Vec<(String, String, String, String)>,
+    pub vehicle_state: Vec<String>,
+    pub history: Vec<String>,
+    pub trip_counters: Vec<(String, i64)>,
+}
+
+/// Open the store a `--db` URL names and bring its schema up to date.
+pub async fn open(url: &str) -> StoreResult<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteStore::open(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(redact_url(url)))
+    }
+}
+
+/// Replace the password of a URL with `***` (SPEC §6: secrets are never printed).
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(_) => raw.to_string(),
+        Err(_) => match raw.find("://").zip(raw.rfind('@')) {
+            // Not a URL the parser accepts but it may still hold credentials.
+            Some((scheme_end, at)) if at > scheme_end => {
+                format!("{}://***@{}", &raw[..scheme_end], &raw[at + 1..])
+            }
+            _ => raw.to_string(),
+        },
+    }
+}
+
+/// The fixed-width UTC timestamp format stored in TEXT columns: sorts as it reads.
+pub(crate) fn ts(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+pub(crate) fn parse_ts(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_printed() {
+        assert_eq!(
+            redact_url("postgres://user:secret@db.example:5432/fleet"),
+            "postgres://user:***@db.example:5432/fleet"
+        );
+        assert_eq!(redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+        assert!(!redact_url("mysql://root:hunter2@[bad").contains("hunter2"));
+    }
+
+    #[test]
+    fn stored_timestamps_sort_as_text() {
+        let a = DateTime::from_timestamp(1_700_000_000, 5_000).unwrap();
+        let b = DateTime::from_timestamp(1_700_000_000, 50_000_000).unwrap();
+        assert!(ts(a) < ts(b));
+        assert_eq!(parse_ts(&ts(b)), b);
+    }
+}

@@ -1,0 +1,742 @@
+//! [`Store`] on SQLite (the embedded default), WAL mode.
+//!
+//! SQLite serialises writers. Every write transaction starts with `BEGIN IMMEDIATE`
+//! so it takes the write lock up front: a transaction that reads before it writes
+//! (the claim takeover) can then never fail with a busy snapshot under WAL.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+
+use super::*;
+use crate::engine::envelope::{Envelope, EventType, Fingerprint, MessageKey, RejectReason};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/sqlite");
+
+/// The embedded SQLite store.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    url: String,
+}
+
+/// Pool options shared by the store and the embedded queue: WAL, a generous busy
+/// timeout (writers wait for each other instead of failing), full fsync on commit.
+pub(crate) async fn connect_sqlite(url: &str, max_connections: u32) -> StoreResult<SqlitePool> {
+    let opts = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(30))
+        .foreign_keys(true);
+    if let Some(parent) = opts.get_filename().parent() {
+        if !parent.as_os_str().is_empty() {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::Other(format!("cannot create {}: {e}", parent.display()))
+            })?;
+        }
+    }
+    Ok(SqlitePoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_with(opts)
+        .await?)
+}
+
+impl SqliteStore {
+    pub async fn open(url: &str) -> StoreResult<Self> {
+        let pool = connect_sqlite(url, 8).await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(SqliteStore {
+            pool,
+            url: url.to_string(),
+        })
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}
+
+/// The stored fingerprint of an existing dedup row decides duplicate vs conflict.
+fn duplicate_or_conflict(stored: String, fingerprint: &Fingerprint) -> DedupOutcome {
+    if stored == fingerprint.as_str() {
+        DedupOutcome::Duplicate
+    } else {
+        DedupOutcome::KeyConflict {
+            stored: Fingerprint::from_stored(stored),
+        }
+    }
+}
+
+async fn apply_write(conn: &mut sqlx::SqliteConnection, write: &BusinessWrite) -> StoreResult<()> {
+    match write {
+        BusinessWrite::CountZoneExit { device_id } => {
+            sqlx::query(
+                "INSERT INTO trip_counters (device_id, zone_exits) VALUES (?, 1)
+                 ON CONFLICT (device_id) DO UPDATE SET zone_exits = zone_exits + 1",
+            )
+            .bind(device_id)
+            .execute(conn)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim> {
+    let state: String = row.try_get("state")?;
+    Ok(Claim {
+        consumer: row.try_get("consumer")?,
+        message_key: row.try_get("message_key")?,
+        provider_key: row.try_get("provider_key")?,
+        state: ClaimState::parse(&state).unwrap_or(ClaimState::Claimed),
+        claimed_at: parse_ts(row.try_get::<&str, _>("claimed_at")?),
+        finished_at: row.try_get::<Option<&str>, _>("finished_at")?.map(parse_ts),
+        attempts: row.try_get("attempts")?,
+        detail: row.try_get("detail")?,
+    })
+}
+
+const CLAIM_COLUMNS: &str =
+    "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
+
+fn lease_expired(claimed_at: DateTime<Utc>, now: DateTime<Utc>, lease: Duration) -> bool {
+    let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+    now.signed_duration_since(claimed_at) >= lease
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    async fn record_once(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        write: &BusinessWrite,
+    ) -> StoreResult<DedupOutcome> {
+        let mut tx = self.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
+             VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(key.as_str())
+        .bind(fingerprint.as_str())
+        .bind(ts(Utc::now()))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 1 {
+            apply_write(&mut tx, write).await?;
+            tx.commit().await?;
+            return Ok(DedupOutcome::Applied);
+        }
+        let stored: String = sqlx::query_scalar(
+            "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
+        )
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(duplicate_or_conflict(stored, fingerprint))
+    }
+
+    async fn seen(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+    ) -> StoreResult<Option<DedupOutcome>> {
+        let stored: Option<String> = sqlx::query_scalar(
+            "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
+        )
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(stored.map(|s| duplicate_or_conflict(s, fingerprint)))
+    }
+
+    async fn mark_seen(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
+             VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(key.as_str())
+        .bind(fingerprint.as_str())
+        .bind(ts(Utc::now()))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
+        let mut tx = self.begin().await?;
+        apply_write(&mut tx, write).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn apply_vehicle_event(
+        &self,
+        env: &Envelope,
+        fingerprint: &Fingerprint,
+        guarded: bool,
+    ) -> StoreResult<VehicleOutcome> {
+        let seq = i64::try_from(env.seq)
+            .map_err(|_| StoreError::Other(format!("seq {} exceeds storage range", env.seq)))?;
+        let now = ts(Utc::now());
+        let occurred_at = ts(env.occurred_at);
+        let payload = serde_json::Value::Object(env.payload.clone()).to_string();
+        let mut tx = self.begin().await?;
+        // Insert-once into history, provisionally not applied.
+        let inserted = sqlx::query(
+            "INSERT INTO vehicle_history
+               (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash)
+             VALUES (?, ?, ?, ?, ?, 0, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .bind(&env.device_id)
+        .bind(seq)
+        .bind(env.event_type.as_str())
+        .bind(&occurred_at)
+        .bind(&now)
+        .bind(&payload)
+        .bind(fingerprint.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 && guarded {
+            let stored: String = sqlx::query_scalar(
+                "SELECT payload_hash FROM vehicle_history
+                 WHERE device_id = ? AND seq = ? AND event_type = ?",
+            )
+            .bind(&env.device_id)
+            .bind(seq)
+            .bind(env.event_type.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(match duplicate_or_conflict(stored, fingerprint) {
+                DedupOutcome::KeyConflict { stored } => VehicleOutcome::KeyConflict { stored },
+                _ => VehicleOutcome::Duplicate,
+            });
+        }
+        let ignition = match env.event_type {
+            EventType::IgnitionOn => Some("on"),
+            EventType::IgnitionOff => Some("off"),
+            _ => None,
+        };
+        let (lat, lon) = env.lat_lon().unzip();
+        // The seq guard lives in the WHERE of the upsert: the database compares, so
+        // two concurrent writers cannot both "win" with different seqs.
+        let guard = if guarded {
+            "WHERE excluded.last_seq > vehicle_state.last_seq"
+        } else {
+            ""
+        };
+        let upsert = format!(
+            "INSERT INTO vehicle_state
+               (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (device_id) DO UPDATE SET
+               last_seq = excluded.last_seq,
+               last_event_type = excluded.last_event_type,
+               ignition = COALESCE(excluded.ignition, vehicle_state.ignition),
+               zone = CASE excluded.last_event_type
+                        WHEN 'zone_enter' THEN excluded.zone
+                        WHEN 'zone_exit' THEN NULL
+                        ELSE vehicle_state.zone END,
+               lat = COALESCE(excluded.lat, vehicle_state.lat),
+               lon = COALESCE(excluded.lon, vehicle_state.lon),
+               occurred_at = excluded.occurred_at,
+               updated_at = excluded.updated_at
+             {guard}"
+        );
+        let zone = match env.event_type {
+            EventType::ZoneEnter => env.zone(),
+            _ => None,
+        };
+        let applied = sqlx::query(&upsert)
+            .bind(&env.device_id)
+            .bind(seq)
+            .bind(env.event_type.as_str())
+            .bind(ignition)
+            .bind(zone)
+            .bind(lat)
+            .bind(lon)
+            .bind(&occurred_at)
+            .bind(&now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        if applied && inserted == 1 {
+            sqlx::query(
+                "UPDATE vehicle_history SET applied = 1
+                 WHERE device_id = ? AND seq = ? AND event_type = ?",
+            )
+            .bind(&env.device_id)
+            .bind(seq)
+            .bind(env.event_type.as_str())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(if applied {
+            VehicleOutcome::Applied
+        } else {
+            VehicleOutcome::Late
+        })
+    }
+
+    async fn claim_side_effect(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        provider_key: &str,
+        lease: Duration,
+    ) -> StoreResult<ClaimOutcome> {
+        let now = Utc::now();
+        let mut tx = self.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
+             VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(key.as_str())
+        .bind(fingerprint.as_str())
+        .bind(ts(now))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 1 {
+            sqlx::query(
+                "INSERT INTO side_effect_claims
+                   (consumer, message_key, provider_key, state, claimed_at, attempts)
+                 VALUES (?, ?, ?, 'claimed', ?, 1)",
+            )
+            .bind(consumer)
+            .bind(key.as_str())
+            .bind(provider_key)
+            .bind(ts(now))
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(ClaimOutcome::Fresh(Claim {
+                consumer: consumer.to_string(),
+                message_key: key.to_string(),
+                provider_key: provider_key.to_string(),
+                state: ClaimState::Claimed,
+                claimed_at: parse_ts(&ts(now)),
+                finished_at: None,
+                attempts: 1,
+                detail: None,
+            }));
+        }
+        let stored: String = sqlx::query_scalar(
+            "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
+        )
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        if let DedupOutcome::KeyConflict { stored } = duplicate_or_conflict(stored, fingerprint) {
+            tx.commit().await?;
+            return Ok(ClaimOutcome::KeyConflict { stored });
+        }
+        let row = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = ? AND message_key = ?"
+        ))
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            // A dedup row without a claim: recorded by another mode. Already done.
+            tx.commit().await?;
+            return Ok(ClaimOutcome::Done(ClaimState::Sent));
+        };
+        let mut claim = claim_from_row(&row)?;
+        let outcome = match claim.state {
+            ClaimState::Sent | ClaimState::Failed => ClaimOutcome::Done(claim.state),
+            ClaimState::Claimed if !lease_expired(claim.claimed_at, now, lease) => {
+                ClaimOutcome::Busy
+            }
+            ClaimState::Claimed => {
+                // Take over the in-doubt claim, compare-and-set on claimed_at so only
+                // one of several racing redeliveries owns the retry.
+                let took = sqlx::query(
+                    "UPDATE side_effect_claims SET claimed_at = ?, attempts = attempts + 1
+                     WHERE consumer = ? AND message_key = ? AND state = 'claimed' AND claimed_at = ?",
+                )
+                .bind(ts(now))
+                .bind(consumer)
+                .bind(key.as_str())
+                .bind(ts(claim.claimed_at))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if took == 1 {
+                    claim.attempts += 1;
+                    claim.claimed_at = parse_ts(&ts(now));
+                    ClaimOutcome::InDoubt(claim)
+                } else {
+                    ClaimOutcome::Busy
+                }
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn finish_side_effect(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        state: ClaimState,
+        detail: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
+             WHERE consumer = ? AND message_key = ?",
+        )
+        .bind(state.as_str())
+        .bind(ts(Utc::now()))
+        .bind(detail)
+        .bind(consumer)
+        .bind(key.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn release_claim(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        detail: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET claimed_at = ?, detail = ?
+             WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
+        )
+        .bind(ts(DateTime::<Utc>::UNIX_EPOCH))
+        .bind(detail)
+        .bind(consumer)
+        .bind(key.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        consumer: &str,
+        reason: RejectReason,
+        detail: &str,
+        raw: &[u8],
+    ) -> StoreResult<i64> {
+        let id = sqlx::query(
+            "INSERT INTO dead_letters (consumer, reason, detail, raw, received_at)
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(consumer)
+        .bind(reason.as_str())
+        .bind(detail)
+        .bind(raw)
+        .bind(ts(Utc::now()))
+        .execute(&self.pool)
+        .await?
+        .last_insert_rowid();
+        Ok(id)
+    }
+
+    async fn add_marker(
+        &self,
+        kind: MarkerKind,
+        label: &str,
+        detail: Option<&str>,
+    ) -> StoreResult<i64> {
+        let id = sqlx::query("INSERT INTO markers (kind, at, label, detail) VALUES (?, ?, ?, ?)")
+            .bind(kind.as_str())
+            .bind(ts(Utc::now()))
+            .bind(label)
+            .bind(detail)
+            .execute(&self.pool)
+            .await?
+            .last_insert_rowid();
+        Ok(id)
+    }
+
+    async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64> {
+        let id =
+            sqlx::query("INSERT INTO drill_runs (scenario, mode, started_at) VALUES (?, ?, ?)")
+                .bind(scenario)
+                .bind(mode)
+                .bind(ts(Utc::now()))
+                .execute(&self.pool)
+                .await?
+                .last_insert_rowid();
+        Ok(id)
+    }
+
+    async fn finish_drill_run(
+        &self,
+        id: i64,
+        verdict: &str,
+        report: &serde_json::Value,
+    ) -> StoreResult<()> {
+        sqlx::query("UPDATE drill_runs SET finished_at = ?, verdict = ?, report = ? WHERE id = ?")
+            .bind(ts(Utc::now()))
+            .bind(verdict)
+            .bind(report.to_string())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>> {
+        let row = sqlx::query(
+            "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at
+             FROM vehicle_state WHERE device_id = ?",
+        )
+        .bind(device_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(VehicleState {
+                device_id: r.try_get("device_id")?,
+                last_seq: r.try_get("last_seq")?,
+                last_event_type: r.try_get("last_event_type")?,
+                ignition: r.try_get("ignition")?,
+                zone: r.try_get("zone")?,
+                lat: r.try_get("lat")?,
+                lon: r.try_get("lon")?,
+                occurred_at: parse_ts(r.try_get::<&str, _>("occurred_at")?),
+                updated_at: parse_ts(r.try_get::<&str, _>("updated_at")?),
+            })
+        })
+        .transpose()
+    }
+
+    async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
+        let rows = sqlx::query(
+            "SELECT device_id, seq, event_type, occurred_at, received_at, applied, payload
+             FROM vehicle_history WHERE device_id = ? ORDER BY received_at, seq",
+        )
+        .bind(device_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(HistoryRow {
+                    device_id: r.try_get("device_id")?,
+                    seq: r.try_get("seq")?,
+                    event_type: r.try_get("event_type")?,
+                    occurred_at: parse_ts(r.try_get::<&str, _>("occurred_at")?),
+                    received_at: parse_ts(r.try_get::<&str, _>("received_at")?),
+                    applied: r.try_get::<i64, _>("applied")? != 0,
+                    payload: r.try_get("payload")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
+        let n: Option<i64> =
+            sqlx::query_scalar("SELECT zone_exits FROM trip_counters WHERE device_id = ?")
+                .bind(device_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(n.unwrap_or(0))
+    }
+
+    async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
+        let row = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = ? AND message_key = ?"
+        ))
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(claim_from_row).transpose()
+    }
+
+    async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>> {
+        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::zero());
+        let rows = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
+             WHERE state = 'claimed' AND claimed_at <= ? ORDER BY claimed_at LIMIT 1000"
+        ))
+        .bind(ts(Utc::now() - lease))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_from_row).collect()
+    }
+
+    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>> {
+        let rows = sqlx::query(
+            "SELECT id, consumer, reason, detail, raw, received_at FROM dead_letters
+             ORDER BY id DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    id: r.try_get("id")?,
+                    consumer: r.try_get("consumer")?,
+                    reason: r.try_get("reason")?,
+                    detail: r.try_get("detail")?,
+                    raw: r.try_get("raw")?,
+                    received_at: parse_ts(r.try_get::<&str, _>("received_at")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
+        let rows =
+            sqlx::query("SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT ?")
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Marker {
+                    id: r.try_get("id")?,
+                    kind: MarkerKind::parse(r.try_get::<&str, _>("kind")?)
+                        .unwrap_or(MarkerKind::Manual),
+                    at: parse_ts(r.try_get::<&str, _>("at")?),
+                    label: r.try_get("label")?,
+                    detail: r.try_get("detail")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
+        let rows = sqlx::query(
+            "SELECT id, scenario, mode, started_at, finished_at, verdict, report FROM drill_runs
+             ORDER BY id DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DrillRun {
+                    id: r.try_get("id")?,
+                    scenario: r.try_get("scenario")?,
+                    mode: r.try_get("mode")?,
+                    started_at: parse_ts(r.try_get::<&str, _>("started_at")?),
+                    finished_at: r.try_get::<Option<&str>, _>("finished_at")?.map(parse_ts),
+                    verdict: r.try_get("verdict")?,
+                    report: r
+                        .try_get::<Option<&str>, _>("report")?
+                        .and_then(|s| serde_json::from_str(s).ok()),
+                })
+            })
+            .collect()
+    }
+
+    async fn digest(&self) -> StoreResult<StateDigest> {
+        let processed = sqlx::query_as::<_, (String, String, String)>(
+            "SELECT consumer, message_key, payload_hash FROM processed_messages
+             ORDER BY consumer, message_key",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let claims = sqlx::query_as::<_, (String, String, String, String)>(
+            "SELECT consumer, message_key, provider_key, state FROM side_effect_claims
+             ORDER BY consumer, message_key",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let vehicle_state = sqlx::query_scalar::<_, String>(
+            "SELECT device_id || '|' || last_seq || '|' || last_event_type || '|' ||
+                    COALESCE(ignition, '-') || '|' || COALESCE(zone, '-') || '|' ||
+                    COALESCE(lat, '-') || '|' || COALESCE(lon, '-') || '|' || occurred_at
+             FROM vehicle_state ORDER BY device_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let history = sqlx::query_scalar::<_, String>(
+            "SELECT device_id || '|' || seq || '|' || event_type || '|' || applied || '|' ||
+                    payload_hash
+             FROM vehicle_history ORDER BY device_id, seq, event_type",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let trip_counters = sqlx::query_as::<_, (String, i64)>(
+            "SELECT device_id, zone_exits FROM trip_counters ORDER BY device_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(StateDigest {
+            processed,
+            claims,
+            vehicle_state,
+            history,
+            trip_counters,
+        })
+    }
+
+    async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
+        let cutoff = ts(cutoff);
+        let mut tx = self.begin().await?;
+        // Finished claims go with their dedup rows; a claim still `claimed` (in doubt)
+        // keeps its dedup row so the operator can still see and resolve it.
+        sqlx::query(
+            "DELETE FROM side_effect_claims WHERE state <> 'claimed' AND (consumer, message_key) IN (
+                SELECT consumer, message_key FROM processed_messages
+                WHERE processed_at < ? ORDER BY processed_at LIMIT ?)",
+        )
+        .bind(&cutoff)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?;
+        let deleted = sqlx::query(
+            "DELETE FROM processed_messages WHERE (consumer, message_key) IN (
+                SELECT p.consumer, p.message_key FROM processed_messages p
+                WHERE p.processed_at < ? AND NOT EXISTS (
+                    SELECT 1 FROM side_effect_claims c
+                    WHERE c.consumer = p.consumer AND c.message_key = p.message_key)
+                ORDER BY p.processed_at LIMIT ?)",
+        )
+        .bind(&cutoff)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    }
+}

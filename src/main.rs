@@ -1,0 +1,70 @@
+//! The `idemwatch` binary: parse arguments, set up logging to a file, call a layer.
+
+mod cli;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use cli::{Cli, CliError, Command, EXIT_USAGE};
+
+/// Logs go to a file: the terminal belongs to the TUI, stdout to --json output.
+fn init_logging(path: Option<PathBuf>) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    let path = path.unwrap_or_else(|| idemwatch::engine::default_data_dir().join("idemwatch.log"));
+    let dir = path.parent()?.to_path_buf();
+    std::fs::create_dir_all(&dir).ok()?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .ok()?;
+    let (writer, guard) = tracing_appender::non_blocking(file);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEMWATCH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(false)
+        .init();
+    Some(guard)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let _guard = init_logging(cli.log_file.clone());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(3);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Some(Command::Serve(a)) => cli::serve::run(a).await,
+            Some(Command::Publish(a)) => cli::publish::run(a).await,
+            Some(Command::Consume(a)) => cli::consume::run(a).await,
+            Some(Command::Drill(a)) => cli::drill::run(a).await,
+            Some(Command::Purge(a)) => cli::purge::run(a).await,
+            Some(Command::SmsSandbox(a)) => cli::sandbox::run(a).await,
+            None => Err(CliError {
+                code: EXIT_USAGE,
+                message: "the dashboard is not built yet; use a subcommand (see --help)".into(),
+            }),
+        }
+    });
+    let code = match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            tracing::error!(code = e.code, "{}", e.message);
+            e.code
+        }
+    };
+    drop(_guard);
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    std::process::exit(code);
+}
