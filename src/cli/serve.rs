@@ -4,17 +4,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
 use clap::Args;
 use tokio::sync::watch;
 
 use super::{CliError, CliResult, EngineArgs, EXIT_OK};
 use idemwatch::engine::crash::CrashPlan;
-use idemwatch::engine::metrics::Metrics;
+use idemwatch::engine::exporter;
 use idemwatch::engine::Engine;
 
 #[derive(Debug, Args)]
@@ -27,21 +22,6 @@ pub struct ServeArgs {
     pub workers: usize,
     #[command(flatten)]
     pub engine: EngineArgs,
-}
-
-/// The content type Prometheus expects for the text exposition with exemplars off.
-const EXPOSITION: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, EXPOSITION)], metrics.encode())
-}
-
-/// The `/metrics` and `/healthz` routes over one engine's metrics.
-pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(metrics)
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -99,7 +79,7 @@ pub async fn run(args: ServeArgs) -> CliResult {
     };
     let http = {
         let mut stop = stop_rx.clone();
-        let app = metrics_router(engine.metrics.clone());
+        let app = exporter::router(engine.metrics.clone());
         tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {

@@ -254,6 +254,12 @@ impl Metrics {
         out
     }
 
+    /// The classic Prometheus text format (0.0.4), for scrapers and tools that do not
+    /// speak OpenMetrics (`promtool check metrics` among them).
+    pub fn encode_prometheus_text(&self) -> String {
+        openmetrics_to_prometheus_text(&self.encode())
+    }
+
     /// Read one consumer's counts back from the families.
     pub fn counts(&self, consumer: &str) -> ConsumerCounts {
         let l = label(consumer);
@@ -316,6 +322,61 @@ pub struct CountSummary {
     pub consumers: BTreeMap<String, ConsumerCounts>,
 }
 
+/// Content type of [`Metrics::encode`].
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Content type of [`Metrics::encode_prometheus_text`].
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Rewrite prometheus-client's OpenMetrics output as the classic text format.
+///
+/// `prometheus-client` only speaks OpenMetrics, where a counter family `x` has samples
+/// `x_total`; the classic format names the family after its samples and has no
+/// `# EOF`, `# UNIT` or `_created`. The two formats differ only in those lines, so
+/// this small rewrite is ours rather than a second metrics library.
+pub fn openmetrics_to_prometheus_text(openmetrics: &str) -> String {
+    let mut counters = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.strip_suffix(" counter") {
+                counters.insert(name.to_string());
+            }
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = line
+            .strip_prefix("# HELP ")
+            .map(|r| ("# HELP ", r))
+            .or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)));
+        if let Some((prefix, rest)) = meta {
+            let name = rest.split(' ').next().unwrap_or("");
+            if counters.contains(name) {
+                out.push_str(prefix);
+                out.push_str(name);
+                out.push_str("_total");
+                out.push_str(&rest[name.len()..]);
+                out.push('\n');
+                continue;
+            }
+        } else {
+            let sample = line.split(['{', ' ']).next().unwrap_or("");
+            if sample
+                .strip_suffix("_created")
+                .is_some_and(|family| counters.contains(family))
+            {
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 fn label(consumer: &str) -> ConsumerLabel {
     ConsumerLabel {
         consumer: consumer.to_string(),
@@ -353,6 +414,11 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+        let classic = m.encode_prometheus_text();
+        assert!(classic.contains("# TYPE idem_messages_processed_total counter\n"));
+        assert!(classic.contains("# HELP idem_duplicate_dropped_total Redelivered"));
+        assert!(classic.contains("# TYPE idem_handler_duration_seconds histogram\n"));
+        assert!(!classic.contains("# EOF"));
         let c = m.counts("trip-counter");
         assert_eq!(
             (c.processed, c.duplicate_dropped, c.dead_lettered),

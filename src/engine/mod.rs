@@ -13,6 +13,7 @@ use tokio::sync::watch;
 pub mod consumers;
 pub mod crash;
 pub mod envelope;
+pub mod exporter;
 pub mod metrics;
 pub mod provider;
 pub mod queue;

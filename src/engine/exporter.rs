@@ -1,0 +1,43 @@
+//! The `/metrics` endpoint over an engine's [`Metrics`]: what `serve` exposes and
+//! what the dashboard's demo scrapes over real HTTP, as it would any consumer.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE};
+
+/// OpenMetrics for scrapers that ask for it (Prometheus does), the classic text
+/// format for everyone else (curl, promtool).
+async fn metrics_handler(
+    State(metrics): State<Arc<Metrics>>,
+    headers: HeaderMap,
+) -> impl IntoResponse {
+    let wants_openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    if wants_openmetrics {
+        (
+            [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+            metrics.encode(),
+        )
+    } else {
+        (
+            [(header::CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE)],
+            metrics.encode_prometheus_text(),
+        )
+    }
+}
+
+/// `/metrics` and `/healthz`.
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(metrics)
+}

@@ -1,0 +1,52 @@
+//! Shared test plumbing: a throw-away SQLite database and queue per test.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+pub struct TempEnv {
+    pub dir: tempfile::TempDir,
+}
+
+impl TempEnv {
+    pub fn new() -> Self {
+        TempEnv {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    pub fn db_url(&self) -> String {
+        format!(
+            "sqlite://{}",
+            self.dir.path().join("idemwatch.db").display()
+        )
+    }
+
+    pub fn queue_url(&self) -> String {
+        format!("sqlite://{}", self.dir.path().join("queue.db").display())
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// The idemwatch binary built for this test run.
+pub fn idemwatch_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_idemwatch"))
+}
+
+/// Run the binary with args; returns (exit code, stdout, stderr).
+pub fn run_cli(env: &TempEnv, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(idemwatch_bin())
+        .args(args)
+        .env("IDEMWATCH_LOG_FILE", env.path("idemwatch.log"))
+        .env("IDEMWATCH_DB", env.db_url())
+        .env("IDEMWATCH_QUEUE", env.queue_url())
+        .output()
+        .expect("run idemwatch");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
