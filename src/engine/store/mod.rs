@@ -389,6 +389,89 @@ pub struct StateDigest {
     pub trip_counters: Vec<(String, i64)>,
 }
 
+/// What the vehicle-state upsert writes, derived once from an envelope for every
+/// backend: which columns this event type sets, and which it leaves as they are.
+pub(crate) struct VehicleFacts<'a> {
+    pub seq: i64,
+    pub event_type: &'static str,
+    /// `on`/`off` for ignition events, else None (keep the stored value).
+    pub ignition: Option<&'static str>,
+    /// The zone entered; a `zone_exit` clears it, other events keep it.
+    pub zone: Option<&'a str>,
+    pub lat: Option<f64>,
+    pub lon: Option<f64>,
+    pub payload: String,
+}
+
+impl<'a> VehicleFacts<'a> {
+    pub fn of(env: &'a Envelope) -> StoreResult<Self> {
+        use super::envelope::EventType;
+        let seq = i64::try_from(env.seq)
+            .map_err(|_| StoreError::Other(format!("seq {} exceeds storage range", env.seq)))?;
+        let (lat, lon) = env.lat_lon().unzip();
+        Ok(VehicleFacts {
+            seq,
+            event_type: env.event_type.as_str(),
+            ignition: match env.event_type {
+                EventType::IgnitionOn => Some("on"),
+                EventType::IgnitionOff => Some("off"),
+                _ => None,
+            },
+            zone: match env.event_type {
+                EventType::ZoneEnter => env.zone(),
+                _ => None,
+            },
+            lat,
+            lon,
+            payload: serde_json::Value::Object(env.payload.clone()).to_string(),
+        })
+    }
+}
+
+/// What a redelivery does with an existing claim, decided the same way on every
+/// backend (the takeover itself is a compare-and-set on `claimed_at`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClaimStep {
+    Done(ClaimState),
+    Busy,
+    TakeOver,
+}
+
+pub(crate) fn claim_step(claim: &Claim, now: DateTime<Utc>, lease: Duration) -> ClaimStep {
+    match claim.state {
+        ClaimState::Sent | ClaimState::Failed => ClaimStep::Done(claim.state),
+        ClaimState::Claimed => {
+            let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+            if now.signed_duration_since(claim.claimed_at) >= lease {
+                ClaimStep::TakeOver
+            } else {
+                ClaimStep::Busy
+            }
+        }
+    }
+}
+
+/// The stored fingerprint of an existing row decides duplicate vs conflict.
+pub(crate) fn duplicate_or_conflict(stored: String, fingerprint: &Fingerprint) -> DedupOutcome {
+    if stored == fingerprint.as_str() {
+        DedupOutcome::Duplicate
+    } else {
+        DedupOutcome::KeyConflict {
+            stored: Fingerprint::from_stored(stored),
+        }
+    }
+}
+
+pub(crate) fn vehicle_duplicate_or_conflict(
+    stored: String,
+    fingerprint: &Fingerprint,
+) -> VehicleOutcome {
+    match duplicate_or_conflict(stored, fingerprint) {
+        DedupOutcome::KeyConflict { stored } => VehicleOutcome::KeyConflict { stored },
+        _ => VehicleOutcome::Duplicate,
+    }
+}
+
 /// Open the store a `--db` URL names and bring its schema up to date.
 pub async fn open(url: &str) -> StoreResult<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {

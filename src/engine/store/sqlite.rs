@@ -13,7 +13,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, SqlitePool};
 
 use super::*;
-use crate::engine::envelope::{Envelope, EventType, Fingerprint, MessageKey, RejectReason};
+use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/sqlite");
 
@@ -66,17 +66,6 @@ impl SqliteStore {
     }
 }
 
-/// The stored fingerprint of an existing dedup row decides duplicate vs conflict.
-fn duplicate_or_conflict(stored: String, fingerprint: &Fingerprint) -> DedupOutcome {
-    if stored == fingerprint.as_str() {
-        DedupOutcome::Duplicate
-    } else {
-        DedupOutcome::KeyConflict {
-            stored: Fingerprint::from_stored(stored),
-        }
-    }
-}
-
 async fn apply_write(conn: &mut sqlx::SqliteConnection, write: &BusinessWrite) -> StoreResult<()> {
     match write {
         BusinessWrite::CountZoneExit { device_id } => {
@@ -108,11 +97,6 @@ fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim> {
 
 const CLAIM_COLUMNS: &str =
     "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
-
-fn lease_expired(claimed_at: DateTime<Utc>, now: DateTime<Utc>, lease: Duration) -> bool {
-    let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
-    now.signed_duration_since(claimed_at) >= lease
-}
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -207,24 +191,22 @@ impl Store for SqliteStore {
         fingerprint: &Fingerprint,
         guarded: bool,
     ) -> StoreResult<VehicleOutcome> {
-        let seq = i64::try_from(env.seq)
-            .map_err(|_| StoreError::Other(format!("seq {} exceeds storage range", env.seq)))?;
+        let facts = VehicleFacts::of(env)?;
         let now = ts(Utc::now());
         let occurred_at = ts(env.occurred_at);
-        let payload = serde_json::Value::Object(env.payload.clone()).to_string();
         let mut tx = self.begin().await?;
-        // Insert-once into history, provisionally not applied.
+        // Insert-once into history, optimistically applied (most events are in order).
         let inserted = sqlx::query(
             "INSERT INTO vehicle_history
                (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash)
-             VALUES (?, ?, ?, ?, ?, 0, ?, ?) ON CONFLICT DO NOTHING",
+             VALUES (?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT DO NOTHING",
         )
         .bind(&env.device_id)
-        .bind(seq)
-        .bind(env.event_type.as_str())
+        .bind(facts.seq)
+        .bind(facts.event_type)
         .bind(&occurred_at)
         .bind(&now)
-        .bind(&payload)
+        .bind(&facts.payload)
         .bind(fingerprint.as_str())
         .execute(&mut *tx)
         .await?
@@ -235,22 +217,13 @@ impl Store for SqliteStore {
                  WHERE device_id = ? AND seq = ? AND event_type = ?",
             )
             .bind(&env.device_id)
-            .bind(seq)
-            .bind(env.event_type.as_str())
+            .bind(facts.seq)
+            .bind(facts.event_type)
             .fetch_one(&mut *tx)
             .await?;
             tx.commit().await?;
-            return Ok(match duplicate_or_conflict(stored, fingerprint) {
-                DedupOutcome::KeyConflict { stored } => VehicleOutcome::KeyConflict { stored },
-                _ => VehicleOutcome::Duplicate,
-            });
+            return Ok(vehicle_duplicate_or_conflict(stored, fingerprint));
         }
-        let ignition = match env.event_type {
-            EventType::IgnitionOn => Some("on"),
-            EventType::IgnitionOff => Some("off"),
-            _ => None,
-        };
-        let (lat, lon) = env.lat_lon().unzip();
         // The seq guard lives in the WHERE of the upsert: the database compares, so
         // two concurrent writers cannot both "win" with different seqs.
         let guard = if guarded {
@@ -276,32 +249,29 @@ impl Store for SqliteStore {
                updated_at = excluded.updated_at
              {guard}"
         );
-        let zone = match env.event_type {
-            EventType::ZoneEnter => env.zone(),
-            _ => None,
-        };
         let applied = sqlx::query(&upsert)
             .bind(&env.device_id)
-            .bind(seq)
-            .bind(env.event_type.as_str())
-            .bind(ignition)
-            .bind(zone)
-            .bind(lat)
-            .bind(lon)
+            .bind(facts.seq)
+            .bind(facts.event_type)
+            .bind(facts.ignition)
+            .bind(facts.zone)
+            .bind(facts.lat)
+            .bind(facts.lon)
             .bind(&occurred_at)
             .bind(&now)
             .execute(&mut *tx)
             .await?
             .rows_affected()
             == 1;
-        if applied && inserted == 1 {
+        if !applied {
+            // The late truth is kept, but it cannot rewrite today.
             sqlx::query(
-                "UPDATE vehicle_history SET applied = 1
+                "UPDATE vehicle_history SET applied = 0
                  WHERE device_id = ? AND seq = ? AND event_type = ?",
             )
             .bind(&env.device_id)
-            .bind(seq)
-            .bind(env.event_type.as_str())
+            .bind(facts.seq)
+            .bind(facts.event_type)
             .execute(&mut *tx)
             .await?;
         }
@@ -382,12 +352,10 @@ impl Store for SqliteStore {
             return Ok(ClaimOutcome::Done(ClaimState::Sent));
         };
         let mut claim = claim_from_row(&row)?;
-        let outcome = match claim.state {
-            ClaimState::Sent | ClaimState::Failed => ClaimOutcome::Done(claim.state),
-            ClaimState::Claimed if !lease_expired(claim.claimed_at, now, lease) => {
-                ClaimOutcome::Busy
-            }
-            ClaimState::Claimed => {
+        let outcome = match claim_step(&claim, now, lease) {
+            ClaimStep::Done(state) => ClaimOutcome::Done(state),
+            ClaimStep::Busy => ClaimOutcome::Busy,
+            ClaimStep::TakeOver => {
                 // Take over the in-doubt claim, compare-and-set on claimed_at so only
                 // one of several racing redeliveries owns the retry.
                 let took = sqlx::query(
