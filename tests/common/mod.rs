@@ -50,3 +50,4 @@ pub fn run_cli(env: &TempEnv, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+pub mod backends;

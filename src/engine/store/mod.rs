@@ -13,6 +13,8 @@ use serde::Serialize;
 
 use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
+pub mod mysql;
+pub mod postgres;
 pub mod sqlite;
 
 /// Errors from the database layer. All of them are transient from the engine's point
@@ -451,6 +453,29 @@ pub(crate) fn claim_step(claim: &Claim, now: DateTime<Utc>, lease: Duration) -> 
     }
 }
 
+/// One `vehicle_state` row of a [`StateDigest`], formatted the same on every backend.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn vehicle_digest_line(
+    device_id: &str,
+    last_seq: i64,
+    last_event_type: &str,
+    ignition: Option<String>,
+    zone: Option<String>,
+    lat: Option<f64>,
+    lon: Option<f64>,
+    occurred_at: DateTime<Utc>,
+) -> String {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    format!(
+        "{device_id}|{last_seq}|{last_event_type}|{}|{}|{}|{}|{}",
+        opt(ignition),
+        opt(zone),
+        opt(lat.map(|v| v.to_string())),
+        opt(lon.map(|v| v.to_string())),
+        ts(occurred_at)
+    )
+}
+
 /// The stored fingerprint of an existing row decides duplicate vs conflict.
 pub(crate) fn duplicate_or_conflict(stored: String, fingerprint: &Fingerprint) -> DedupOutcome {
     if stored == fingerprint.as_str() {
@@ -476,6 +501,10 @@ pub(crate) fn vehicle_duplicate_or_conflict(
 pub async fn open(url: &str) -> StoreResult<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(sqlite::SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::PostgresStore::open(url).await?))
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        Ok(Arc::new(mysql::MysqlStore::open(url).await?))
     } else {
         Err(StoreError::UnsupportedUrl(redact_url(url)))
     }

@@ -648,14 +648,29 @@ impl Store for SqliteStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        let vehicle_state = sqlx::query_scalar::<_, String>(
-            "SELECT device_id || '|' || last_seq || '|' || last_event_type || '|' ||
-                    COALESCE(ignition, '-') || '|' || COALESCE(zone, '-') || '|' ||
-                    COALESCE(lat, '-') || '|' || COALESCE(lon, '-') || '|' || occurred_at
+        let vehicle_state = sqlx::query_as::<
+            _,
+            (
+                String,
+                i64,
+                String,
+                Option<String>,
+                Option<String>,
+                Option<f64>,
+                Option<f64>,
+                String,
+            ),
+        >(
+            "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at
              FROM vehicle_state ORDER BY device_id",
         )
         .fetch_all(&self.pool)
-        .await?;
+        .await?
+        .into_iter()
+        .map(|(d, s, t, i, z, la, lo, at)| {
+            vehicle_digest_line(&d, s, &t, i, z, la, lo, parse_ts(&at))
+        })
+        .collect();
         let history = sqlx::query_scalar::<_, String>(
             "SELECT device_id || '|' || seq || '|' || event_type || '|' || applied || '|' ||
                     payload_hash

@@ -1,0 +1,790 @@
+//! [`Store`] on MySQL / MariaDB (InnoDB).
+//!
+//! Duplicates go through `INSERT IGNORE` on the primary key (0 rows affected, no
+//! error, the transaction goes on). The seq guard is `ON DUPLICATE KEY UPDATE` with
+//! every column conditional on the newer seq and `last_seq` assigned last (MySQL
+//! evaluates the assignments left to right). sqlx connects with `CLIENT_FOUND_ROWS`,
+//! so rows-affected cannot tell "inserted" from "left as it was"; whether the guard
+//! let the event through is read back under the row lock instead.
+//! InnoDB may pick a deadlock victim when several transactions insert the same new
+//! key at once; such a transaction is retried whole.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDateTime, Utc};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
+use sqlx::{MySqlPool, Row};
+
+use super::*;
+use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/mysql");
+
+#[derive(Debug, Clone)]
+pub struct MysqlStore {
+    pool: MySqlPool,
+    url: String,
+}
+
+fn utc(t: NaiveDateTime) -> DateTime<Utc> {
+    t.and_utc()
+}
+
+fn naive(t: DateTime<Utc>) -> NaiveDateTime {
+    t.naive_utc()
+}
+
+/// InnoDB deadlock (1213) or lock wait timeout (1205): the transaction was rolled
+/// back whole and can simply run again.
+fn is_retryable(e: &StoreError) -> bool {
+    match e {
+        StoreError::Db(sqlx::Error::Database(db)) => {
+            matches!(db.code().as_deref(), Some("40001") | Some("HY000"))
+                && (db.message().contains("Deadlock") || db.message().contains("Lock wait"))
+        }
+        _ => false,
+    }
+}
+
+async fn retrying<T, F, Fut>(mut attempt: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = StoreResult<T>>,
+{
+    let mut tries = 0u32;
+    loop {
+        match attempt().await {
+            Err(e) if is_retryable(&e) && tries < 8 => {
+                tries += 1;
+                tracing::debug!(tries, error = %e, "retrying a deadlocked transaction");
+                tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl MysqlStore {
+    pub async fn open(url: &str) -> StoreResult<Self> {
+        let url = url.replacen("mariadb://", "mysql://", 1);
+        let opts: MySqlConnectOptions = url.parse()?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(30))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET time_zone = '+00:00'")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
+            .connect_with(opts)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(MysqlStore { pool, url })
+    }
+
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    async fn record_once_tx(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        write: &BusinessWrite,
+    ) -> StoreResult<DedupOutcome> {
+        let mut tx = self.pool.begin().await?;
+        if insert_dedup(&mut tx, consumer, key, fingerprint).await? {
+            apply_write(&mut tx, write).await?;
+            tx.commit().await?;
+            return Ok(DedupOutcome::Applied);
+        }
+        let stored = stored_hash(&mut tx, consumer, key).await?;
+        tx.commit().await?;
+        Ok(duplicate_or_conflict(stored, fingerprint))
+    }
+
+    async fn vehicle_tx(
+        &self,
+        env: &Envelope,
+        fingerprint: &Fingerprint,
+        guarded: bool,
+    ) -> StoreResult<VehicleOutcome> {
+        let facts = VehicleFacts::of(env)?;
+        let now = naive(Utc::now());
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT IGNORE INTO vehicle_history
+               (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash)
+             VALUES (?, ?, ?, ?, ?, TRUE, ?, ?)",
+        )
+        .bind(&env.device_id)
+        .bind(facts.seq)
+        .bind(facts.event_type)
+        .bind(naive(env.occurred_at))
+        .bind(now)
+        .bind(&facts.payload)
+        .bind(fingerprint.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 && guarded {
+            let stored: String = sqlx::query_scalar(
+                "SELECT payload_hash FROM vehicle_history
+                 WHERE device_id = ? AND seq = ? AND event_type = ? LOCK IN SHARE MODE",
+            )
+            .bind(&env.device_id)
+            .bind(facts.seq)
+            .bind(facts.event_type)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(vehicle_duplicate_or_conflict(stored, fingerprint));
+        }
+        // `newer` is the guard; unguarded (naive) writes always win.
+        let newer = if guarded {
+            "VALUES(last_seq) > last_seq"
+        } else {
+            "TRUE"
+        };
+        let upsert = format!(
+            "INSERT INTO vehicle_state
+               (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE
+               ignition = IF({newer}, COALESCE(VALUES(ignition), ignition), ignition),
+               zone = IF({newer}, CASE VALUES(last_event_type)
+                                    WHEN 'zone_enter' THEN VALUES(zone)
+                                    WHEN 'zone_exit' THEN NULL
+                                    ELSE zone END, zone),
+               lat = IF({newer}, COALESCE(VALUES(lat), lat), lat),
+               lon = IF({newer}, COALESCE(VALUES(lon), lon), lon),
+               occurred_at = IF({newer}, VALUES(occurred_at), occurred_at),
+               updated_at = IF({newer}, VALUES(updated_at), updated_at),
+               last_event_type = IF({newer}, VALUES(last_event_type), last_event_type),
+               last_seq = IF({newer}, VALUES(last_seq), last_seq)"
+        );
+        sqlx::query(&upsert)
+            .bind(&env.device_id)
+            .bind(facts.seq)
+            .bind(facts.event_type)
+            .bind(facts.ignition)
+            .bind(facts.zone)
+            .bind(facts.lat)
+            .bind(facts.lon)
+            .bind(naive(env.occurred_at))
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        let (seq, event_type): (i64, String) = sqlx::query_as(
+            "SELECT last_seq, last_event_type FROM vehicle_state WHERE device_id = ? FOR UPDATE",
+        )
+        .bind(&env.device_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let applied = seq == facts.seq && event_type == facts.event_type;
+        if !applied {
+            sqlx::query(
+                "UPDATE vehicle_history SET applied = FALSE
+                 WHERE device_id = ? AND seq = ? AND event_type = ?",
+            )
+            .bind(&env.device_id)
+            .bind(facts.seq)
+            .bind(facts.event_type)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(if applied {
+            VehicleOutcome::Applied
+        } else {
+            VehicleOutcome::Late
+        })
+    }
+
+    async fn claim_tx(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        provider_key: &str,
+        lease: Duration,
+    ) -> StoreResult<ClaimOutcome> {
+        let now = Utc::now();
+        let mut tx = self.pool.begin().await?;
+        if insert_dedup(&mut tx, consumer, key, fingerprint).await? {
+            sqlx::query(
+                "INSERT INTO side_effect_claims
+                   (consumer, message_key, provider_key, state, claimed_at, attempts)
+                 VALUES (?, ?, ?, 'claimed', ?, 1)",
+            )
+            .bind(consumer)
+            .bind(key.as_str())
+            .bind(provider_key)
+            .bind(naive(now))
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(ClaimOutcome::Fresh(Claim {
+                consumer: consumer.to_string(),
+                message_key: key.to_string(),
+                provider_key: provider_key.to_string(),
+                state: ClaimState::Claimed,
+                claimed_at: now,
+                finished_at: None,
+                attempts: 1,
+                detail: None,
+            }));
+        }
+        let stored = stored_hash(&mut tx, consumer, key).await?;
+        if let DedupOutcome::KeyConflict { stored } = duplicate_or_conflict(stored, fingerprint) {
+            tx.commit().await?;
+            return Ok(ClaimOutcome::KeyConflict { stored });
+        }
+        let row = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
+             WHERE consumer = ? AND message_key = ? FOR UPDATE"
+        ))
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.commit().await?;
+            return Ok(ClaimOutcome::Done(ClaimState::Sent));
+        };
+        let mut claim = claim_from_row(&row)?;
+        let outcome = match claim_step(&claim, now, lease) {
+            ClaimStep::Done(state) => ClaimOutcome::Done(state),
+            ClaimStep::Busy => ClaimOutcome::Busy,
+            ClaimStep::TakeOver => {
+                // The row is locked FOR UPDATE: this transaction owns the takeover.
+                sqlx::query(
+                    "UPDATE side_effect_claims SET claimed_at = ?, attempts = attempts + 1
+                     WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
+                )
+                .bind(naive(now))
+                .bind(consumer)
+                .bind(key.as_str())
+                .execute(&mut *tx)
+                .await?;
+                claim.attempts += 1;
+                claim.claimed_at = now;
+                ClaimOutcome::InDoubt(claim)
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+}
+
+async fn apply_write(conn: &mut sqlx::MySqlConnection, write: &BusinessWrite) -> StoreResult<()> {
+    match write {
+        BusinessWrite::CountZoneExit { device_id } => {
+            sqlx::query(
+                "INSERT INTO trip_counters (device_id, zone_exits) VALUES (?, 1)
+                 ON DUPLICATE KEY UPDATE zone_exits = zone_exits + 1",
+            )
+            .bind(device_id)
+            .execute(conn)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn insert_dedup(
+    conn: &mut sqlx::MySqlConnection,
+    consumer: &str,
+    key: &MessageKey,
+    fingerprint: &Fingerprint,
+) -> StoreResult<bool> {
+    Ok(sqlx::query(
+        "INSERT IGNORE INTO processed_messages (consumer, message_key, payload_hash, processed_at)
+         VALUES (?, ?, ?, ?)",
+    )
+    .bind(consumer)
+    .bind(key.as_str())
+    .bind(fingerprint.as_str())
+    .bind(naive(Utc::now()))
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
+async fn stored_hash(
+    conn: &mut sqlx::MySqlConnection,
+    consumer: &str,
+    key: &MessageKey,
+) -> StoreResult<String> {
+    Ok(sqlx::query_scalar(
+        "SELECT payload_hash FROM processed_messages
+         WHERE consumer = ? AND message_key = ? LOCK IN SHARE MODE",
+    )
+    .bind(consumer)
+    .bind(key.as_str())
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Key columns use a binary collation (keys are case-sensitive), which the driver
+/// reports as VARBINARY; selecting them through CAST(… AS CHAR) gives text back.
+const CLAIM_COLUMNS: &str = "CAST(consumer AS CHAR) AS consumer, \
+     CAST(message_key AS CHAR) AS message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
+
+fn claim_from_row(row: &MySqlRow) -> StoreResult<Claim> {
+    let state: String = row.try_get("state")?;
+    Ok(Claim {
+        consumer: row.try_get("consumer")?,
+        message_key: row.try_get("message_key")?,
+        provider_key: row.try_get("provider_key")?,
+        state: ClaimState::parse(&state).unwrap_or(ClaimState::Claimed),
+        claimed_at: utc(row.try_get("claimed_at")?),
+        finished_at: row
+            .try_get::<Option<NaiveDateTime>, _>("finished_at")?
+            .map(utc),
+        attempts: row.try_get("attempts")?,
+        detail: row.try_get("detail")?,
+    })
+}
+
+#[async_trait]
+impl Store for MysqlStore {
+    fn backend(&self) -> Backend {
+        Backend::Mysql
+    }
+
+    fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    async fn record_once(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        write: &BusinessWrite,
+    ) -> StoreResult<DedupOutcome> {
+        retrying(|| self.record_once_tx(consumer, key, fingerprint, write)).await
+    }
+
+    async fn seen(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+    ) -> StoreResult<Option<DedupOutcome>> {
+        let stored: Option<String> = sqlx::query_scalar(
+            "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
+        )
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(stored.map(|s| duplicate_or_conflict(s, fingerprint)))
+    }
+
+    async fn mark_seen(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+    ) -> StoreResult<()> {
+        retrying(|| async {
+            let mut conn = self.pool.acquire().await?;
+            insert_dedup(&mut conn, consumer, key, fingerprint).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
+        retrying(|| async {
+            let mut tx = self.pool.begin().await?;
+            apply_write(&mut tx, write).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn apply_vehicle_event(
+        &self,
+        env: &Envelope,
+        fingerprint: &Fingerprint,
+        guarded: bool,
+    ) -> StoreResult<VehicleOutcome> {
+        retrying(|| self.vehicle_tx(env, fingerprint, guarded)).await
+    }
+
+    async fn claim_side_effect(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        provider_key: &str,
+        lease: Duration,
+    ) -> StoreResult<ClaimOutcome> {
+        retrying(|| self.claim_tx(consumer, key, fingerprint, provider_key, lease)).await
+    }
+
+    async fn finish_side_effect(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        state: ClaimState,
+        detail: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
+             WHERE consumer = ? AND message_key = ?",
+        )
+        .bind(state.as_str())
+        .bind(naive(Utc::now()))
+        .bind(detail)
+        .bind(consumer)
+        .bind(key.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn release_claim(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        detail: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET claimed_at = ?, detail = ?
+             WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
+        )
+        .bind(naive(DateTime::<Utc>::UNIX_EPOCH))
+        .bind(detail)
+        .bind(consumer)
+        .bind(key.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        consumer: &str,
+        reason: RejectReason,
+        detail: &str,
+        raw: &[u8],
+    ) -> StoreResult<i64> {
+        let id = sqlx::query(
+            "INSERT INTO dead_letters (consumer, reason, detail, raw, received_at)
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(consumer)
+        .bind(reason.as_str())
+        .bind(detail)
+        .bind(raw)
+        .bind(naive(Utc::now()))
+        .execute(&self.pool)
+        .await?
+        .last_insert_id();
+        Ok(i64::try_from(id).unwrap_or(i64::MAX))
+    }
+
+    async fn add_marker(
+        &self,
+        kind: MarkerKind,
+        label: &str,
+        detail: Option<&str>,
+    ) -> StoreResult<i64> {
+        let id = sqlx::query("INSERT INTO markers (kind, at, label, detail) VALUES (?, ?, ?, ?)")
+            .bind(kind.as_str())
+            .bind(naive(Utc::now()))
+            .bind(label)
+            .bind(detail)
+            .execute(&self.pool)
+            .await?
+            .last_insert_id();
+        Ok(i64::try_from(id).unwrap_or(i64::MAX))
+    }
+
+    async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64> {
+        let id =
+            sqlx::query("INSERT INTO drill_runs (scenario, mode, started_at) VALUES (?, ?, ?)")
+                .bind(scenario)
+                .bind(mode)
+                .bind(naive(Utc::now()))
+                .execute(&self.pool)
+                .await?
+                .last_insert_id();
+        Ok(i64::try_from(id).unwrap_or(i64::MAX))
+    }
+
+    async fn finish_drill_run(
+        &self,
+        id: i64,
+        verdict: &str,
+        report: &serde_json::Value,
+    ) -> StoreResult<()> {
+        sqlx::query("UPDATE drill_runs SET finished_at = ?, verdict = ?, report = ? WHERE id = ?")
+            .bind(naive(Utc::now()))
+            .bind(verdict)
+            .bind(report.to_string())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>> {
+        let row = sqlx::query(
+            "SELECT CAST(device_id AS CHAR) AS device_id, last_seq, last_event_type, ignition, zone,
+                    lat, lon, occurred_at, updated_at
+             FROM vehicle_state WHERE device_id = ?",
+        )
+        .bind(device_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(VehicleState {
+                device_id: r.try_get("device_id")?,
+                last_seq: r.try_get("last_seq")?,
+                last_event_type: r.try_get("last_event_type")?,
+                ignition: r.try_get("ignition")?,
+                zone: r.try_get("zone")?,
+                lat: r.try_get("lat")?,
+                lon: r.try_get("lon")?,
+                occurred_at: utc(r.try_get("occurred_at")?),
+                updated_at: utc(r.try_get("updated_at")?),
+            })
+        })
+        .transpose()
+    }
+
+    async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
+        let rows = sqlx::query(
+            "SELECT CAST(device_id AS CHAR) AS device_id, seq, event_type, occurred_at, received_at,
+                    applied, payload
+             FROM vehicle_history WHERE device_id = ? ORDER BY received_at, seq",
+        )
+        .bind(device_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(HistoryRow {
+                    device_id: r.try_get("device_id")?,
+                    seq: r.try_get("seq")?,
+                    event_type: r.try_get("event_type")?,
+                    occurred_at: utc(r.try_get("occurred_at")?),
+                    received_at: utc(r.try_get("received_at")?),
+                    applied: r.try_get("applied")?,
+                    payload: r.try_get("payload")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
+        let n: Option<i64> =
+            sqlx::query_scalar("SELECT zone_exits FROM trip_counters WHERE device_id = ?")
+                .bind(device_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(n.unwrap_or(0))
+    }
+
+    async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
+        let row = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = ? AND message_key = ?"
+        ))
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(claim_from_row).transpose()
+    }
+
+    async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>> {
+        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::zero());
+        let rows = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
+             WHERE state = 'claimed' AND claimed_at <= ? ORDER BY claimed_at LIMIT 1000"
+        ))
+        .bind(naive(Utc::now() - lease))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_from_row).collect()
+    }
+
+    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>> {
+        let rows = sqlx::query(
+            "SELECT id, consumer, reason, detail, raw, received_at FROM dead_letters
+             ORDER BY id DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    id: r.try_get("id")?,
+                    consumer: r.try_get("consumer")?,
+                    reason: r.try_get("reason")?,
+                    detail: r.try_get("detail")?,
+                    raw: r.try_get("raw")?,
+                    received_at: utc(r.try_get("received_at")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
+        let rows =
+            sqlx::query("SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT ?")
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Marker {
+                    id: r.try_get("id")?,
+                    kind: MarkerKind::parse(r.try_get::<&str, _>("kind")?)
+                        .unwrap_or(MarkerKind::Manual),
+                    at: utc(r.try_get("at")?),
+                    label: r.try_get("label")?,
+                    detail: r.try_get("detail")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
+        let rows = sqlx::query(
+            "SELECT id, scenario, mode, started_at, finished_at, verdict, report FROM drill_runs
+             ORDER BY id DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DrillRun {
+                    id: r.try_get("id")?,
+                    scenario: r.try_get("scenario")?,
+                    mode: r.try_get("mode")?,
+                    started_at: utc(r.try_get("started_at")?),
+                    finished_at: r
+                        .try_get::<Option<NaiveDateTime>, _>("finished_at")?
+                        .map(utc),
+                    verdict: r.try_get("verdict")?,
+                    report: r
+                        .try_get::<Option<String>, _>("report")?
+                        .and_then(|s| serde_json::from_str(&s).ok()),
+                })
+            })
+            .collect()
+    }
+
+    async fn digest(&self) -> StoreResult<StateDigest> {
+        let processed = sqlx::query_as::<_, (String, String, String)>(
+            "SELECT CAST(consumer AS CHAR), CAST(message_key AS CHAR), payload_hash
+             FROM processed_messages ORDER BY consumer, message_key",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let claims = sqlx::query_as::<_, (String, String, String, String)>(
+            "SELECT CAST(consumer AS CHAR), CAST(message_key AS CHAR), provider_key, state
+             FROM side_effect_claims ORDER BY consumer, message_key",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let vehicle_state = sqlx::query_as::<
+            _,
+            (
+                String,
+                i64,
+                String,
+                Option<String>,
+                Option<String>,
+                Option<f64>,
+                Option<f64>,
+                NaiveDateTime,
+            ),
+        >(
+            "SELECT CAST(device_id AS CHAR), last_seq, last_event_type, ignition, zone, lat, lon,
+                    occurred_at
+             FROM vehicle_state ORDER BY device_id",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|(d, s, t, i, z, la, lo, at)| vehicle_digest_line(&d, s, &t, i, z, la, lo, utc(at)))
+        .collect();
+        let history = sqlx::query_as::<_, (String, i64, String, bool, String)>(
+            "SELECT CAST(device_id AS CHAR), seq, event_type, applied, payload_hash
+             FROM vehicle_history ORDER BY device_id, seq, event_type",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|(d, s, t, a, h)| format!("{d}|{s}|{t}|{}|{h}", u8::from(a)))
+        .collect();
+        let trip_counters = sqlx::query_as::<_, (String, i64)>(
+            "SELECT CAST(device_id AS CHAR), zone_exits FROM trip_counters ORDER BY device_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(StateDigest {
+            processed,
+            claims,
+            vehicle_state,
+            history,
+            trip_counters,
+        })
+    }
+
+    async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
+        retrying(|| async {
+            let mut tx = self.pool.begin().await?;
+            // MySQL cannot DELETE … LIMIT from a subquery on the same table: pick the
+            // batch by the processed_at index first, then delete exactly those keys.
+            let doomed: Vec<(String, String)> = sqlx::query_as(
+                "SELECT CAST(p.consumer AS CHAR), CAST(p.message_key AS CHAR) FROM processed_messages p
+                 WHERE p.processed_at < ? AND NOT EXISTS (
+                    SELECT 1 FROM side_effect_claims c
+                    WHERE c.consumer = p.consumer AND c.message_key = p.message_key
+                      AND c.state = 'claimed')
+                 ORDER BY p.processed_at LIMIT ? FOR UPDATE",
+            )
+            .bind(naive(cutoff))
+            .bind(batch)
+            .fetch_all(&mut *tx)
+            .await?;
+            let mut deleted = 0;
+            for chunk in doomed.chunks(500) {
+                let tuples = vec!["(?, ?)"; chunk.len()].join(", ");
+                for table in ["side_effect_claims", "processed_messages"] {
+                    let sql =
+                        format!("DELETE FROM {table} WHERE (consumer, message_key) IN ({tuples})");
+                    let mut q = sqlx::query(&sql);
+                    for (c, k) in chunk {
+                        q = q.bind(c).bind(k);
+                    }
+                    let n = q.execute(&mut *tx).await?.rows_affected();
+                    if table == "processed_messages" {
+                        deleted += n;
+                    }
+                }
+            }
+            tx.commit().await?;
+            Ok(deleted)
+        })
+        .await
+    }
+}

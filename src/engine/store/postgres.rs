@@ -1,0 +1,668 @@
+//! [`Store`] on PostgreSQL.
+//!
+//! Duplicates go through `INSERT … ON CONFLICT DO NOTHING`: the conflict is found in
+//! the unique index before a heap tuple is written, so a redelivery neither aborts
+//! the transaction nor leaves a dead tuple behind. The seq guard is
+//! `ON CONFLICT (device_id) DO UPDATE … WHERE excluded.last_seq > vehicle_state.last_seq`,
+//! which reports 0 rows when the guard refuses.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{ConnectOptions, PgPool, Row};
+
+use super::*;
+use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/postgres");
+
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    url: String,
+}
+
+impl PostgresStore {
+    pub async fn open(url: &str) -> StoreResult<Self> {
+        let opts: PgConnectOptions = url.parse()?;
+        let opts = opts.log_statements(tracing::log::LevelFilter::Trace);
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(opts)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(PostgresStore {
+            pool,
+            url: url.to_string(),
+        })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+async fn apply_write(conn: &mut sqlx::PgConnection, write: &BusinessWrite) -> StoreResult<()> {
+    match write {
+        BusinessWrite::CountZoneExit { device_id } => {
+            sqlx::query(
+                "INSERT INTO trip_counters (device_id, zone_exits) VALUES ($1, 1)
+                 ON CONFLICT (device_id) DO UPDATE SET zone_exits = trip_counters.zone_exits + 1",
+            )
+            .bind(device_id)
+            .execute(conn)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Insert the dedup row; true when this call recorded it first.
+async fn insert_dedup(
+    conn: &mut sqlx::PgConnection,
+    consumer: &str,
+    key: &MessageKey,
+    fingerprint: &Fingerprint,
+) -> StoreResult<bool> {
+    Ok(sqlx::query(
+        "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
+         VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
+    )
+    .bind(consumer)
+    .bind(key.as_str())
+    .bind(fingerprint.as_str())
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
+async fn stored_hash(
+    conn: &mut sqlx::PgConnection,
+    consumer: &str,
+    key: &MessageKey,
+) -> StoreResult<String> {
+    Ok(sqlx::query_scalar(
+        "SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_key = $2",
+    )
+    .bind(consumer)
+    .bind(key.as_str())
+    .fetch_one(conn)
+    .await?)
+}
+
+const CLAIM_COLUMNS: &str =
+    "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
+
+fn claim_from_row(row: &PgRow) -> StoreResult<Claim> {
+    let state: String = row.try_get("state")?;
+    Ok(Claim {
+        consumer: row.try_get("consumer")?,
+        message_key: row.try_get("message_key")?,
+        provider_key: row.try_get("provider_key")?,
+        state: ClaimState::parse(&state).unwrap_or(ClaimState::Claimed),
+        claimed_at: row.try_get("claimed_at")?,
+        finished_at: row.try_get("finished_at")?,
+        attempts: row.try_get("attempts")?,
+        detail: row.try_get("detail")?,
+    })
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    async fn record_once(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        write: &BusinessWrite,
+    ) -> StoreResult<DedupOutcome> {
+        let mut tx = self.pool.begin().await?;
+        if insert_dedup(&mut tx, consumer, key, fingerprint).await? {
+            apply_write(&mut tx, write).await?;
+            tx.commit().await?;
+            return Ok(DedupOutcome::Applied);
+        }
+        let stored = stored_hash(&mut tx, consumer, key).await?;
+        tx.commit().await?;
+        Ok(duplicate_or_conflict(stored, fingerprint))
+    }
+
+    async fn seen(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+    ) -> StoreResult<Option<DedupOutcome>> {
+        let stored: Option<String> = sqlx::query_scalar(
+            "SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_key = $2",
+        )
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(stored.map(|s| duplicate_or_conflict(s, fingerprint)))
+    }
+
+    async fn mark_seen(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+    ) -> StoreResult<()> {
+        let mut conn = self.pool.acquire().await?;
+        insert_dedup(&mut conn, consumer, key, fingerprint).await?;
+        Ok(())
+    }
+
+    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        apply_write(&mut tx, write).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn apply_vehicle_event(
+        &self,
+        env: &Envelope,
+        fingerprint: &Fingerprint,
+        guarded: bool,
+    ) -> StoreResult<VehicleOutcome> {
+        let facts = VehicleFacts::of(env)?;
+        let payload: serde_json::Value =
+            serde_json::from_str(&facts.payload).unwrap_or(serde_json::Value::Null);
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO vehicle_history
+               (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash)
+             VALUES ($1, $2, $3, $4, now(), true, $5, $6) ON CONFLICT DO NOTHING",
+        )
+        .bind(&env.device_id)
+        .bind(facts.seq)
+        .bind(facts.event_type)
+        .bind(env.occurred_at)
+        .bind(&payload)
+        .bind(fingerprint.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 && guarded {
+            let stored: String = sqlx::query_scalar(
+                "SELECT payload_hash FROM vehicle_history
+                 WHERE device_id = $1 AND seq = $2 AND event_type = $3",
+            )
+            .bind(&env.device_id)
+            .bind(facts.seq)
+            .bind(facts.event_type)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(vehicle_duplicate_or_conflict(stored, fingerprint));
+        }
+        let guard = if guarded {
+            "WHERE excluded.last_seq > vehicle_state.last_seq"
+        } else {
+            ""
+        };
+        let upsert = format!(
+            "INSERT INTO vehicle_state
+               (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
+             ON CONFLICT (device_id) DO UPDATE SET
+               last_seq = excluded.last_seq,
+               last_event_type = excluded.last_event_type,
+               ignition = COALESCE(excluded.ignition, vehicle_state.ignition),
+               zone = CASE excluded.last_event_type
+                        WHEN 'zone_enter' THEN excluded.zone
+                        WHEN 'zone_exit' THEN NULL
+                        ELSE vehicle_state.zone END,
+               lat = COALESCE(excluded.lat, vehicle_state.lat),
+               lon = COALESCE(excluded.lon, vehicle_state.lon),
+               occurred_at = excluded.occurred_at,
+               updated_at = excluded.updated_at
+             {guard}"
+        );
+        let applied = sqlx::query(&upsert)
+            .bind(&env.device_id)
+            .bind(facts.seq)
+            .bind(facts.event_type)
+            .bind(facts.ignition)
+            .bind(facts.zone)
+            .bind(facts.lat)
+            .bind(facts.lon)
+            .bind(env.occurred_at)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        if !applied {
+            sqlx::query(
+                "UPDATE vehicle_history SET applied = false
+                 WHERE device_id = $1 AND seq = $2 AND event_type = $3",
+            )
+            .bind(&env.device_id)
+            .bind(facts.seq)
+            .bind(facts.event_type)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(if applied {
+            VehicleOutcome::Applied
+        } else {
+            VehicleOutcome::Late
+        })
+    }
+
+    async fn claim_side_effect(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        fingerprint: &Fingerprint,
+        provider_key: &str,
+        lease: Duration,
+    ) -> StoreResult<ClaimOutcome> {
+        let mut tx = self.pool.begin().await?;
+        if insert_dedup(&mut tx, consumer, key, fingerprint).await? {
+            let row = sqlx::query(&format!(
+                "INSERT INTO side_effect_claims
+                   (consumer, message_key, provider_key, state, claimed_at, attempts)
+                 VALUES ($1, $2, $3, 'claimed', clock_timestamp(), 1)
+                 RETURNING {CLAIM_COLUMNS}"
+            ))
+            .bind(consumer)
+            .bind(key.as_str())
+            .bind(provider_key)
+            .fetch_one(&mut *tx)
+            .await?;
+            let claim = claim_from_row(&row)?;
+            tx.commit().await?;
+            return Ok(ClaimOutcome::Fresh(claim));
+        }
+        let stored = stored_hash(&mut tx, consumer, key).await?;
+        if let DedupOutcome::KeyConflict { stored } = duplicate_or_conflict(stored, fingerprint) {
+            tx.commit().await?;
+            return Ok(ClaimOutcome::KeyConflict { stored });
+        }
+        let row = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS}, clock_timestamp() AS now FROM side_effect_claims
+             WHERE consumer = $1 AND message_key = $2"
+        ))
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.commit().await?;
+            return Ok(ClaimOutcome::Done(ClaimState::Sent));
+        };
+        let claim = claim_from_row(&row)?;
+        let now: DateTime<Utc> = row.try_get("now")?;
+        let outcome = match claim_step(&claim, now, lease) {
+            ClaimStep::Done(state) => ClaimOutcome::Done(state),
+            ClaimStep::Busy => ClaimOutcome::Busy,
+            ClaimStep::TakeOver => {
+                // Compare-and-set on claimed_at: of several racing redeliveries, one
+                // re-reads the row after the winner's commit and finds it changed.
+                let taken = sqlx::query(&format!(
+                    "UPDATE side_effect_claims
+                     SET claimed_at = clock_timestamp(), attempts = attempts + 1
+                     WHERE consumer = $1 AND message_key = $2 AND state = 'claimed' AND claimed_at = $3
+                     RETURNING {CLAIM_COLUMNS}"
+                ))
+                .bind(consumer)
+                .bind(key.as_str())
+                .bind(claim.claimed_at)
+                .fetch_optional(&mut *tx)
+                .await?;
+                match taken {
+                    Some(row) => ClaimOutcome::InDoubt(claim_from_row(&row)?),
+                    None => ClaimOutcome::Busy,
+                }
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn finish_side_effect(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        state: ClaimState,
+        detail: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET state = $1, finished_at = now(), detail = $2
+             WHERE consumer = $3 AND message_key = $4",
+        )
+        .bind(state.as_str())
+        .bind(detail)
+        .bind(consumer)
+        .bind(key.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn release_claim(
+        &self,
+        consumer: &str,
+        key: &MessageKey,
+        detail: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET claimed_at = 'epoch', detail = $1
+             WHERE consumer = $2 AND message_key = $3 AND state = 'claimed'",
+        )
+        .bind(detail)
+        .bind(consumer)
+        .bind(key.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        consumer: &str,
+        reason: RejectReason,
+        detail: &str,
+        raw: &[u8],
+    ) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO dead_letters (consumer, reason, detail, raw, received_at)
+             VALUES ($1, $2, $3, $4, now()) RETURNING id",
+        )
+        .bind(consumer)
+        .bind(reason.as_str())
+        .bind(detail)
+        .bind(raw)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    async fn add_marker(
+        &self,
+        kind: MarkerKind,
+        label: &str,
+        detail: Option<&str>,
+    ) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO markers (kind, at, label, detail) VALUES ($1, now(), $2, $3) RETURNING id",
+        )
+        .bind(kind.as_str())
+        .bind(label)
+        .bind(detail)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO drill_runs (scenario, mode, started_at) VALUES ($1, $2, now()) RETURNING id",
+        )
+        .bind(scenario)
+        .bind(mode)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    async fn finish_drill_run(
+        &self,
+        id: i64,
+        verdict: &str,
+        report: &serde_json::Value,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE drill_runs SET finished_at = now(), verdict = $1, report = $2 WHERE id = $3",
+        )
+        .bind(verdict)
+        .bind(report)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>> {
+        let row = sqlx::query(
+            "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at
+             FROM vehicle_state WHERE device_id = $1",
+        )
+        .bind(device_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(VehicleState {
+                device_id: r.try_get("device_id")?,
+                last_seq: r.try_get("last_seq")?,
+                last_event_type: r.try_get("last_event_type")?,
+                ignition: r.try_get("ignition")?,
+                zone: r.try_get("zone")?,
+                lat: r.try_get("lat")?,
+                lon: r.try_get("lon")?,
+                occurred_at: r.try_get("occurred_at")?,
+                updated_at: r.try_get("updated_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
+        let rows = sqlx::query(
+            "SELECT device_id, seq, event_type, occurred_at, received_at, applied, payload::text AS payload
+             FROM vehicle_history WHERE device_id = $1 ORDER BY received_at, seq",
+        )
+        .bind(device_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(HistoryRow {
+                    device_id: r.try_get("device_id")?,
+                    seq: r.try_get("seq")?,
+                    event_type: r.try_get("event_type")?,
+                    occurred_at: r.try_get("occurred_at")?,
+                    received_at: r.try_get("received_at")?,
+                    applied: r.try_get("applied")?,
+                    payload: r.try_get("payload")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
+        let n: Option<i64> =
+            sqlx::query_scalar("SELECT zone_exits FROM trip_counters WHERE device_id = $1")
+                .bind(device_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(n.unwrap_or(0))
+    }
+
+    async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
+        let row = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = $1 AND message_key = $2"
+        ))
+        .bind(consumer)
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(claim_from_row).transpose()
+    }
+
+    async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>> {
+        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::zero());
+        let rows = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
+             WHERE state = 'claimed' AND claimed_at <= $1 ORDER BY claimed_at LIMIT 1000"
+        ))
+        .bind(Utc::now() - lease)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(claim_from_row).collect()
+    }
+
+    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>> {
+        let rows = sqlx::query(
+            "SELECT id, consumer, reason, detail, raw, received_at FROM dead_letters
+             ORDER BY id DESC LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    id: r.try_get("id")?,
+                    consumer: r.try_get("consumer")?,
+                    reason: r.try_get("reason")?,
+                    detail: r.try_get("detail")?,
+                    raw: r.try_get("raw")?,
+                    received_at: r.try_get("received_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
+        let rows = sqlx::query(
+            "SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Marker {
+                    id: r.try_get("id")?,
+                    kind: MarkerKind::parse(r.try_get::<&str, _>("kind")?)
+                        .unwrap_or(MarkerKind::Manual),
+                    at: r.try_get("at")?,
+                    label: r.try_get("label")?,
+                    detail: r.try_get("detail")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
+        let rows = sqlx::query(
+            "SELECT id, scenario, mode, started_at, finished_at, verdict, report FROM drill_runs
+             ORDER BY id DESC LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DrillRun {
+                    id: r.try_get("id")?,
+                    scenario: r.try_get("scenario")?,
+                    mode: r.try_get("mode")?,
+                    started_at: r.try_get("started_at")?,
+                    finished_at: r.try_get("finished_at")?,
+                    verdict: r.try_get("verdict")?,
+                    report: r.try_get("report")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn digest(&self) -> StoreResult<StateDigest> {
+        let processed = sqlx::query_as::<_, (String, String, String)>(
+            "SELECT consumer, message_key, payload_hash FROM processed_messages
+             ORDER BY consumer, message_key",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let claims = sqlx::query_as::<_, (String, String, String, String)>(
+            "SELECT consumer, message_key, provider_key, state FROM side_effect_claims
+             ORDER BY consumer, message_key",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let vehicle_state = sqlx::query_as::<
+            _,
+            (
+                String,
+                i64,
+                String,
+                Option<String>,
+                Option<String>,
+                Option<f64>,
+                Option<f64>,
+                DateTime<Utc>,
+            ),
+        >(
+            "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at
+             FROM vehicle_state ORDER BY device_id",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|(d, s, t, i, z, la, lo, at)| vehicle_digest_line(&d, s, &t, i, z, la, lo, at))
+        .collect();
+        let history = sqlx::query_as::<_, (String, i64, String, bool, String)>(
+            "SELECT device_id, seq, event_type, applied, payload_hash
+             FROM vehicle_history ORDER BY device_id, seq, event_type",
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|(d, s, t, a, h)| format!("{d}|{s}|{t}|{}|{h}", u8::from(a)))
+        .collect();
+        let trip_counters = sqlx::query_as::<_, (String, i64)>(
+            "SELECT device_id, zone_exits FROM trip_counters ORDER BY device_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(StateDigest {
+            processed,
+            claims,
+            vehicle_state,
+            history,
+            trip_counters,
+        })
+    }
+
+    async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
+        let mut tx = self.pool.begin().await?;
+        // One batch: the oldest rows by the processed_at index, finished claims with
+        // them; an open (in-doubt) claim keeps its dedup row.
+        let deleted = sqlx::query(
+            "WITH doomed AS (
+                SELECT p.consumer, p.message_key FROM processed_messages p
+                WHERE p.processed_at < $1 AND NOT EXISTS (
+                    SELECT 1 FROM side_effect_claims c
+                    WHERE c.consumer = p.consumer AND c.message_key = p.message_key
+                      AND c.state = 'claimed')
+                ORDER BY p.processed_at LIMIT $2
+             ), gone_claims AS (
+                DELETE FROM side_effect_claims c USING doomed d
+                WHERE c.consumer = d.consumer AND c.message_key = d.message_key
+             )
+             DELETE FROM processed_messages p USING doomed d
+             WHERE p.consumer = d.consumer AND p.message_key = d.message_key",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    }
+}

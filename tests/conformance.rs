@@ -1,0 +1,552 @@
+//! The conformance suite: the same test functions against SQLite, PostgreSQL and
+//! MariaDB/MySQL — every mode, every drill scenario, the "twice" property, workers
+//! racing on the same keys, key conflicts and bad input.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::backends::{Kind, TestDb};
+use idemwatch::drills::{self, DrillOptions, DrillReport, Scenario, Verdict};
+use idemwatch::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
+use idemwatch::engine::crash::CrashPlan;
+use idemwatch::engine::envelope::{Envelope, EventType, Fingerprint, MessageKey};
+use idemwatch::engine::runner::RunnerSettings;
+use idemwatch::engine::store::{
+    self, BusinessWrite, ClaimOutcome, DedupOutcome, MarkerKind, StateDigest,
+};
+use idemwatch::engine::{Engine, EngineConfig};
+use idemwatch::sim::fleet::{FleetConfig, FleetSim};
+use idemwatch::sim::sandbox_provider::{self, SandboxClient};
+use proptest::prelude::*;
+
+on_every_backend!(
+    drill_crash_before_ack,
+    drill_crash_after_send,
+    drill_double_publish,
+    drill_concurrent_duplicate,
+    drill_out_of_order,
+    drill_key_conflict,
+    seen_set_mode_has_its_documented_window,
+    handling_duplicates_equals_handling_once,
+    racing_workers_never_double_an_effect,
+    one_key_many_concurrent_transactions_one_winner,
+    bad_input_is_dead_lettered_with_raw_bytes,
+    retention_purge_runs_in_batches_and_keeps_open_claims,
+);
+
+// ---- drills -------------------------------------------------------------------
+
+async fn drill(db: &TestDb, scenario: Scenario, mode: ConsumerMode) -> DrillReport {
+    let mut opts = DrillOptions::new(scenario, &db.url, &db.queue_url());
+    opts.mode = mode;
+    drills::run(opts).await.expect("drill runs")
+}
+
+async fn drill_crash_before_ack(db: &TestDb) {
+    let r = drill(db, Scenario::CrashBeforeAck, ConsumerMode::Idempotent).await;
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.render_text());
+    assert_eq!(
+        (
+            r.deliveries,
+            r.sms_sent,
+            r.duplicate_dropped,
+            r.counter_delta
+        ),
+        (7, 1, 6, 1)
+    );
+    let naive = drill(db, Scenario::CrashBeforeAck, ConsumerMode::Naive).await;
+    assert_eq!(
+        (naive.sms_sent, naive.counter_delta, naive.verdict),
+        (7, 7, Verdict::Fail)
+    );
+    // Every drill leaves a drill_runs row and a drill marker.
+    let store = store::open(&db.url).await.unwrap();
+    let runs = store.drill_runs(10).await.unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1].verdict.as_deref(), Some("pass"));
+    assert_eq!(runs[1].report.as_ref().unwrap()["sms_sent"], 1);
+    let markers = store.markers(10).await.unwrap();
+    assert_eq!(
+        markers
+            .iter()
+            .filter(|m| m.kind == MarkerKind::Drill)
+            .count(),
+        2
+    );
+}
+
+async fn drill_crash_after_send(db: &TestDb) {
+    let r = drill(db, Scenario::CrashAfterSend, ConsumerMode::Idempotent).await;
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.render_text());
+    let keys = r.details["provider_keys"].as_array().unwrap();
+    assert!(keys.len() == 2 && keys[0].is_string() && keys[0] == keys[1]);
+    assert_eq!(r.details["claim"]["attempts"], 2);
+    let naive = drill(db, Scenario::CrashAfterSend, ConsumerMode::Naive).await;
+    assert_eq!(naive.sms_sent, 2);
+}
+
+async fn drill_double_publish(db: &TestDb) {
+    let r = drill(db, Scenario::DoublePublish, ConsumerMode::Idempotent).await;
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.render_text());
+    assert_eq!(
+        (r.sms_sent, r.counter_delta, r.duplicate_dropped),
+        (1, 1, 1)
+    );
+    let naive = drill(db, Scenario::DoublePublish, ConsumerMode::Naive).await;
+    assert_eq!((naive.sms_sent, naive.counter_delta), (2, 2));
+}
+
+async fn drill_concurrent_duplicate(db: &TestDb) {
+    let r = drill(db, Scenario::ConcurrentDuplicate, ConsumerMode::Idempotent).await;
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.render_text());
+    assert_eq!(
+        (r.sms_sent, r.counter_delta, r.duplicate_dropped),
+        (1, 1, 1)
+    );
+    let naive = drill(db, Scenario::ConcurrentDuplicate, ConsumerMode::Naive).await;
+    assert_eq!((naive.sms_sent, naive.counter_delta), (2, 2));
+}
+
+async fn drill_out_of_order(db: &TestDb) {
+    let r = drill(db, Scenario::OutOfOrder, ConsumerMode::Idempotent).await;
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.render_text());
+    assert_eq!(r.details["state"]["ignition"], "off");
+    let late = r.details["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["seq"] == 900)
+        .cloned()
+        .unwrap();
+    assert_eq!(late["applied"], false);
+    let naive = drill(db, Scenario::OutOfOrder, ConsumerMode::Naive).await;
+    assert!(!naive.state_ok);
+    assert_eq!(naive.details["state"]["ignition"], "on", "the ghost engine");
+}
+
+async fn drill_key_conflict(db: &TestDb) {
+    let r = drill(db, Scenario::KeyConflict, ConsumerMode::Idempotent).await;
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.render_text());
+    assert_eq!(
+        (r.dead_lettered, r.duplicate_dropped, r.sms_sent),
+        (1, 0, 1)
+    );
+    let dead = store::open(&db.url)
+        .await
+        .unwrap()
+        .dead_letters(10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 3, "one per consumer");
+    assert!(dead.iter().all(|d| d.reason == "key_conflict"));
+    let naive = drill(db, Scenario::KeyConflict, ConsumerMode::Naive).await;
+    assert_eq!((naive.sms_sent, naive.dead_lettered), (2, 0));
+}
+
+async fn seen_set_mode_has_its_documented_window(db: &TestDb) {
+    // Seen-set records after success: redeliveries after a completed delivery are
+    // dropped, but a crash between effect and record runs the effect again.
+    let r = drill(db, Scenario::DoublePublish, ConsumerMode::SeenSet).await;
+    assert_eq!(
+        (r.sms_sent, r.counter_delta, r.duplicate_dropped),
+        (1, 1, 1),
+        "{}",
+        r.render_text()
+    );
+    let r = drill(db, Scenario::CrashBeforeAck, ConsumerMode::SeenSet).await;
+    assert_eq!((r.sms_sent, r.counter_delta), (1, 1), "{}", r.render_text());
+}
+
+// ---- the "twice" property --------------------------------------------------------
+
+/// Everything observable after a run, minus wall-clock columns.
+#[derive(Debug, PartialEq)]
+struct Observed {
+    digest: StateDigest,
+    sms: Vec<(String, String, Option<String>)>,
+    webhooks: Vec<String>,
+    processed: Vec<(String, u64, u64, u64)>,
+}
+
+async fn observe(kind: Kind, messages: &[Vec<u8>]) -> Observed {
+    let db = TestDb::new(kind).await.expect("backend reachable");
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    let engine = Engine::open(&cfg).await.unwrap();
+    engine.publish(messages).await.unwrap();
+    let summary = engine
+        .run_until_idle(Arc::new(CrashPlan::none()), None)
+        .await
+        .unwrap();
+    let client = SandboxClient::new(sandbox.url()).unwrap();
+    let mut sms: Vec<_> = client
+        .sent_sms()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.to, s.text, s.idempotency_key))
+        .collect();
+    sms.sort();
+    let mut webhooks: Vec<_> = client
+        .sent_erp()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.body.to_string())
+        .collect();
+    webhooks.sort();
+    let observed = Observed {
+        digest: engine.store.digest().await.unwrap(),
+        sms,
+        webhooks,
+        processed: summary
+            .consumers
+            .iter()
+            .map(|(n, c)| (n.clone(), c.processed, c.out_of_order, c.side_effects_sent))
+            .collect(),
+    };
+    db.cleanup().await;
+    observed
+}
+
+/// A permuted fleet trace, and the same with duplicates inserted after their originals.
+fn traces(max_len: usize) -> impl Strategy<Value = (Vec<Vec<u8>>, Vec<Vec<u8>>)> {
+    (any::<u64>(), 1usize..4, 8usize..max_len)
+        .prop_flat_map(|(seed, vehicles, n)| {
+            let mut sim = FleetSim::new(FleetConfig {
+                vehicles,
+                seed,
+                redelivery_rate: 0.0,
+                late_rate: 0.05,
+                ..FleetConfig::default()
+            });
+            let raw: Vec<Vec<u8>> = sim.take_n(n).into_iter().map(|m| m.raw).collect();
+            let len = raw.len();
+            (
+                Just(raw).prop_shuffle(),
+                proptest::collection::vec((0..len, 0usize..len + 1), 1..len.max(2)),
+            )
+        })
+        .prop_map(|(once, dups)| {
+            let mut twice = once.clone();
+            for (which, offset) in dups {
+                let first = twice.iter().position(|m| *m == once[which]).unwrap_or(0);
+                let at = (first + 1 + offset).min(twice.len());
+                twice.insert(at, once[which].clone());
+            }
+            (once, twice)
+        })
+}
+
+async fn handling_duplicates_equals_handling_once(db: &TestDb) {
+    let kind = db.kind;
+    let (cases, max_len) = if kind == Kind::Sqlite {
+        (24, 48)
+    } else {
+        (6, 32)
+    };
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        let result = runner.run(&traces(max_len), |(once, twice)| {
+            let (a, b) = handle
+                .block_on(async { (observe(kind, &once).await, observe(kind, &twice).await) });
+            prop_assert!(twice.len() > once.len());
+            prop_assert_eq!(a, b);
+            Ok(())
+        });
+        if let Err(e) = result {
+            panic!("{kind:?}: {e}");
+        }
+    });
+    // And the blunt version: every message of a longer trace, twice in a row.
+    let mut sim = FleetSim::new(FleetConfig {
+        vehicles: 3,
+        seed: 7,
+        redelivery_rate: 0.0,
+        late_rate: 0.05,
+        ..FleetConfig::default()
+    });
+    let once: Vec<Vec<u8>> = sim.take_n(120).into_iter().map(|m| m.raw).collect();
+    let twice: Vec<Vec<u8>> = once.iter().flat_map(|m| [m.clone(), m.clone()]).collect();
+    let (a, b) = (observe(kind, &once).await, observe(kind, &twice).await);
+    assert!(!a.sms.is_empty() && !a.webhooks.is_empty());
+    assert_eq!(a, b);
+}
+
+// ---- concurrency ----------------------------------------------------------------
+
+fn zone_exit(device: &str, seq: u64) -> Envelope {
+    Envelope::parse(
+        format!(
+            r#"{{"device_id":"{device}","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"X","phone":"+905551112233"}}}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap()
+}
+
+async fn racing_workers_never_double_an_effect(db: &TestDb) {
+    let workers_per_consumer = if db.kind == Kind::Sqlite { 4 } else { 8 };
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    cfg.consumers = vec![trip_counter::NAME.into(), zone_exit_sms::NAME.into()];
+    cfg.runner = RunnerSettings {
+        lease_batch: 1,
+        retry_delay: Duration::from_millis(20),
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    let keys = 60u64;
+    // Every key published 3 times, copies adjacent so racing workers get them together.
+    let bodies: Vec<Vec<u8>> = (0..keys)
+        .flat_map(|k| {
+            let line = zone_exit(&format!("34-R-{}", k % 6), k)
+                .to_json_line()
+                .into_bytes();
+            [line.clone(), line.clone(), line]
+        })
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    let workers: Vec<_> = [trip_counter::NAME, zone_exit_sms::NAME]
+        .iter()
+        .flat_map(|c| {
+            (0..workers_per_consumer)
+                .map(|_| engine.worker(c, Arc::new(CrashPlan::none()), None).unwrap())
+        })
+        .collect();
+    let results = futures::future::join_all(workers.iter().map(|w| w.run_until_idle())).await;
+    assert!(results.iter().all(Result::is_ok));
+    let s = engine.summary();
+    let (trip, sms) = (
+        &s.consumers[trip_counter::NAME],
+        &s.consumers[zone_exit_sms::NAME],
+    );
+    assert_eq!(
+        (trip.processed, trip.duplicate_dropped),
+        (keys, 2 * keys),
+        "{s:?}"
+    );
+    assert_eq!(
+        (sms.processed, sms.duplicate_dropped),
+        (keys, 2 * keys),
+        "{s:?}"
+    );
+    let mut counted = 0;
+    for d in 0..6 {
+        counted += engine.store.zone_exits(&format!("34-R-{d}")).await.unwrap();
+    }
+    assert_eq!(counted, keys as i64);
+    let sent = SandboxClient::new(sandbox.url())
+        .unwrap()
+        .sent_sms()
+        .await
+        .unwrap();
+    assert_eq!(sent.len() as u64, keys, "exactly one SMS per key");
+    let distinct: HashSet<_> = sent.iter().map(|s| s.idempotency_key.clone()).collect();
+    assert_eq!(distinct.len() as u64, keys);
+}
+
+async fn one_key_many_concurrent_transactions_one_winner(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    let key = MessageKey::new("34-ABC-123", 48211, EventType::ZoneExit);
+    let fp = zone_exit("34-ABC-123", 48211).fingerprint();
+    let write = BusinessWrite::CountZoneExit {
+        device_id: "34-ABC-123".into(),
+    };
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (store, key, fp, write) = (store.clone(), key.clone(), fp.clone(), write.clone());
+            tokio::spawn(async move {
+                store
+                    .record_once("trip-counter", &key, &fp, &write)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == DedupOutcome::Applied)
+            .count(),
+        1
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == DedupOutcome::Duplicate)
+            .count(),
+        15
+    );
+    assert_eq!(store.zone_exits("34-ABC-123").await.unwrap(), 1);
+
+    let claims: Vec<_> = (0..16)
+        .map(|_| {
+            let (store, key, fp) = (store.clone(), key.clone(), fp.clone());
+            tokio::spawn(async move {
+                store
+                    .claim_side_effect("zone-exit-sms", &key, &fp, "pk-1", Duration::from_secs(60))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut fresh = 0;
+    for c in claims {
+        match c.await.unwrap() {
+            ClaimOutcome::Fresh(_) => fresh += 1,
+            ClaimOutcome::Busy => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(fresh, 1, "exactly one owner of the send");
+
+    // An expired claim is taken over by exactly one of several racing redeliveries.
+    store
+        .release_claim("zone-exit-sms", &key, "provider timed out")
+        .await
+        .unwrap();
+    let takeovers: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, key, fp) = (store.clone(), key.clone(), fp.clone());
+            tokio::spawn(async move {
+                store
+                    .claim_side_effect(
+                        "zone-exit-sms",
+                        &key,
+                        &fp,
+                        "pk-other",
+                        Duration::from_secs(60),
+                    )
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut in_doubt = Vec::new();
+    for t in takeovers {
+        if let ClaimOutcome::InDoubt(c) = t.await.unwrap() {
+            in_doubt.push(c);
+        }
+    }
+    assert_eq!(in_doubt.len(), 1, "one takeover");
+    assert_eq!(
+        in_doubt[0].provider_key, "pk-1",
+        "the retry keeps the original provider key"
+    );
+    assert_eq!(in_doubt[0].attempts, 2);
+
+    let other = Fingerprint::of(&serde_json::Map::new(), &chrono::Utc::now());
+    assert!(matches!(
+        store
+            .record_once("trip-counter", &key, &other, &write)
+            .await
+            .unwrap(),
+        DedupOutcome::KeyConflict { .. }
+    ));
+}
+
+// ---- bad input and retention ------------------------------------------------------
+
+async fn bad_input_is_dead_lettered_with_raw_bytes(db: &TestDb) {
+    let cfg = EngineConfig::new(
+        &db.url,
+        &db.queue_url(),
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+    );
+    let mut cfg = cfg;
+    cfg.consumers = vec![trip_counter::NAME.into()];
+    let engine = Engine::open(&cfg).await.unwrap();
+    let garbage: Vec<Vec<u8>> = vec![
+        b"not json".to_vec(),
+        b"\xff\xfe\x00\x01 binary".to_vec(),
+        br#"{"device_id":"d","event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z"}"#.to_vec(),
+        br#"{"device_id":"d","seq":1,"event_type":"warp","occurred_at":"2026-11-30T04:12:03Z"}"#.to_vec(),
+        br#"{"device_id":"","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z"}"#.to_vec(),
+    ];
+    engine.publish(&garbage).await.unwrap();
+    let s = engine
+        .run_until_idle(Arc::new(CrashPlan::none()), None)
+        .await
+        .unwrap();
+    assert_eq!(s.total.dead_lettered, garbage.len() as u64);
+    let dead = engine.store.dead_letters(100).await.unwrap();
+    for g in &garbage {
+        assert!(
+            dead.iter().any(|d| &d.raw == g),
+            "lost {:?}",
+            String::from_utf8_lossy(g)
+        );
+    }
+    let reasons: HashSet<_> = dead.iter().map(|d| d.reason.as_str()).collect();
+    for r in [
+        "malformed_json",
+        "missing_field",
+        "unknown_event_type",
+        "invalid_field",
+    ] {
+        assert!(reasons.contains(r), "{reasons:?}");
+    }
+}
+
+async fn retention_purge_runs_in_batches_and_keeps_open_claims(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    let write = BusinessWrite::CountZoneExit {
+        device_id: "34-P-1".into(),
+    };
+    for seq in 0..25u64 {
+        let env = zone_exit("34-P-1", seq);
+        store
+            .record_once("trip-counter", &env.key(), &env.fingerprint(), &write)
+            .await
+            .unwrap();
+    }
+    let open = zone_exit("34-P-1", 999);
+    store
+        .claim_side_effect(
+            "zone-exit-sms",
+            &open.key(),
+            &open.fingerprint(),
+            "pk",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let cutoff = chrono::Utc::now() + chrono::Duration::seconds(5);
+    let mut batches = Vec::new();
+    loop {
+        let n = store.purge_processed_batch(cutoff, 10).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        batches.push(n);
+    }
+    assert_eq!(batches, vec![10, 10, 5], "bounded batches, then done");
+    let digest = store.digest().await.unwrap();
+    assert_eq!(
+        digest.processed.len(),
+        1,
+        "the open claim keeps its dedup row"
+    );
+    assert_eq!(digest.claims.len(), 1);
+    // Rerunning is harmless.
+    assert_eq!(store.purge_processed_batch(cutoff, 10).await.unwrap(), 0);
+}
