@@ -18,6 +18,7 @@ pub mod publish;
 pub mod purge;
 pub mod sandbox;
 pub mod serve;
+pub mod simulate;
 
 /// Exit codes (SPEC §6, plus 3 for an environment we could not reach). A failed
 /// idempotent drill exits 1 (see `DrillReport::exit_code`).
@@ -84,6 +85,8 @@ pub enum Command {
     Purge(purge::PurgeArgs),
     /// The SMS/ERP sandbox provider, standalone.
     SmsSandbox(sandbox::SandboxArgs),
+    /// Print a deterministic fleet trace as JSON lines (feed it to `publish`).
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Flags every engine-backed command shares (SPEC §6 "common flags").
