@@ -72,14 +72,20 @@ fn reads_classic_prometheus_text() {
     assert_eq!(dos.label("path"), Some(r"C:\DIR\FILE.TXT"));
     assert_eq!(dos.label("error"), Some("Cannot find file:\n\"FILE.TXT\""));
     assert_eq!(e.first("something_weird"), Some(f64::INFINITY));
-    assert_eq!(e.named("something_weird").next().unwrap().timestamp, Some(-3982045.0));
+    assert_eq!(
+        e.named("something_weird").next().unwrap().timestamp,
+        Some(-3982045.0)
+    );
     assert!(e.first("nan_gauge").unwrap().is_nan());
     assert_eq!(e.first("neg_inf"), Some(f64::NEG_INFINITY));
     assert_eq!(
         e.named("braces_in_value").next().unwrap().label("query"),
         Some("{a=\"b\"}")
     );
-    assert_eq!(e.type_of("rpc_duration_seconds_count"), Some(MetricType::Summary));
+    assert_eq!(
+        e.type_of("rpc_duration_seconds_count"),
+        Some(MetricType::Summary)
+    );
     assert_eq!(e.first("metric_without_timestamp_and_labels"), Some(12.47));
 }
 

@@ -38,8 +38,16 @@ fn counter_going_down_is_a_reset_counted_from_zero() {
 #[test]
 fn restart_seen_through_a_new_start_time() {
     let mut r = RestartDetector::default();
-    assert_eq!(r.observe(Some(1000.0), None), None, "first sight is no restart");
-    assert_eq!(r.observe(Some(1000.2), None), None, "sub-second noise is no restart");
+    assert_eq!(
+        r.observe(Some(1000.0), None),
+        None,
+        "first sight is no restart"
+    );
+    assert_eq!(
+        r.observe(Some(1000.2), None),
+        None,
+        "sub-second noise is no restart"
+    );
     assert_eq!(
         r.observe(Some(5000.0), None),
         Some(RestartCause::StartTimeChanged {
@@ -116,7 +124,11 @@ fn zoom_stops_at_one_minute_and_at_the_retention() {
     let mut short = Zoom::new(Duration::from_secs(15 * 60), Duration::from_secs(3600));
     short.zoom_out();
     short.zoom_out();
-    assert_eq!(short.zoom_out(), Duration::from_secs(3600), "clamped to retention");
+    assert_eq!(
+        short.zoom_out(),
+        Duration::from_secs(3600),
+        "clamped to retention"
+    );
     assert_eq!(
         Zoom::new(Duration::from_secs(30 * 86400), week).span(),
         week,

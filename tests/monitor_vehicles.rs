@@ -33,7 +33,9 @@ fn state(device: &str, seq: i64) -> StateRow {
 
 #[test]
 fn clean_history_has_no_anomaly() {
-    let rows: Vec<_> = (1..=5).map(|s| ev("34-ABC-123", s, "position", s, true)).collect();
+    let rows: Vec<_> = (1..=5)
+        .map(|s| ev("34-ABC-123", s, "position", s, true))
+        .collect();
     assert!(detect_anomalies(&[state("34-ABC-123", 5)], &rows).is_empty());
 }
 

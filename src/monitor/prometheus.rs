@@ -14,14 +14,17 @@
 //!   linked MIT binary), rejects text that is not exactly one of the two dialects.
 //!
 //! The format is line-based and small: name, optional `{labels}` with three escapes,
-//! value (`+Inf`, `NaN`…), optional timestamp. A ~150-line hand parser with tests
-//! reads both dialects, allocates only the strings it returns, and parses 10,000
-//! samples in about 1 ms in release builds (see `tests/monitor_prometheus.rs`).
+//! value (`+Inf`, `NaN`…), optional timestamp. A ~200-line hand parser with tests
+//! reads both dialects and makes about one allocation per sample (names are shared
+//! within a family, a sample's labels live in one buffer). 10,000 samples parse in
+//! ~1.8 ms optimised on our 2-core dev machine (~45 ms in a debug build); see
+//! `tests/monitor_prometheus.rs`.
 //!
 //! Like Prometheus itself we refuse a whole exposition on the first malformed line
 //! (with its line number): a half-read scrape would show wrong rates.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -51,8 +54,10 @@ pub enum MetricType {
 /// One sample line.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Sample {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
+    /// Shared between consecutive samples of one family (one allocation per family,
+    /// not per line).
+    pub name: Arc<str>,
+    pub labels: Labels,
     pub value: f64,
     /// As written: milliseconds in Prometheus text, seconds in OpenMetrics. We never
     /// use it for rates (the scrape time is what we observed), only keep it.
@@ -62,10 +67,44 @@ pub struct Sample {
 impl Sample {
     /// The value of one label, if present.
     pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.labels.get(name)
+    }
+}
+
+/// The labels of one sample, unescaped, in one buffer (`key NUL value NUL …`): one
+/// allocation per sample instead of two per label, which is most of the parse time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Labels {
+    buf: String,
+}
+
+impl Labels {
+    /// (name, value) pairs in exposition order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        let mut parts = self.buf.split('\0');
+        std::iter::from_fn(move || {
+            let key = parts.next().filter(|k| !k.is_empty())?;
+            Some((key, parts.next().unwrap_or("")))
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    fn push_key(&mut self, key: &str) {
+        self.buf.push_str(key);
+        self.buf.push('\0');
+    }
+}
+
+impl Serialize for Labels {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
     }
 }
 
@@ -82,7 +121,7 @@ pub struct Exposition {
 impl Exposition {
     /// Every sample with this exact name.
     pub fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
-        self.samples.iter().filter(move |s| s.name == name)
+        self.samples.iter().filter(move |s| &*s.name == name)
     }
 
     /// The first sample with this name (for unlabelled gauges such as
@@ -132,7 +171,9 @@ pub fn parse(text: &str) -> Result<Exposition, ParseError> {
             // HELP, UNIT and free comments carry nothing we chart.
             continue;
         }
-        out.samples.push(parse_sample(line).map_err(fail)?);
+        let previous = out.samples.last().map(|s| s.name.clone());
+        out.samples
+            .push(parse_sample(line, previous).map_err(fail)?);
     }
     Ok(out)
 }
@@ -156,7 +197,8 @@ fn is_name_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b':'
 }
 
-fn parse_sample(line: &str) -> Result<Sample, String> {
+/// `previous`: the name of the sample before, reused when equal.
+fn parse_sample(line: &str, previous: Option<Arc<str>>) -> Result<Sample, String> {
     let bytes = line.as_bytes();
     let mut pos = 0;
     while pos < bytes.len() && (bytes[pos] == b' ' || bytes[pos] == b'\t') {
@@ -169,14 +211,22 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     while pos < bytes.len() && is_name_char(bytes[pos]) {
         pos += 1;
     }
-    let name = line[start..pos].to_string();
-    let mut labels = Vec::new();
+    let name_text = &line[start..pos];
+    let name: Arc<str> = match previous {
+        Some(p) if &*p == name_text => p,
+        _ => Arc::from(name_text),
+    };
+    let mut labels = Labels::default();
     if bytes.get(pos) == Some(&b'{') {
+        // One allocation: the unescaped labels are never longer than the line.
+        labels.buf.reserve(line.len() - pos);
         pos = parse_labels(line, pos + 1, &mut labels)?;
     }
     // An OpenMetrics exemplar (` # {…} v`) follows the value and timestamp.
     let rest = &line[pos..];
-    let rest = rest.split(" # ").next().unwrap_or(rest);
+    // After the labels a `#` can only start an exemplar (a byte search: a substring
+    // search per line costs more than the rest of the line's parse).
+    let rest = rest.find('#').map_or(rest, |i| &rest[..i]);
     let mut fields = rest.split_ascii_whitespace();
     let value_text = fields
         .next()
@@ -199,11 +249,7 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
 }
 
 /// Parse `name="value",…}` starting after `{`; returns the position after `}`.
-fn parse_labels(
-    line: &str,
-    mut pos: usize,
-    labels: &mut Vec<(String, String)>,
-) -> Result<usize, String> {
+fn parse_labels(line: &str, mut pos: usize, labels: &mut Labels) -> Result<usize, String> {
     let bytes = line.as_bytes();
     let skip_ws = |mut p: usize| {
         while p < bytes.len() && (bytes[p] == b' ' || bytes[p] == b'\t') {
@@ -227,7 +273,8 @@ fn parse_labels(
         while pos < bytes.len() && is_name_char(bytes[pos]) {
             pos += 1;
         }
-        let key = line[start..pos].to_string();
+        let key = &line[start..pos];
+        labels.push_key(key);
         pos = skip_ws(pos);
         if bytes.get(pos) != Some(&b'=') {
             return Err(format!("label {key}: expected '='"));
@@ -237,16 +284,19 @@ fn parse_labels(
             return Err(format!("label {key}: expected '\"'"));
         }
         pos += 1;
-        let mut value = String::new();
+        let value = &mut labels.buf;
         let mut chunk_start = pos;
         loop {
             match bytes.get(pos) {
                 None => return Err(format!("label {key}: unterminated value")),
                 Some(b'"') => {
                     value.push_str(&line[chunk_start..pos]);
+                    value.push('\0');
                     pos += 1;
                     break;
                 }
+                // NUL separates the label buffer; no real exposition carries one.
+                Some(0) => return Err(format!("label {key}: NUL byte in value")),
                 Some(b'\\') => {
                     value.push_str(&line[chunk_start..pos]);
                     match bytes.get(pos + 1) {
@@ -261,7 +311,6 @@ fn parse_labels(
                 Some(_) => pos += 1,
             }
         }
-        labels.push((key, value));
         pos = skip_ws(pos);
         match bytes.get(pos) {
             Some(b',') => pos += 1,
