@@ -134,6 +134,8 @@ pub struct QueryFailure {
 pub struct DbStats {
     /// The URL with any password as `***`.
     pub url: String,
+    /// `"status": "up"`, or `"status": "down", "error": …` in JSON.
+    #[serde(flatten)]
     pub status: SourceStatus,
     pub polled_at: DateTime<Utc>,
     pub duration_ms: u64,
@@ -149,7 +151,10 @@ pub struct DbStats {
 }
 
 enum Backend {
-    Sqlite(sqlite::SqlitePoller),
+    Sqlite(Box<sqlite::SqlitePoller>),
+    /// A backend whose poller is not written yet: reported as down on every poll
+    /// (the rest of the dashboard still works) rather than refusing to start.
+    NotYetSupported,
 }
 
 /// Polls one database. Connections are opened lazily, so a database that is down at
@@ -172,13 +177,15 @@ impl std::fmt::Debug for DbPoller {
 pub const VEHICLE_WINDOW: Duration = Duration::from_secs(3600);
 
 impl DbPoller {
-    /// A poller for the config's database; fails only on a URL we cannot poll.
+    /// A poller for the config's database; fails only on a URL that cannot be read.
+    /// PostgreSQL and MySQL URLs give a poller that reports itself down until their
+    /// query files exist.
     pub fn new(settings: &DatabaseConfig) -> Result<DbPoller, DbError> {
         let redacted_url = redact_url(&settings.url);
         let backend = if settings.url.starts_with("sqlite:") {
-            Backend::Sqlite(sqlite::SqlitePoller::new(settings)?)
+            Backend::Sqlite(Box::new(sqlite::SqlitePoller::new(settings)?))
         } else {
-            return Err(DbError::Unsupported(redacted_url));
+            Backend::NotYetSupported
         };
         Ok(DbPoller {
             backend,
@@ -212,6 +219,11 @@ impl DbPoller {
         };
         match &self.backend {
             Backend::Sqlite(p) => p.poll_into(&self.settings, now, &mut stats).await,
+            Backend::NotYetSupported => {
+                stats.status = SourceStatus::Down {
+                    error: DbError::Unsupported(self.redacted_url.clone()).to_string(),
+                }
+            }
         }
         stats.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         stats
@@ -225,6 +237,7 @@ impl DbPoller {
     ) -> Result<VehicleDetail, DbError> {
         match &self.backend {
             Backend::Sqlite(p) => p.vehicle_detail(device_id, limit).await,
+            Backend::NotYetSupported => Err(DbError::Unsupported(self.redacted_url.clone())),
         }
     }
 }
