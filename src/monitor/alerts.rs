@@ -11,6 +11,8 @@ use super::vehicles::VehicleAnomaly;
 /// 0.01% of a normal day or the 0.4% of a deploy day.
 pub const DUPLICATE_RATIO_ALERT: f64 = 0.01;
 
+/// Critical first: a down source or a send in doubt needs action now, a high
+/// duplicate rate needs a look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
@@ -28,6 +30,7 @@ pub struct Alert {
     pub message: String,
 }
 
+/// What the alert is about, with the numbers a script needs (`kind` in JSON).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AlertKind {

@@ -88,10 +88,12 @@ impl Labels {
         })
     }
 
+    /// One label's value: exporters order labels freely, so look it up by name.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
     }
 
+    /// True for an unlabelled sample (`process_start_time_seconds`).
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
@@ -338,6 +340,7 @@ pub struct ScrapeResult {
 }
 
 impl ScrapeResult {
+    /// The target answered with a readable exposition.
     pub fn is_up(&self) -> bool {
         self.outcome.is_ok()
     }

@@ -47,6 +47,7 @@ fn to_chrono(d: Duration) -> chrono::Duration {
 }
 
 impl Series {
+    /// An empty series keeping minute means for `retention` (the longest zoom).
     pub fn new(retention: Duration) -> Series {
         Series {
             raw: VecDeque::new(),
@@ -146,6 +147,7 @@ impl Series {
         self.raw.len() + self.minutes.len()
     }
 
+    /// Nothing collected yet (the chart shows "waiting for data", not a flat line).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -296,6 +298,7 @@ impl Zoom {
         Zoom { level, max_level }
     }
 
+    /// The time range the chart shows now.
     pub fn span(&self) -> Duration {
         ZOOM_LEVELS[self.level]
     }

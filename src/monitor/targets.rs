@@ -121,6 +121,7 @@ fn consumer_of<'a>(
 }
 
 impl TargetTracker {
+    /// A target not scraped yet: down with "not scraped yet" until its first answer.
     pub fn new(name: &str, url: &str) -> TargetTracker {
         TargetTracker {
             status: TargetStatus {
@@ -141,10 +142,13 @@ impl TargetTracker {
         }
     }
 
+    /// Up/down, error text and last restart as of the last scrape.
     pub fn status(&self) -> &TargetStatus {
         &self.status
     }
 
+    /// Every consumer this target ever exposed, sorted by name; those of a target that
+    /// is down keep their last totals with `up = false`.
     pub fn consumers(&self) -> impl Iterator<Item = &ConsumerStatus> {
         self.consumers.values().map(|c| &c.status)
     }
@@ -154,6 +158,7 @@ impl TargetTracker {
         self.consumers.get(consumer).map(|c| &c.series)
     }
 
+    /// Consumer names in order, for chart selection.
     pub fn consumer_names(&self) -> impl Iterator<Item = &str> {
         self.consumers.keys().map(|k| k.as_str())
     }

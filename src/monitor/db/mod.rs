@@ -43,6 +43,7 @@ pub enum SourceStatus {
 }
 
 impl SourceStatus {
+    /// The source answered its last poll.
     pub fn is_up(&self) -> bool {
         matches!(self, SourceStatus::Up)
     }
