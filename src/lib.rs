@@ -3,8 +3,12 @@
 //!
 //! Layers, each using only the ones before it:
 //! `engine` (store, queue, consumers, runner, metrics) → `sim` (fleet simulator,
-//! sandbox provider) → `drills` (redelivery drills with verdicts).
+//! sandbox provider) → `drills` (redelivery drills with verdicts) → `monitor` (sources
+//! into plain-data snapshots for the dashboard and `snapshot --json`). `config` is
+//! the dashboard's config file.
 
+pub mod config;
 pub mod drills;
 pub mod engine;
+pub mod monitor;
 pub mod sim;

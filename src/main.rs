@@ -42,12 +42,14 @@ fn main() {
             std::process::exit(3);
         }
     };
+    let config_path = cli.config.clone();
     let result = runtime.block_on(async move {
         match cli.command {
             Some(Command::Serve(a)) => cli::serve::run(a).await,
             Some(Command::Publish(a)) => cli::publish::run(a).await,
             Some(Command::Consume(a)) => cli::consume::run(a).await,
             Some(Command::Drill(a)) => cli::drill::run(a).await,
+            Some(Command::Snapshot(a)) => cli::snapshot::run(a, config_path).await,
             Some(Command::Purge(a)) => cli::purge::run(a).await,
             Some(Command::SmsSandbox(a)) => cli::sandbox::run(a).await,
             Some(Command::Simulate(a)) => cli::simulate::run(a),

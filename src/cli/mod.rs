@@ -19,6 +19,7 @@ pub mod purge;
 pub mod sandbox;
 pub mod serve;
 pub mod simulate;
+pub mod snapshot;
 
 /// Exit codes (SPEC §6, plus 3 for an environment we could not reach). A failed
 /// idempotent drill exits 1 (see `DrillReport::exit_code`).
@@ -81,6 +82,8 @@ pub enum Command {
     Consume(consume::ConsumeArgs),
     /// Run one redelivery drill headless and print its report.
     Drill(drill::DrillArgs),
+    /// Poll every source once and print what the dashboard would show.
+    Snapshot(snapshot::SnapshotArgs),
     /// Retention purge of processed_messages, in batches.
     Purge(purge::PurgeArgs),
     /// The SMS/ERP sandbox provider, standalone.

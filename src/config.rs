@@ -1,0 +1,496 @@
+//! The dashboard's config file (SPEC §7), TOML.
+//!
+//! Every section has defaults that describe idemwatch's own engine (SPEC §3 table
+//! names, SPEC §5 metric names), so a config only states what differs: a user's own
+//! dedup table, an exporter whose counters are named otherwise. Unknown keys are
+//! rejected instead of ignored: a typo such as `poll_intervall` must not silently
+//! leave the default in force while the operator believes otherwise.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// `idemwatch serve`'s default `/metrics` address.
+pub const LOCAL_METRICS_URL: &str = "http://127.0.0.1:9464/metrics";
+
+/// Why a config could not be used. Every variant names the file, so an operator with
+/// several configs knows which one to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// TOML syntax, a wrong type or an unknown key; toml's message names the key and
+    /// shows the line.
+    #[error("invalid config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// The TOML is well-formed but a value is unusable.
+    #[error("invalid config {path}: `{key}`: {message}")]
+    Value {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+/// The whole config file.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// How often every source is polled.
+    #[serde(with = "human_duration")]
+    pub poll_interval: Duration,
+    /// The time range the charts open with (zoom changes it at run time).
+    #[serde(with = "human_duration")]
+    pub chart_window: Duration,
+    /// How long one scrape may take before the target counts as down.
+    #[serde(with = "human_duration")]
+    pub scrape_timeout: Duration,
+    /// `/metrics` endpoints to scrape, one per consumer process (or per service).
+    pub targets: Vec<ScrapeTarget>,
+    /// A Prometheus server that keeps history beyond what the dashboard has seen.
+    pub prometheus: Option<PrometheusServer>,
+    /// The business database holding the dedup table. None: no database view.
+    pub database: Option<DatabaseConfig>,
+    /// Metric-name overrides, for consumers that are not idemwatch.
+    pub metrics: MetricNames,
+    pub drills: DrillPermissions,
+    pub theme: Theme,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            poll_interval: Duration::from_secs(1),
+            chart_window: Duration::from_secs(15 * 60),
+            scrape_timeout: Duration::from_secs(2),
+            targets: Vec::new(),
+            prometheus: None,
+            database: None,
+            metrics: MetricNames::default(),
+            drills: DrillPermissions::default(),
+            theme: Theme::default(),
+        }
+    }
+}
+
+/// One `/metrics` endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrapeTarget {
+    /// Shown on screen and in alerts; unique within the config.
+    pub name: String,
+    pub url: String,
+}
+
+/// A Prometheus server queried for history (`/api/v1/query_range`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusServer {
+    pub url: String,
+}
+
+/// Live drills re-publish messages to the watched system: off unless enabled.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DrillPermissions {
+    pub allow_live: bool,
+}
+
+/// Colour scheme. `no-color` is for terminals (and people) that need it; the
+/// `NO_COLOR` environment variable selects it as well.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Theme {
+    #[default]
+    Default,
+    NoColor,
+    HighContrast,
+    Light,
+}
+
+/// The business database and where the watched tables and columns are.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `sqlite://PATH` (postgres:// and mysql:// once their pollers exist). Shown only
+    /// through `redact_url`.
+    pub url: String,
+    /// Dedup rows older than this are purged; an oldest row much older means the purge
+    /// stopped running.
+    #[serde(default = "default_retention", with = "human_duration")]
+    pub retention: Duration,
+    /// A claim left `claimed` longer than this is in doubt (SPEC §3).
+    #[serde(default = "default_claim_lease", with = "human_duration")]
+    pub claim_lease: Duration,
+    #[serde(default)]
+    pub tables: TableMapping,
+}
+
+fn default_retention() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
+}
+
+fn default_claim_lease() -> Duration {
+    Duration::from_secs(60)
+}
+
+impl DatabaseConfig {
+    /// A database section with every default, for `--db URL` without a config.
+    pub fn with_url(url: &str) -> Self {
+        DatabaseConfig {
+            url: url.to_string(),
+            retention: default_retention(),
+            claim_lease: default_claim_lease(),
+            tables: TableMapping::default(),
+        }
+    }
+}
+
+/// Table and column names of the watched database. Defaults are SPEC §3's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TableMapping {
+    pub processed_messages: ProcessedMessagesTable,
+    pub side_effect_claims: ClaimsTable,
+    pub dead_letters: DeadLettersTable,
+    pub vehicle_state: VehicleStateTable,
+    pub vehicle_history: VehicleHistoryTable,
+    pub markers: MarkersTable,
+    pub drill_runs: DrillRunsTable,
+}
+
+/// Declares one table's mapping struct with its SPEC §3 defaults, and lists its
+/// identifiers for validation, so a new column cannot be forgotten there.
+macro_rules! table_mapping {
+    ($(#[$doc:meta])* $name:ident, $table:literal { $($field:ident = $default:literal),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct $name {
+            pub table: String,
+            $(pub $field: String,)*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    table: $table.to_string(),
+                    $($field: $default.to_string(),)*
+                }
+            }
+        }
+
+        impl $name {
+            /// (key, identifier) pairs, for validation.
+            fn identifiers(&self) -> Vec<(&'static str, &str)> {
+                vec![("table", self.table.as_str()) $(, (stringify!($field), self.$field.as_str()))*]
+            }
+        }
+    };
+}
+
+table_mapping!(
+    /// The dedup table: one row per (consumer, key) ever processed.
+    ProcessedMessagesTable, "processed_messages" {
+        consumer = "consumer", message_key = "message_key", processed_at = "processed_at",
+    }
+);
+table_mapping!(
+    /// Two-phase side-effect claims.
+    ClaimsTable, "side_effect_claims" {
+        consumer = "consumer", message_key = "message_key", state = "state",
+        claimed_at = "claimed_at", attempts = "attempts",
+    }
+);
+table_mapping!(
+    /// Messages that could not be processed, kept with a reason.
+    DeadLettersTable, "dead_letters" {
+        consumer = "consumer", reason = "reason", received_at = "received_at",
+    }
+);
+table_mapping!(
+    /// The newest state per device (seq-guarded upsert).
+    VehicleStateTable, "vehicle_state" {
+        device_id = "device_id", last_seq = "last_seq", last_event_type = "last_event_type",
+        ignition = "ignition", occurred_at = "occurred_at", updated_at = "updated_at",
+    }
+);
+table_mapping!(
+    /// Every event once, in arrival order, late ones with `applied = false`.
+    VehicleHistoryTable, "vehicle_history" {
+        device_id = "device_id", seq = "seq", event_type = "event_type",
+        occurred_at = "occurred_at", received_at = "received_at", applied = "applied",
+    }
+);
+table_mapping!(
+    /// Deploy/restart/drill/manual markers for the charts.
+    MarkersTable, "markers" {
+        id = "id", kind = "kind", at = "at", label = "label", detail = "detail",
+    }
+);
+table_mapping!(
+    /// Past drill runs and their verdicts.
+    DrillRunsTable, "drill_runs" {
+        id = "id", scenario = "scenario", mode = "mode", started_at = "started_at",
+        finished_at = "finished_at", verdict = "verdict",
+    }
+);
+
+impl TableMapping {
+    /// Every identifier with its config key, e.g.
+    /// `("database.tables.processed_messages.processed_at", "processed_at")`.
+    pub fn identifiers(&self) -> Vec<(String, &str)> {
+        let groups: [(&str, Vec<(&'static str, &str)>); 7] = [
+            ("processed_messages", self.processed_messages.identifiers()),
+            ("side_effect_claims", self.side_effect_claims.identifiers()),
+            ("dead_letters", self.dead_letters.identifiers()),
+            ("vehicle_state", self.vehicle_state.identifiers()),
+            ("vehicle_history", self.vehicle_history.identifiers()),
+            ("markers", self.markers.identifiers()),
+            ("drill_runs", self.drill_runs.identifiers()),
+        ];
+        groups
+            .into_iter()
+            .flat_map(|(table, ids)| {
+                ids.into_iter()
+                    .map(move |(key, id)| (format!("database.tables.{table}.{key}"), id))
+            })
+            .collect()
+    }
+}
+
+/// Metric names the dashboard reads (SPEC §5 by default). Counter names are the
+/// sample names, i.e. with `_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricNames {
+    pub processed: String,
+    pub duplicate_dropped: String,
+    pub redelivered: String,
+    pub out_of_order: String,
+    pub dead_lettered: String,
+    pub side_effects: String,
+    pub claims_in_doubt: String,
+    pub process_start_time: String,
+    /// The label that names the consumer on every per-consumer metric.
+    pub consumer_label: String,
+    pub reason_label: String,
+    pub result_label: String,
+}
+
+impl Default for MetricNames {
+    fn default() -> Self {
+        MetricNames {
+            processed: "idem_messages_processed_total".into(),
+            duplicate_dropped: "idem_duplicate_dropped_total".into(),
+            redelivered: "idem_messages_redelivered_total".into(),
+            out_of_order: "idem_out_of_order_total".into(),
+            dead_lettered: "idem_dead_lettered_total".into(),
+            side_effects: "idem_side_effects_total".into(),
+            claims_in_doubt: "idem_side_effect_claims_in_doubt".into(),
+            process_start_time: "process_start_time_seconds".into(),
+            consumer_label: "consumer".into(),
+            reason_label: "reason".into(),
+            result_label: "result".into(),
+        }
+    }
+}
+
+/// True for a plain SQL identifier (`^[A-Za-z_][A-Za-z0-9_]*$`). Only such names are
+/// ever put into SQL text, so a mapping can never inject SQL whatever the quoting.
+pub fn is_plain_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl Config {
+    /// Parse and validate a config file's text; `path` is only used in messages.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Read, parse and validate one file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_toml(&text, path)
+    }
+
+    /// The config to use: `explicit` (`--config`) if given, else
+    /// `$XDG_CONFIG_HOME/idemwatch/config.toml` if it exists, else None (demo mode).
+    pub fn discover(explicit: Option<&Path>) -> Result<Option<Config>, ConfigError> {
+        if let Some(path) = explicit {
+            return Config::load(path).map(Some);
+        }
+        match default_config_path() {
+            Some(path) if path.is_file() => Config::load(&path).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Fill what a config leaves out with the local defaults: the engine's own
+    /// `/metrics` (`local=http://127.0.0.1:9464/metrics`) and database
+    /// (`engine::default_db_url()`). Used when no config file exists.
+    pub fn with_local_defaults(mut self) -> Config {
+        if self.targets.is_empty() {
+            self.targets.push(ScrapeTarget {
+                name: "local".into(),
+                url: LOCAL_METRICS_URL.into(),
+            });
+        }
+        if self.database.is_none() {
+            self.database = Some(DatabaseConfig::with_url(&crate::engine::default_db_url()));
+        }
+        self
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: String, message: String| ConfigError::Value {
+            path: path.to_path_buf(),
+            key,
+            message,
+        };
+        if self.poll_interval < Duration::from_millis(100) {
+            return Err(bad("poll_interval".into(), "must be at least 100ms".into()));
+        }
+        if self.chart_window < Duration::from_secs(60) {
+            return Err(bad("chart_window".into(), "must be at least 1m".into()));
+        }
+        if self.scrape_timeout.is_zero() {
+            return Err(bad("scrape_timeout".into(), "must be above zero".into()));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            if t.name.trim().is_empty() {
+                return Err(bad(
+                    format!("targets[{i}].name"),
+                    "must not be empty".into(),
+                ));
+            }
+            if !names.insert(t.name.as_str()) {
+                return Err(bad(
+                    format!("targets[{i}].name"),
+                    format!("duplicate target name {:?}", t.name),
+                ));
+            }
+            check_http_url(&t.url).map_err(|m| bad(format!("targets[{i}].url"), m))?;
+        }
+        if let Some(p) = &self.prometheus {
+            check_http_url(&p.url).map_err(|m| bad("prometheus.url".into(), m))?;
+        }
+        if let Some(db) = &self.database {
+            if !["sqlite:", "postgres:", "postgresql:", "mysql:", "mariadb:"]
+                .iter()
+                .any(|s| db.url.starts_with(s))
+            {
+                return Err(bad(
+                    "database.url".into(),
+                    format!(
+                        "unsupported URL {} (expected sqlite://, postgres:// or mysql://)",
+                        crate::engine::store::redact_url(&db.url)
+                    ),
+                ));
+            }
+            if db.retention < Duration::from_secs(60) {
+                return Err(bad(
+                    "database.retention".into(),
+                    "must be at least 1m".into(),
+                ));
+            }
+            for (key, id) in db.tables.identifiers() {
+                if !is_plain_identifier(id) {
+                    return Err(bad(
+                        key,
+                        format!("{id:?} is not a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*)"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_http_url(raw: &str) -> Result<(), String> {
+    match url::Url::parse(raw) {
+        Ok(u) if u.scheme() == "http" || u.scheme() == "https" => Ok(()),
+        Ok(u) => Err(format!(
+            "expected an http(s) URL, got scheme {:?}",
+            u.scheme()
+        )),
+        Err(e) => Err(format!("not a URL ({e})")),
+    }
+}
+
+/// `$XDG_CONFIG_HOME/idemwatch/config.toml` (or the platform's config directory).
+pub fn default_config_path() -> Option<PathBuf> {
+    dirs::config_dir().map(|d| d.join("idemwatch").join("config.toml"))
+}
+
+/// Durations as humantime strings (`"1s"`, `"15m"`, `"7d"`): what operators write.
+mod human_duration {
+    use super::*;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {text:?} ({e}); write e.g. \"1s\", \"15m\", \"7d\""
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_means_every_default() {
+        let c = Config::from_toml("", Path::new("x.toml")).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.poll_interval, Duration::from_secs(1));
+        assert_eq!(c.chart_window, Duration::from_secs(900));
+        assert!(!c.drills.allow_live);
+    }
+
+    #[test]
+    fn unknown_key_is_named_with_the_file() {
+        let e = Config::from_toml("poll_intervall = \"2s\"\n", Path::new("/etc/iw.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/etc/iw.toml"), "{e}");
+        assert!(e.contains("poll_intervall"), "{e}");
+    }
+
+    #[test]
+    fn identifiers_that_could_inject_sql_are_refused() {
+        let text = "[database]\nurl = \"sqlite://x.db\"\n[database.tables.processed_messages]\ntable = \"pm; DROP TABLE x\"\n";
+        let e = Config::from_toml(text, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("database.tables.processed_messages.table"),
+            "{e}"
+        );
+        assert!(is_plain_identifier("_dedup_2"));
+        assert!(!is_plain_identifier("2dedup"));
+        assert!(!is_plain_identifier(""));
+        assert!(!is_plain_identifier("a\"b"));
+    }
+}

@@ -1,0 +1,323 @@
+//! The dashboard's data layer: sources in, plain-data [`Snapshot`]s out.
+//!
+//! No terminal types here, so the same snapshot feeds `idemwatch snapshot --json`
+//! and the TUI. A [`Monitor`] owns the sources (scrape targets, the database) and the
+//! memory between polls (counter readings for rates, restart detection, bounded
+//! series); each [`Monitor::poll`] yields one [`Snapshot`]. The TUI runs it on its
+//! own task with [`Monitor::spawn`] and receives snapshots over a `watch` channel,
+//! so a slow source never blocks a frame.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+
+pub mod alerts;
+pub mod db;
+pub mod markers;
+pub mod prometheus;
+pub mod series;
+pub mod targets;
+pub mod vehicles;
+
+use alerts::Alert;
+use db::{DbError, DbPoller, DbStats};
+use markers::TimelineMarker;
+use prometheus::Scraper;
+use series::{Point, Zoom, MAX_RETENTION};
+use targets::{ConsumerSeries, ConsumerStatus, TargetStatus, TargetTracker};
+use vehicles::VehicleDetail;
+
+/// Why a monitor could not be built (a poll itself never fails: a failing source is
+/// reported inside the snapshot).
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorError {
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// Restart markers the dashboard remembers.
+const SCRAPED_MARKERS_KEPT: usize = 200;
+/// Markers per snapshot.
+const MARKERS_SHOWN: usize = 50;
+/// History rows of the selected vehicle.
+const VEHICLE_DETAIL_ROWS: i64 = 500;
+
+/// The charted series of one consumer over the current zoom span.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConsumerChart {
+    pub target: String,
+    pub consumer: String,
+    pub span_seconds: u64,
+    pub processed_per_s: Vec<Point>,
+    pub duplicates_per_s: Vec<Point>,
+    /// Gaps (None) where a scrape failed or nothing flowed.
+    pub duplicate_ratio: Vec<Point>,
+}
+
+/// Everything one poll yields: plain data, cheap to clone behind an `Arc`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Snapshot {
+    /// 1 for the first poll; lets a receiver tell a new snapshot from a repeat.
+    pub poll: u64,
+    pub taken_at: DateTime<Utc>,
+    pub targets: Vec<TargetStatus>,
+    /// Per target and consumer: msgs/s, dup/s, dup %, redelivered/s, out_of_order/s,
+    /// dead letters, side effects by result, claims in doubt, last restart.
+    pub consumers: Vec<ConsumerStatus>,
+    /// The database's view (dedup health, claims in doubt, dead letters, markers,
+    /// drill runs, vehicle anomalies); None when no database is configured.
+    pub database: Option<DbStats>,
+    pub alerts: Vec<Alert>,
+    /// Database markers and scraped restarts, newest first.
+    pub markers: Vec<TimelineMarker>,
+    /// The vehicle selected with [`MonitorCommand::SelectVehicle`], refreshed each
+    /// poll.
+    pub vehicle: Option<VehicleDetail>,
+    /// Chart data for the current zoom; not part of the JSON document (scripts want
+    /// the numbers, not the curves).
+    #[serde(skip)]
+    pub charts: Vec<ConsumerChart>,
+}
+
+/// Owns the sources and the history between polls.
+pub struct Monitor {
+    config: Config,
+    scraper: Scraper,
+    database: Option<DbPoller>,
+    targets: Vec<TargetTracker>,
+    scraped_markers: VecDeque<TimelineMarker>,
+    zoom: Zoom,
+    selected_vehicle: Option<String>,
+    polls: u64,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor")
+            .field("targets", &self.config.targets.len())
+            .field("database", &self.database)
+            .field("polls", &self.polls)
+            .finish()
+    }
+}
+
+impl Monitor {
+    /// A monitor of the config's targets and database. Nothing is contacted yet:
+    /// sources that are down show as down in the first snapshot.
+    pub fn new(config: &Config) -> Result<Monitor, MonitorError> {
+        let scraper = Scraper::new(config.scrape_timeout)?;
+        let database = config.database.as_ref().map(DbPoller::new).transpose()?;
+        let retention = config
+            .database
+            .as_ref()
+            .map_or(MAX_RETENTION, |d| d.retention.min(MAX_RETENTION));
+        Ok(Monitor {
+            scraper,
+            database,
+            targets: config
+                .targets
+                .iter()
+                .map(|t| TargetTracker::new(&t.name, &t.url))
+                .collect(),
+            scraped_markers: VecDeque::new(),
+            zoom: Zoom::new(config.chart_window, retention),
+            selected_vehicle: None,
+            polls: 0,
+            config: config.clone(),
+        })
+    }
+
+    /// The config it runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Poll every source once (scrapes and database concurrently) and build the
+    /// snapshot. Rates need two polls: the first snapshot has totals, rates are None.
+    pub async fn poll(&mut self) -> Snapshot {
+        let endpoints: Vec<(String, String)> = self
+            .config
+            .targets
+            .iter()
+            .map(|t| (t.name.clone(), t.url.clone()))
+            .collect();
+        let now = Utc::now();
+        let scrapes = self.scraper.scrape_all(&endpoints);
+        let database = async {
+            match &self.database {
+                Some(db) => Some(db.poll(now).await),
+                None => None,
+            }
+        };
+        let vehicle = async {
+            match (&self.database, &self.selected_vehicle) {
+                (Some(db), Some(device)) => {
+                    db.vehicle_detail(device, VEHICLE_DETAIL_ROWS).await.ok()
+                }
+                _ => None,
+            }
+        };
+        let (scrapes, database, vehicle) = tokio::join!(scrapes, database, vehicle);
+        for (tracker, scrape) in self.targets.iter_mut().zip(&scrapes) {
+            if let Some(marker) = tracker.observe(scrape, &self.config.metrics) {
+                self.scraped_markers.push_back(marker);
+                if self.scraped_markers.len() > SCRAPED_MARKERS_KEPT {
+                    self.scraped_markers.pop_front();
+                }
+            }
+        }
+        self.polls += 1;
+        self.build_snapshot(now, database, vehicle)
+    }
+
+    fn build_snapshot(
+        &self,
+        now: DateTime<Utc>,
+        database: Option<DbStats>,
+        vehicle: Option<VehicleDetail>,
+    ) -> Snapshot {
+        let targets: Vec<TargetStatus> = self.targets.iter().map(|t| t.status().clone()).collect();
+        let consumers: Vec<ConsumerStatus> = self
+            .targets
+            .iter()
+            .flat_map(|t| t.consumers().cloned())
+            .collect();
+        let scraped: Vec<TimelineMarker> = self.scraped_markers.iter().cloned().collect();
+        let db_markers = database
+            .as_ref()
+            .map(|d| d.markers.as_slice())
+            .unwrap_or(&[]);
+        let markers = markers::merge(db_markers, &scraped, MARKERS_SHOWN);
+        let alerts = alerts::evaluate(&targets, &consumers, database.as_ref());
+        Snapshot {
+            poll: self.polls,
+            taken_at: now,
+            targets,
+            consumers,
+            database,
+            alerts,
+            markers,
+            vehicle,
+            charts: self.charts(now),
+        }
+    }
+
+    fn charts(&self, now: DateTime<Utc>) -> Vec<ConsumerChart> {
+        let span = self.zoom.span();
+        self.targets
+            .iter()
+            .flat_map(|t| {
+                t.consumer_names().filter_map(move |c| {
+                    t.series(c)
+                        .map(|s| chart(t.status().name.as_str(), c, s, now, span))
+                })
+            })
+            .collect()
+    }
+
+    /// The series of one consumer of one target (the whole bounded history).
+    pub fn series(&self, target: &str, consumer: &str) -> Option<&ConsumerSeries> {
+        self.targets
+            .iter()
+            .find(|t| t.status().name == target)
+            .and_then(|t| t.series(consumer))
+    }
+
+    /// The chart zoom; its span is used for [`Snapshot::charts`].
+    pub fn zoom_mut(&mut self) -> &mut Zoom {
+        &mut self.zoom
+    }
+
+    /// Follow one vehicle (its state beside its history) in every snapshot; None
+    /// stops it.
+    pub fn select_vehicle(&mut self, device_id: Option<String>) {
+        self.selected_vehicle = device_id;
+    }
+
+    /// Run on a tokio task: poll every `poll_interval`, publish each snapshot, obey
+    /// commands. Ends when the handle (its command sender) is dropped.
+    pub fn spawn(mut self) -> MonitorHandle {
+        let (snapshot_tx, snapshots) = watch::channel(None::<Arc<Snapshot>>);
+        let (commands, mut command_rx) = mpsc::channel::<MonitorCommand>(16);
+        let period = self.config.poll_interval;
+        let task = tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(period);
+            // After a slow poll, wait a full period instead of bursting to catch up.
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    command = command_rx.recv() => match command {
+                        None => break,
+                        Some(MonitorCommand::PollNow) => {}
+                        Some(MonitorCommand::ZoomIn) => { self.zoom.zoom_in(); }
+                        Some(MonitorCommand::ZoomOut) => { self.zoom.zoom_out(); }
+                        Some(MonitorCommand::SelectVehicle(device)) => self.select_vehicle(device),
+                    },
+                }
+                let snapshot = Arc::new(self.poll().await);
+                if snapshot_tx.send(Some(snapshot)).is_err() {
+                    break;
+                }
+            }
+        });
+        MonitorHandle {
+            snapshots,
+            commands,
+            task,
+        }
+    }
+}
+
+fn chart(
+    target: &str,
+    consumer: &str,
+    series: &ConsumerSeries,
+    now: DateTime<Utc>,
+    span: Duration,
+) -> ConsumerChart {
+    ConsumerChart {
+        target: target.to_string(),
+        consumer: consumer.to_string(),
+        span_seconds: span.as_secs(),
+        processed_per_s: series.processed_per_s.window(now, span),
+        duplicates_per_s: series.duplicates_per_s.window(now, span),
+        duplicate_ratio: series.duplicate_ratio.window(now, span),
+    }
+}
+
+/// What the TUI can ask of a running monitor. Each command is followed by an
+/// immediate poll, so the answer arrives as the next snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MonitorCommand {
+    PollNow,
+    ZoomIn,
+    ZoomOut,
+    SelectVehicle(Option<String>),
+}
+
+/// The TUI's side of a spawned [`Monitor`].
+#[derive(Debug)]
+pub struct MonitorHandle {
+    /// The newest snapshot (None before the first poll). `changed()` wakes on each.
+    pub snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    pub commands: mpsc::Sender<MonitorCommand>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// One headless poll for `snapshot`: poll, wait `spacing`, poll again, so that the
+/// snapshot has rates (a rate needs two counter readings).
+pub async fn snapshot_once(config: &Config, spacing: Duration) -> Result<Snapshot, MonitorError> {
+    let mut monitor = Monitor::new(config)?;
+    monitor.poll().await;
+    tokio::time::sleep(spacing).await;
+    Ok(monitor.poll().await)
+}

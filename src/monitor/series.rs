@@ -1,0 +1,317 @@
+//! Bounded time series with explicit gaps, counter rates and chart zoom.
+//!
+//! A failed collection pushes a gap, never a zero: a chart that drops to zero when a
+//! target is down would read as "no duplicates", the one thing it must not claim.
+//! Memory stays bounded by time: raw points are kept for an hour, one-minute means
+//! for the whole retention window (7 days), so a week costs ~14k points per series
+//! whatever the poll interval.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// One point of a series; `value: None` is a gap (the collection failed).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Point {
+    pub at: DateTime<Utc>,
+    pub value: Option<f64>,
+}
+
+/// How long raw points are kept; older views use the per-minute means.
+pub const RAW_RETENTION: Duration = Duration::from_secs(3600);
+/// The longest view: the dedup table's retention.
+pub const MAX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+const MINUTE: i64 = 60;
+
+/// A time-pruned series: raw points for [`RAW_RETENTION`], minute means up to
+/// `retention`.
+#[derive(Debug, Clone)]
+pub struct Series {
+    raw: VecDeque<Point>,
+    minutes: VecDeque<Point>,
+    retention: Duration,
+    /// The minute being accumulated: (minute start, sum, count of values).
+    open_minute: Option<(i64, f64, u32)>,
+}
+
+impl Default for Series {
+    fn default() -> Self {
+        Series::new(MAX_RETENTION)
+    }
+}
+
+fn to_chrono(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+impl Series {
+    /// An empty series keeping minute means for `retention` (the longest zoom).
+    pub fn new(retention: Duration) -> Series {
+        Series {
+            raw: VecDeque::new(),
+            minutes: VecDeque::new(),
+            retention,
+            open_minute: None,
+        }
+    }
+
+    /// Add a value (or a gap with `None`) observed at `at`, and drop what is older
+    /// than the retention.
+    pub fn push(&mut self, at: DateTime<Utc>, value: Option<f64>) {
+        let value = value.filter(|v| v.is_finite());
+        self.raw.push_back(Point { at, value });
+        let minute = at.timestamp().div_euclid(MINUTE) * MINUTE;
+        match &mut self.open_minute {
+            Some((m, sum, n)) if *m == minute => {
+                if let Some(v) = value {
+                    *sum += v;
+                    *n += 1;
+                }
+            }
+            _ => {
+                self.close_minute();
+                self.open_minute = Some((minute, value.unwrap_or(0.0), u32::from(value.is_some())));
+            }
+        }
+        self.prune(at);
+    }
+
+    /// A failed collection.
+    pub fn push_gap(&mut self, at: DateTime<Utc>) {
+        self.push(at, None);
+    }
+
+    fn close_minute(&mut self) {
+        if let Some((m, sum, n)) = self.open_minute.take() {
+            let at = DateTime::<Utc>::from_timestamp(m, 0).unwrap_or_default();
+            let value = (n > 0).then(|| sum / f64::from(n));
+            self.minutes.push_back(Point { at, value });
+        }
+    }
+
+    fn prune(&mut self, now: DateTime<Utc>) {
+        let raw_cut = now - to_chrono(RAW_RETENTION.min(self.retention));
+        while self.raw.front().is_some_and(|p| p.at < raw_cut) {
+            self.raw.pop_front();
+        }
+        let cut = now - to_chrono(self.retention);
+        while self.minutes.front().is_some_and(|p| p.at < cut) {
+            self.minutes.pop_front();
+        }
+    }
+
+    /// The newest point, gap or not.
+    pub fn latest(&self) -> Option<Point> {
+        self.raw.back().copied()
+    }
+
+    /// The points of the last `span` before `now`: raw points when they cover it,
+    /// minute means (plus the newest raw point) beyond.
+    pub fn window(&self, now: DateTime<Utc>, span: Duration) -> Vec<Point> {
+        let from = now - to_chrono(span);
+        if span <= RAW_RETENTION {
+            return self.raw.iter().filter(|p| p.at >= from).copied().collect();
+        }
+        let mut out: Vec<Point> = self
+            .minutes
+            .iter()
+            .filter(|p| p.at >= from)
+            .copied()
+            .collect();
+        if let Some((m, sum, n)) = self.open_minute {
+            let at = DateTime::<Utc>::from_timestamp(m, 0).unwrap_or_default();
+            out.push(Point {
+                at,
+                value: (n > 0).then(|| sum / f64::from(n)),
+            });
+        }
+        out
+    }
+
+    /// Mean of the values of the last `span` (gaps ignored); None without values.
+    pub fn mean_over(&self, now: DateTime<Utc>, span: Duration) -> Option<f64> {
+        let from = now - to_chrono(span);
+        let (sum, n) = self
+            .raw
+            .iter()
+            .filter(|p| p.at >= from)
+            .filter_map(|p| p.value)
+            .fold((0.0, 0u32), |(s, n), v| (s + v, n + 1));
+        (n > 0).then(|| sum / f64::from(n))
+    }
+
+    /// Number of points held (raw + minute means): what bounds the memory.
+    pub fn len(&self) -> usize {
+        self.raw.len() + self.minutes.len()
+    }
+
+    /// Nothing collected yet (the chart shows "waiting for data", not a flat line).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What one counter observation tells.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateObservation {
+    /// Increase per second since the previous observation; None on the first.
+    pub rate: Option<f64>,
+    /// The increase itself.
+    pub increase: Option<f64>,
+    /// The counter went down: the process restarted (counters start at zero).
+    pub reset: bool,
+}
+
+/// Turns successive readings of a monotonic counter into rates.
+#[derive(Debug, Clone, Default)]
+pub struct CounterRate {
+    last: Option<(DateTime<Utc>, f64)>,
+}
+
+impl CounterRate {
+    /// Feed one reading. A counter that goes down was reset by a restart: the new
+    /// value is then the whole increase since the reset (it started from zero),
+    /// never a negative rate.
+    pub fn observe(&mut self, at: DateTime<Utc>, value: f64) -> RateObservation {
+        let previous = self.last.replace((at, value));
+        let Some((then, before)) = previous else {
+            return RateObservation {
+                rate: None,
+                increase: None,
+                reset: false,
+            };
+        };
+        let reset = value < before;
+        let increase = if reset { value } else { value - before };
+        let seconds = (at - then).num_milliseconds() as f64 / 1000.0;
+        RateObservation {
+            rate: (seconds > 0.0).then(|| increase / seconds),
+            increase: Some(increase),
+            reset,
+        }
+    }
+
+    /// The last reading, if any.
+    pub fn last_value(&self) -> Option<f64> {
+        self.last.map(|(_, v)| v)
+    }
+}
+
+/// Duplicate rate (SPEC §5): dup / (processed + dup). None without traffic: "no
+/// messages" is not "0% duplicates".
+pub fn duplicate_ratio(processed_per_s: f64, duplicates_per_s: f64) -> Option<f64> {
+    let total = processed_per_s + duplicates_per_s;
+    (total.is_finite() && total > 0.0 && duplicates_per_s >= 0.0).then(|| duplicates_per_s / total)
+}
+
+/// Why a target was judged restarted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "cause", rename_all = "snake_case")]
+pub enum RestartCause {
+    /// `process_start_time_seconds` changed.
+    StartTimeChanged { before: f64, after: f64 },
+    /// A counter went down.
+    CounterReset { metric: String },
+}
+
+impl std::fmt::Display for RestartCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestartCause::StartTimeChanged { before, after } => {
+                write!(f, "process_start_time_seconds {before} → {after}")
+            }
+            RestartCause::CounterReset { metric } => write!(f, "{metric} went down"),
+        }
+    }
+}
+
+/// Detects restarts of one target across scrapes.
+#[derive(Debug, Clone, Default)]
+pub struct RestartDetector {
+    start_time: Option<f64>,
+}
+
+impl RestartDetector {
+    /// Feed one successful scrape: its start time (if exported) and the first counter
+    /// seen to go down (if any). The first scrape never counts as a restart: we did
+    /// not see the process before.
+    pub fn observe(
+        &mut self,
+        start_time: Option<f64>,
+        reset_counter: Option<&str>,
+    ) -> Option<RestartCause> {
+        let before = self.start_time;
+        if start_time.is_some() {
+            self.start_time = start_time;
+        }
+        match (before, start_time) {
+            // Exporters print the start time with sub-second noise; one second apart is
+            // the same process.
+            (Some(b), Some(a)) if (a - b).abs() >= 1.0 => {
+                return Some(RestartCause::StartTimeChanged {
+                    before: b,
+                    after: a,
+                })
+            }
+            _ => {}
+        }
+        reset_counter.map(|m| RestartCause::CounterReset {
+            metric: m.to_string(),
+        })
+    }
+}
+
+/// Chart zoom levels, from one minute up to the retention window.
+pub const ZOOM_LEVELS: [Duration; 8] = [
+    Duration::from_secs(60),
+    Duration::from_secs(5 * 60),
+    Duration::from_secs(15 * 60),
+    Duration::from_secs(3600),
+    Duration::from_secs(6 * 3600),
+    Duration::from_secs(24 * 3600),
+    Duration::from_secs(3 * 24 * 3600),
+    Duration::from_secs(7 * 24 * 3600),
+];
+
+/// The chart's time span; zooming stops at both ends instead of wrapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Zoom {
+    level: usize,
+    max_level: usize,
+}
+
+impl Zoom {
+    /// Start at the level nearest `window` (SPEC §7 `chart_window`), allowing levels
+    /// up to `retention`.
+    pub fn new(window: Duration, retention: Duration) -> Zoom {
+        let max_level = ZOOM_LEVELS
+            .iter()
+            .rposition(|l| *l <= retention)
+            .unwrap_or(0);
+        let level = ZOOM_LEVELS
+            .iter()
+            .position(|l| *l >= window)
+            .unwrap_or(ZOOM_LEVELS.len() - 1)
+            .min(max_level);
+        Zoom { level, max_level }
+    }
+
+    /// The time range the chart shows now.
+    pub fn span(&self) -> Duration {
+        ZOOM_LEVELS[self.level]
+    }
+
+    /// A shorter span; stays at one minute.
+    pub fn zoom_in(&mut self) -> Duration {
+        self.level = self.level.saturating_sub(1);
+        self.span()
+    }
+
+    /// A longer span; stays at the retention.
+    pub fn zoom_out(&mut self) -> Duration {
+        self.level = (self.level + 1).min(self.max_level);
+        self.span()
+    }
+}

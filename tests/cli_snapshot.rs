@@ -1,0 +1,122 @@
+//! `idemwatch snapshot` as a script would run it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use idemwatch::engine::envelope::RejectReason;
+use idemwatch::engine::store::{self, MarkerKind};
+
+fn snapshot(args: &[&str], home: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idemwatch"))
+        .arg("snapshot")
+        .args(args)
+        // No user config may leak into the test.
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("IDEMWATCH_LOG_FILE", home.join("idemwatch.log"))
+        .env_remove("IDEMWATCH_DB")
+        .output()
+        .expect("run idemwatch")
+}
+
+async fn fleet_db(dir: &Path) -> String {
+    let url = format!("sqlite://{}", dir.join("fleet.db").display());
+    let s = store::open(&url).await.expect("open store");
+    s.dead_letter("trip-counter", RejectReason::UnknownEventType, "x", b"{}")
+        .await
+        .unwrap();
+    s.add_marker(MarkerKind::Deploy, "deploy v9", None)
+        .await
+        .unwrap();
+    url
+}
+
+#[tokio::test]
+async fn json_snapshot_reports_a_down_target_and_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = fleet_db(dir.path()).await;
+    // Port 1 on loopback: nothing listens there.
+    let out = snapshot(
+        &[
+            "--json",
+            "--db",
+            &url,
+            "--target",
+            "edge=http://127.0.0.1:1/metrics",
+            "--spacing",
+            "100ms",
+        ],
+        dir.path(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is exactly one JSON document");
+    assert_eq!(doc["targets"][0]["name"], "edge");
+    assert_eq!(doc["targets"][0]["status"], "down");
+    assert!(doc["targets"][0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("127.0.0.1:1"));
+    assert_eq!(doc["database"]["status"], "up");
+    assert_eq!(
+        doc["database"]["dead_letters"][0]["reason"],
+        "unknown_event_type"
+    );
+    assert_eq!(doc["markers"][0]["label"], "deploy v9");
+    assert!(doc["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a["kind"] == "target_down"));
+    assert!(doc.get("charts").is_none(), "charts stay out of the JSON");
+}
+
+#[tokio::test]
+async fn text_snapshot_is_a_readable_summary_and_hides_passwords() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = snapshot(
+        &[
+            "--db",
+            "postgres://watch:s3cret@127.0.0.1:1/fleet",
+            "--target",
+            "edge=http://127.0.0.1:1/metrics",
+            "--spacing",
+            "10ms",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Targets") && text.contains("DOWN"), "{text}");
+    assert!(
+        text.contains("postgres://watch:***@127.0.0.1:1/fleet"),
+        "{text}"
+    );
+    assert!(!text.contains("s3cret"), "{text}");
+}
+
+#[test]
+fn bad_config_and_bad_usage_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "poll_intervall = \"1s\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idemwatch"))
+        .args(["--config", bad.to_str().unwrap(), "snapshot", "--json"])
+        .env("IDEMWATCH_LOG_FILE", dir.path().join("log"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "nothing on stdout on error");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml") && err.contains("poll_intervall"),
+        "{err}"
+    );
+
+    let out = snapshot(&["--target", "no-equals-sign"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+}

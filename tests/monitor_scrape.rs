@@ -1,0 +1,199 @@
+//! A scrape target that goes down and comes back: down with the error text, a gap
+//! in the series, up again, and the restart as a marker.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use idemwatch::config::{Config, ScrapeTarget};
+use idemwatch::engine::metrics::Metrics;
+use idemwatch::monitor::alerts::AlertKind;
+use idemwatch::monitor::db::SourceStatus;
+use idemwatch::monitor::markers::MarkerSource;
+use idemwatch::monitor::{Monitor, MonitorCommand, Snapshot};
+
+const CONSUMER: &str = "zone-exit-sms";
+
+/// Serve `metrics` like `idemwatch serve` does; `Connection: close` so that stopping
+/// the server really ends every connection (a kept-alive one would outlive it).
+async fn serve(
+    metrics: Arc<Metrics>,
+    addr: SocketAddr,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+    let local = listener.local_addr().expect("local addr");
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let m = metrics.clone();
+            async move {
+                (
+                    [
+                        (
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        ),
+                        (header::CONNECTION, "close"),
+                    ],
+                    m.encode(),
+                )
+                    .into_response()
+            }
+        }),
+    );
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (local, task)
+}
+
+fn consumer(s: &Snapshot) -> &idemwatch::monitor::targets::ConsumerStatus {
+    s.consumers
+        .iter()
+        .find(|c| c.consumer == CONSUMER)
+        .expect("the consumer is listed")
+}
+
+fn config_for(addr: SocketAddr) -> Config {
+    Config {
+        targets: vec![ScrapeTarget {
+            name: "sms".into(),
+            url: format!("http://{addr}/metrics"),
+        }],
+        scrape_timeout: Duration::from_secs(2),
+        ..Config::default()
+    }
+}
+
+#[tokio::test]
+async fn target_down_then_back_shows_gap_error_and_restart() {
+    let first = Arc::new(Metrics::new());
+    first.register_consumer(CONSUMER);
+    for _ in 0..10 {
+        first.processed(CONSUMER);
+    }
+    let (addr, server) = serve(first.clone(), ([127, 0, 0, 1], 0).into()).await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+
+    let s1 = monitor.poll().await;
+    assert_eq!(s1.targets[0].status, SourceStatus::Up);
+    assert_eq!(consumer(&s1).processed.total, 10.0);
+    assert_eq!(
+        consumer(&s1).processed.per_second,
+        None,
+        "one reading, no rate"
+    );
+
+    for _ in 0..5 {
+        first.processed(CONSUMER);
+    }
+    first.duplicate_dropped(CONSUMER);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let s2 = monitor.poll().await;
+    let c = consumer(&s2);
+    assert!(c.processed.per_second.unwrap() > 0.0);
+    let ratio = c.duplicate_ratio.expect("traffic gives a ratio");
+    assert!((ratio - 1.0 / 6.0).abs() < 1e-9, "1 dup of 6: {ratio}");
+
+    server.abort();
+    let _ = server.await;
+    let s3 = monitor.poll().await;
+    match &s3.targets[0].status {
+        SourceStatus::Down { error } => {
+            assert!(
+                error.to_lowercase().contains("refused") || error.contains("connect"),
+                "{error}"
+            )
+        }
+        SourceStatus::Up => panic!("a stopped target must be down"),
+    }
+    assert!(!consumer(&s3).up);
+    assert_eq!(consumer(&s3).processed.per_second, None);
+    assert!(s3
+        .alerts
+        .iter()
+        .any(|a| matches!(&a.kind, AlertKind::TargetDown { target, .. } if target == "sms")));
+    let series = monitor.series("sms", CONSUMER).unwrap();
+    assert_eq!(
+        series.processed_per_s.latest().map(|p| p.value),
+        Some(None),
+        "a failed scrape is a gap, not a zero"
+    );
+
+    // The process comes back: a new start time (1 s later at least) and counters
+    // from zero.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = Arc::new(Metrics::new());
+    second.register_consumer(CONSUMER);
+    for _ in 0..2 {
+        second.processed(CONSUMER);
+    }
+    let (_, server) = serve(second.clone(), addr).await;
+    let s4 = monitor.poll().await;
+    assert_eq!(s4.targets[0].status, SourceStatus::Up);
+    assert!(consumer(&s4).up);
+    assert!(s4.targets[0].last_restart.is_some());
+    let restart = s4
+        .markers
+        .iter()
+        .find(|m| m.kind == "restart")
+        .expect("a restart marker");
+    assert_eq!(restart.source, MarkerSource::Scrape);
+    assert!(restart
+        .detail
+        .as_deref()
+        .unwrap_or("")
+        .contains("process_start_time_seconds"));
+    // Across the reset the rate counts from zero, never negative.
+    assert!(consumer(&s4).processed.per_second.unwrap() > 0.0);
+
+    let points = monitor
+        .series("sms", CONSUMER)
+        .unwrap()
+        .processed_per_s
+        .window(s4.taken_at, Duration::from_secs(60));
+    let shape: Vec<bool> = points.iter().map(|p| p.value.is_some()).collect();
+    assert_eq!(shape, vec![true, false, true], "value, gap, value");
+    server.abort();
+}
+
+#[tokio::test]
+async fn spawned_monitor_publishes_snapshots_and_obeys_commands() {
+    let metrics = Arc::new(Metrics::new());
+    metrics.register_consumer(CONSUMER);
+    let (addr, server) = serve(metrics, ([127, 0, 0, 1], 0).into()).await;
+    let mut config = config_for(addr);
+    config.poll_interval = Duration::from_millis(100);
+    let monitor = Monitor::new(&config).unwrap();
+    let mut handle = monitor.spawn();
+    tokio::time::timeout(Duration::from_secs(5), handle.snapshots.changed())
+        .await
+        .expect("a snapshot within 5 s")
+        .unwrap();
+    let first = handle.snapshots.borrow().clone().expect("a snapshot");
+    handle.commands.send(MonitorCommand::ZoomIn).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            handle.snapshots.changed().await.unwrap();
+            let s = handle.snapshots.borrow().clone().unwrap();
+            if s.poll > first.poll
+                && s.charts.iter().all(|c| c.span_seconds == 300)
+                && !s.charts.is_empty()
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("zoomed charts");
+    drop(handle.commands);
+    tokio::time::timeout(Duration::from_secs(5), handle.task)
+        .await
+        .expect("the monitor stops when its handle is dropped")
+        .unwrap();
+    server.abort();
+}
