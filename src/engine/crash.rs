@@ -98,6 +98,19 @@ impl CrashPlan {
         }
     }
 
+    /// Arm `point` for the next `times` passes of a running worker (a simulated
+    /// deploy kills consumers mid-flight this way).
+    pub fn arm(&self, point: CrashPoint, times: u32) {
+        let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+        armed.push((point, times));
+    }
+
+    /// Crashes still to come.
+    pub fn pending(&self) -> u32 {
+        let armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+        armed.iter().map(|(_, n)| n).sum()
+    }
+
     pub fn style(&self) -> CrashStyle {
         self.style
     }

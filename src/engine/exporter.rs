@@ -14,9 +14,10 @@ use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_
 /// OpenMetrics for scrapers that ask for it (Prometheus does), the classic text
 /// format for everyone else (curl, promtool).
 async fn metrics_handler(
-    State(metrics): State<Arc<Metrics>>,
+    State(source): State<MetricsSource>,
     headers: HeaderMap,
 ) -> impl IntoResponse {
+    let metrics = source();
     let wants_openmetrics = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -34,10 +35,19 @@ async fn metrics_handler(
     }
 }
 
-/// `/metrics` and `/healthz`.
+/// Where the exporter reads the current metrics from. A restarted consumer brings a
+/// new registry (counters from zero, a new start time), exactly as a new process does.
+pub type MetricsSource = Arc<dyn Fn() -> Arc<Metrics> + Send + Sync>;
+
+/// `/metrics` and `/healthz` over one fixed registry.
 pub fn router(metrics: Arc<Metrics>) -> Router {
+    router_with(Arc::new(move || metrics.clone()))
+}
+
+/// `/metrics` and `/healthz` over whatever registry `source` returns at scrape time.
+pub fn router_with(source: MetricsSource) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(metrics)
+        .with_state(source)
 }
