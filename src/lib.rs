@@ -4,11 +4,14 @@
 //! Layers, each using only the ones before it:
 //! `engine` (store, queue, consumers, runner, metrics) → `sim` (fleet simulator,
 //! sandbox provider) → `drills` (redelivery drills with verdicts) → `monitor` (sources
-//! into plain-data snapshots for the dashboard and `snapshot --json`). `config` is
-//! the dashboard's config file.
+//! into plain-data snapshots for the dashboard and `snapshot --json`) → `tui` (the
+//! terminal dashboard). `demo` wires engine and simulator into the live demo the
+//! dashboard opens without a config; `config` is the dashboard's config file.
 
 pub mod config;
+pub mod demo;
 pub mod drills;
 pub mod engine;
 pub mod monitor;
 pub mod sim;
+pub mod tui;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use cli::{Cli, CliError, Command, EXIT_USAGE};
+use cli::{Cli, Command};
 
 /// Logs go to a file: the terminal belongs to the TUI, stdout to --json output.
 fn init_logging(path: Option<PathBuf>) -> Option<tracing_appender::non_blocking::WorkerGuard> {
@@ -53,10 +53,7 @@ fn main() {
             Some(Command::Purge(a)) => cli::purge::run(a).await,
             Some(Command::SmsSandbox(a)) => cli::sandbox::run(a).await,
             Some(Command::Simulate(a)) => cli::simulate::run(a),
-            None => Err(CliError {
-                code: EXIT_USAGE,
-                message: "the dashboard is not built yet; use a subcommand (see --help)".into(),
-            }),
+            None => cli::dashboard::run(config_path).await,
         }
     });
     let code = match result {

@@ -13,6 +13,7 @@ use idemwatch::engine::{default_db_url, default_queue_url, EngineConfig};
 use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
 
 pub mod consume;
+pub mod dashboard;
 pub mod drill;
 pub mod publish;
 pub mod purge;

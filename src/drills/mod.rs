@@ -27,6 +27,7 @@ mod double_publish;
 mod key_conflict;
 mod out_of_order;
 pub(crate) mod rig;
+pub mod twice;
 
 use rig::Rig;
 

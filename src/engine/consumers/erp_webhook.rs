@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome, RiskClass};
+use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use crate::engine::crash::CrashPlan;
 use crate::engine::envelope::{rfc3339, Envelope, EventType};
 
@@ -35,10 +35,6 @@ pub fn trip_end_body(env: &Envelope) -> serde_json::Value {
 impl Consumer for ErpWebhook {
     fn name(&self) -> &'static str {
         NAME
-    }
-
-    fn risk(&self) -> RiskClass {
-        RiskClass::ExternalSideEffect
     }
 
     fn mode(&self) -> ConsumerMode {

@@ -123,7 +123,6 @@ pub struct Deps {
 #[async_trait]
 pub trait Consumer: Send + Sync + 'static {
     fn name(&self) -> &'static str;
-    fn risk(&self) -> RiskClass;
     fn mode(&self) -> ConsumerMode;
     /// Event types this consumer acts on; the rest are acked as skipped.
     fn wants(&self, event: EventType) -> bool;
@@ -138,6 +137,16 @@ pub const FLEET_CONSUMERS: [&str; 4] = [
     zone_exit_sms::NAME,
     erp_webhook::NAME,
 ];
+
+/// Each fleet consumer's risk class, from the field report's inventory.
+pub fn risk_class(name: &str) -> Option<RiskClass> {
+    match name {
+        vehicle_state::NAME => Some(RiskClass::Natural),
+        trip_counter::NAME => Some(RiskClass::Accumulation),
+        zone_exit_sms::NAME | erp_webhook::NAME => Some(RiskClass::ExternalSideEffect),
+        _ => None,
+    }
+}
 
 /// Build one fleet consumer by name.
 pub fn build(name: &str, deps: &Deps, mode: ConsumerMode) -> Option<Arc<dyn Consumer>> {

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome, RiskClass};
+use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use crate::engine::crash::{CrashPlan, CrashPoint};
 use crate::engine::envelope::{Envelope, EventType, RejectReason, Rejection};
 use crate::engine::store::{BusinessWrite, DedupOutcome};
@@ -39,10 +39,6 @@ fn dedup_outcome(d: DedupOutcome) -> Outcome {
 impl Consumer for TripCounter {
     fn name(&self) -> &'static str {
         NAME
-    }
-
-    fn risk(&self) -> RiskClass {
-        RiskClass::Accumulation
     }
 
     fn mode(&self) -> ConsumerMode {

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome, RiskClass};
+use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use crate::engine::crash::CrashPlan;
 use crate::engine::envelope::{Envelope, EventType, RejectReason, Rejection};
 use crate::engine::store::VehicleOutcome;
@@ -26,10 +26,6 @@ impl VehicleStateConsumer {
 impl Consumer for VehicleStateConsumer {
     fn name(&self) -> &'static str {
         NAME
-    }
-
-    fn risk(&self) -> RiskClass {
-        RiskClass::Natural
     }
 
     fn mode(&self) -> ConsumerMode {

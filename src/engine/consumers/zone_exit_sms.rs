@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome, RiskClass};
+use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use crate::engine::crash::CrashPlan;
 use crate::engine::envelope::{rfc3339, Envelope, EventType};
 
@@ -34,10 +34,6 @@ pub fn sms_text(env: &Envelope) -> String {
 impl Consumer for ZoneExitSms {
     fn name(&self) -> &'static str {
         NAME
-    }
-
-    fn risk(&self) -> RiskClass {
-        RiskClass::ExternalSideEffect
     }
 
     fn mode(&self) -> ConsumerMode {

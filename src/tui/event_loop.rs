@@ -1,0 +1,186 @@
+//! One tokio loop over terminal events, monitor snapshots, drill progress and a slow
+//! tick. It redraws only when something changed, and at most every
+//! [`FRAME_BUDGET`] (~20 fps), so a burst of data never drives the render rate.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossterm::event::{Event, EventStream, KeyEventKind, MouseButton, MouseEventKind};
+use futures::StreamExt;
+use ratatui::DefaultTerminal;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::action::{Action, Effect};
+use super::app::App;
+use super::keymap;
+use super::render::render;
+use super::{TuiError, TuiOptions};
+use crate::drills::{self, DrillOptions};
+use crate::engine::consumers::ConsumerMode;
+use crate::monitor::Monitor;
+
+pub const FRAME_BUDGET: Duration = Duration::from_millis(50);
+const TICK: Duration = Duration::from_secs(1);
+
+pub async fn run(terminal: &mut DefaultTerminal, opts: TuiOptions) -> Result<(), TuiError> {
+    let monitor = Monitor::new(&opts.config).map_err(|e| TuiError::Setup(e.to_string()))?;
+    let mut handle = monitor.spawn();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Action>();
+    let theme = opts.theme;
+    let mut app = App::new(chrono::Utc::now(), opts.demo.is_some(), opts.banner.clone());
+    app.drills_allowed = opts.demo.is_some() || opts.config.drills.allow_live;
+    if let Ok(size) = terminal.size() {
+        app.size = (size.width, size.height);
+    }
+
+    // The Inventory's "twice" check runs once, on a scratch database.
+    let twice_tx = tx.clone();
+    tokio::spawn(async move {
+        let checks = drills::twice::check_all(ConsumerMode::Idempotent, 60).await;
+        let _ = twice_tx.send(Action::TwiceChecked(
+            checks.into_iter().filter_map(Result::ok).collect(),
+        ));
+    });
+
+    let mut events = EventStream::new();
+    let mut tick = tokio::time::interval(TICK);
+    let mut dirty = true;
+    let mut last_draw = Instant::now() - FRAME_BUDGET;
+    loop {
+        if dirty && last_draw.elapsed() >= FRAME_BUDGET {
+            terminal
+                .draw(|f| render(f, &app, &theme))
+                .map_err(TuiError::Terminal)?;
+            dirty = false;
+            last_draw = Instant::now();
+        }
+        let next_frame = last_draw + FRAME_BUDGET;
+        let action = tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(e)) => translate(e, &app),
+                Some(Err(e)) => return Err(TuiError::Terminal(e)),
+                None => Some(Action::Quit),
+            },
+            changed = handle.snapshots.changed() => match changed {
+                Ok(()) => handle.snapshots.borrow_and_update().clone().map(Action::Snapshot),
+                Err(_) => None,
+            },
+            Some(action) = rx.recv() => Some(action),
+            _ = tick.tick() => Some(Action::Tick(chrono::Utc::now())),
+            _ = tokio::time::sleep_until(next_frame), if dirty => None,
+        };
+        if let Some(action) = action {
+            for effect in app.update(action) {
+                perform(effect, &opts, &handle.commands, &tx);
+            }
+            dirty = true;
+        }
+        if app.should_quit {
+            return Ok(());
+        }
+    }
+}
+
+/// Terminal event → action (keys through the keymap).
+fn translate(event: Event, app: &App) -> Option<Action> {
+    match event {
+        Event::Key(k) if k.kind == KeyEventKind::Press => keymap::action_for(k, app),
+        Event::Mouse(m) => match m.kind {
+            MouseEventKind::Down(MouseButton::Left) => Some(Action::Click {
+                column: m.column,
+                row: m.row,
+            }),
+            MouseEventKind::ScrollUp => Some(Action::ScrollUp),
+            MouseEventKind::ScrollDown => Some(Action::ScrollDown),
+            _ => None,
+        },
+        Event::Resize(width, height) => Some(Action::Resize { width, height }),
+        _ => None,
+    }
+}
+
+fn perform(
+    effect: Effect,
+    opts: &TuiOptions,
+    monitor: &mpsc::Sender<crate::monitor::MonitorCommand>,
+    tx: &mpsc::UnboundedSender<Action>,
+) {
+    match effect {
+        Effect::Monitor(cmd) => {
+            let _ = monitor.try_send(cmd);
+        }
+        Effect::Deploy => {
+            if let Some(demo) = &opts.demo {
+                demo.deploy();
+            }
+        }
+        Effect::AddMarker { label } => {
+            let Some(db_url) = opts.demo.as_ref().map(|d| d.endpoints.db_url.clone()) else {
+                return;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let result = async {
+                    let store = crate::engine::store::open(&db_url).await?;
+                    store
+                        .add_marker(
+                            crate::engine::store::MarkerKind::Manual,
+                            &label,
+                            Some("added from the dashboard"),
+                        )
+                        .await
+                }
+                .await;
+                if let Err(e) = result {
+                    let _ = tx.send(Action::DrillProgress(format!("marker not saved: {e}")));
+                }
+            });
+        }
+        Effect::StartDrill { scenario, mode } => {
+            let Some(target) = opts.drill_target.clone() else {
+                let _ = tx.send(Action::DrillFinished(Err(
+                    "no database to drill against".into()
+                )));
+                return;
+            };
+            let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<String>();
+            let forward = tx.clone();
+            tokio::spawn(async move {
+                while let Some(line) = progress_rx.recv().await {
+                    let _ = forward.send(Action::DrillProgress(line));
+                }
+            });
+            let done = tx.clone();
+            tokio::spawn(async move {
+                let mut o = DrillOptions::new(scenario, &target.db_url, &target.queue_url);
+                o.mode = mode;
+                o.sms_url = target.sms_url.clone();
+                o.progress = Some(progress_tx);
+                let result = drills::run(o)
+                    .await
+                    .map(Box::new)
+                    .map_err(|e| e.to_string());
+                let _ = done.send(Action::DrillFinished(result));
+            });
+        }
+    }
+}
+
+/// Where drills from the Drills tab run.
+#[derive(Debug, Clone)]
+pub struct DrillTarget {
+    pub db_url: String,
+    pub queue_url: String,
+    pub sms_url: Option<String>,
+}
+
+impl DrillTarget {
+    pub fn new(db_url: &str, queue_url: &str, sms_url: Option<String>) -> Arc<Self> {
+        Arc::new(DrillTarget {
+            db_url: db_url.to_string(),
+            queue_url: queue_url.to_string(),
+            sms_url,
+        })
+    }
+}

@@ -1,0 +1,255 @@
+//! Fixture data with a fixed clock for the screen snapshot tests: a deploy-day
+//! spike, a restart, a late event, a ghost state, a claim in doubt, dead letters.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+
+use crate::monitor::alerts::{Alert, AlertKind, Severity};
+use crate::monitor::db::{
+    ConsumerInserts, CountMethod, DbStats, DeadLetterGroup, DedupStats, DrillRunSummary,
+    InDoubtClaim, RowEstimate, SourceStatus,
+};
+use crate::monitor::markers::{MarkerSource, TimelineMarker};
+use crate::monitor::series::Point;
+use crate::monitor::targets::{ConsumerStatus, CounterReading, TargetStatus};
+use crate::monitor::vehicles::{
+    DetailEvent, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
+};
+use crate::monitor::{ConsumerChart, Snapshot};
+
+/// The fixed "now" of every fixture: the field report's 04:12.
+pub fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, 4, 12, 3)
+        .single()
+        .unwrap_or(DateTime::UNIX_EPOCH)
+}
+
+fn reading(total: f64, per_second: f64) -> CounterReading {
+    CounterReading {
+        total,
+        per_second: Some(per_second),
+    }
+}
+
+fn consumer(name: &str, processed: f64, rate: f64, dups: f64, dup_rate: f64) -> ConsumerStatus {
+    let mut side_effects = BTreeMap::new();
+    if name == "zone-exit-sms" {
+        side_effects.insert("sent".into(), reading(412.0, 0.2));
+        side_effects.insert("suppressed".into(), reading(3.0, 0.0));
+        side_effects.insert("failed".into(), reading(0.0, 0.0));
+    }
+    ConsumerStatus {
+        target: "demo-engine".into(),
+        consumer: name.into(),
+        up: true,
+        processed: reading(processed, rate),
+        duplicate_dropped: reading(dups, dup_rate),
+        duplicate_ratio: Some(dup_rate / (rate + dup_rate)),
+        duplicate_ratio_1m: Some(dup_rate / (rate + dup_rate)),
+        redelivered: reading(dups + 2.0, dup_rate),
+        out_of_order: reading(4.0, 0.0),
+        dead_lettered: reading(2.0, 0.0),
+        dead_lettered_by_reason: BTreeMap::from([("invalid_field".into(), 2.0)]),
+        side_effects,
+        claims_in_doubt: Some(if name == "zone-exit-sms" { 1.0 } else { 0.0 }),
+        last_restart: Some(now() - Duration::seconds(95)),
+        duplicates_quiet_seconds: None,
+    }
+}
+
+/// A duplicate-ratio series: quiet, a spike at the deploy, a gap where a scrape
+/// failed, quiet again.
+fn ratio_series(peak: f64) -> Vec<Point> {
+    (0..180)
+        .map(|i| {
+            let at = now() - Duration::seconds(900 - i * 5);
+            let value = match i {
+                60..=66 => Some(peak * (1.0 - (i - 60) as f64 / 8.0)),
+                100..=104 => None,
+                _ => Some(0.0001),
+            };
+            Point { at, value }
+        })
+        .collect()
+}
+
+fn marker(seconds_ago: i64, kind: &str, label: &str) -> TimelineMarker {
+    TimelineMarker {
+        at: now() - Duration::seconds(seconds_ago),
+        kind: kind.into(),
+        label: label.into(),
+        detail: None,
+        source: MarkerSource::Database,
+    }
+}
+
+fn history(seq: i64, event_type: &str, received: i64, applied: bool) -> HistoryEvent {
+    HistoryEvent {
+        device_id: "34-SIM-0007".into(),
+        seq,
+        event_type: event_type.into(),
+        occurred_at: Some(now() - Duration::seconds(700 - seq)),
+        received_at: now() - Duration::seconds(received),
+        applied,
+    }
+}
+
+pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
+    let names = [
+        "vehicle-state",
+        "trip-counter",
+        "zone-exit-sms",
+        "erp-webhook",
+    ];
+    let markers = vec![
+        marker(20, "drill", "drill crash-before-ack (idempotent): pass"),
+        marker(95, "restart", "demo-engine restarted"),
+        marker(600, "deploy", "demo deploy #1"),
+    ];
+    Snapshot {
+        poll: 42,
+        taken_at: at,
+        targets: vec![TargetStatus {
+            name: "demo-engine".into(),
+            url: "http://127.0.0.1:40123/metrics".into(),
+            status: SourceStatus::Up,
+            scraped_at: Some(at),
+            scrape_ms: Some(2),
+            samples: 131,
+            process_start_time: Some(1_700_000_000.0),
+            last_restart: Some(now() - Duration::seconds(95)),
+        }],
+        consumers: vec![
+            consumer(names[0], 5120.0, 8.0, 21.0, 0.001),
+            consumer(names[1], 410.0, 0.6, 3.0, 0.0),
+            consumer(names[2], 410.0, 0.6, 3.0, 0.003),
+            consumer(names[3], 201.0, 0.3, 1.0, 0.0),
+        ],
+        database: Some(DbStats {
+            url: "sqlite:///home/op/.local/share/idemwatch/demo/demo.db".into(),
+            status: SourceStatus::Up,
+            polled_at: at,
+            duration_ms: 3,
+            dedup: Some(DedupStats {
+                inserts: names
+                    .iter()
+                    .skip(1)
+                    .map(|c| ConsumerInserts {
+                        consumer: c.to_string(),
+                        last_minute: 36,
+                    })
+                    .collect(),
+                total_rows: Some(RowEstimate {
+                    rows: 1021,
+                    method: CountMethod::Exact,
+                }),
+                oldest_processed_at: Some(now() - Duration::seconds(3600)),
+                oldest_age_seconds: Some(3600),
+                retention_seconds: 7 * 86_400,
+                purge_stalled: false,
+            }),
+            claims_in_doubt_total: 1,
+            claims_in_doubt: vec![InDoubtClaim {
+                consumer: "zone-exit-sms".into(),
+                message_key: "34-SIM-0003:311:zone_exit".into(),
+                claimed_at: now() - Duration::seconds(140),
+                age_seconds: 140,
+                attempts: 2,
+            }],
+            dead_letters: vec![DeadLetterGroup {
+                consumer: "vehicle-state".into(),
+                reason: "invalid_field".into(),
+                total: 2,
+                last_hour: 2,
+                newest_at: Some(now() - Duration::seconds(30)),
+            }],
+            markers: markers.clone(),
+            drill_runs: vec![
+                DrillRunSummary {
+                    id: 2,
+                    scenario: "crash-before-ack".into(),
+                    mode: "idempotent".into(),
+                    started_at: Some(now() - Duration::seconds(22)),
+                    finished_at: Some(now() - Duration::seconds(20)),
+                    verdict: Some("pass".into()),
+                },
+                DrillRunSummary {
+                    id: 1,
+                    scenario: "out-of-order".into(),
+                    mode: "naive".into(),
+                    started_at: Some(now() - Duration::seconds(300)),
+                    finished_at: Some(now() - Duration::seconds(299)),
+                    verdict: Some("fail".into()),
+                },
+            ],
+            vehicles: Some(VehicleAnomalies {
+                rows_examined: 5120,
+                truncated: false,
+                late_events_in_window: 1,
+                anomalies: vec![
+                    VehicleAnomaly::LateEvent {
+                        device_id: "34-SIM-0007".into(),
+                        seq: 318,
+                        event_type: "ignition_on".into(),
+                        received_at: now() - Duration::seconds(40),
+                    },
+                    VehicleAnomaly::StateBehind {
+                        device_id: "DRILL-1-ab12".into(),
+                        state_seq: 900,
+                        newest_applied_seq: 901,
+                    },
+                    VehicleAnomaly::SequenceGap {
+                        device_id: "34-SIM-0011".into(),
+                        after_seq: 40,
+                        before_seq: 43,
+                        missing: 2,
+                    },
+                ],
+            }),
+            failures: Vec::new(),
+        }),
+        alerts: vec![
+            Alert {
+                severity: Severity::Critical,
+                kind: AlertKind::ClaimsInDoubt { count: 1 },
+                message: "1 side effect in doubt (claimed, never recorded): check before any manual resend".into(),
+            },
+            Alert {
+                severity: Severity::Critical,
+                kind: AlertKind::StateBehind { devices: 1 },
+                message: "1 vehicle state is behind its own applied history".into(),
+            },
+        ],
+        markers,
+        vehicle: Some(VehicleDetail {
+            device_id: "34-SIM-0007".into(),
+            state: Some(StateRow {
+                device_id: "34-SIM-0007".into(),
+                last_seq: 319,
+                last_event_type: "ignition_off".into(),
+                ignition: Some("off".into()),
+                occurred_at: Some(now() - Duration::seconds(381)),
+                updated_at: Some(now() - Duration::seconds(45)),
+            }),
+            history: vec![
+                DetailEvent { event: history(317, "position", 50, true), late: false },
+                DetailEvent { event: history(319, "ignition_off", 45, true), late: false },
+                DetailEvent { event: history(318, "ignition_on", 40, false), late: true },
+            ],
+            truncated: false,
+        }),
+        charts: names
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ConsumerChart {
+                target: "demo-engine".into(),
+                consumer: c.to_string(),
+                span_seconds: 900,
+                processed_per_s: Vec::new(),
+                duplicates_per_s: Vec::new(),
+                duplicate_ratio: ratio_series(0.004 + i as f64 * 0.001),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,196 @@
+//! Drills: pick a scenario and a mode, confirm, watch it run, read the verdict with
+//! its counts; the history of runs comes from `drill_runs`.
+
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Modifier;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Cell, Clear, Paragraph, Row, Table, Wrap};
+use ratatui::Frame;
+
+use crate::drills::{Scenario, Verdict};
+use crate::tui::app::App;
+use crate::tui::format;
+use crate::tui::render::{centered, panel};
+use crate::tui::theme::Theme;
+
+pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let [top, history_area] =
+        Layout::vertical([Constraint::Min(12), Constraint::Length(8)]).areas(area);
+    let [list_area, result_area] =
+        Layout::horizontal([Constraint::Length(46), Constraint::Min(30)]).areas(top);
+
+    let mut lines = vec![
+        Line::from(vec![
+            Span::raw("mode: "),
+            Span::styled(app.drills.mode.as_str(), theme.key),
+            Span::styled("  (n switches)", theme.dim),
+        ]),
+        Line::raw(""),
+    ];
+    for (i, s) in Scenario::ALL.iter().enumerate() {
+        let style = if i == app.drills.selected {
+            theme.selected
+        } else {
+            theme.base
+        };
+        lines.push(Line::styled(format!(" {} ", s.as_str()), style));
+        if i == app.drills.selected {
+            lines.push(Line::styled(format!("   {}", s.describe()), theme.dim));
+        }
+    }
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(panel(" Redelivery drills (Enter runs) ", theme)),
+        list_area,
+    );
+
+    let result: Vec<Line> = if let Some(r) = &app.drills.running {
+        let mut l = vec![Line::styled(
+            format!(
+                "running {} ({}) for {}…",
+                r.scenario,
+                r.mode.as_str(),
+                format::duration((app.now - r.started).num_seconds())
+            ),
+            theme.warn,
+        )];
+        l.extend(
+            r.progress
+                .iter()
+                .rev()
+                .take(12)
+                .rev()
+                .map(|p| Line::raw(format!("  {p}"))),
+        );
+        l
+    } else {
+        match &app.drills.last {
+            None => vec![
+                Line::styled("no drill run in this session yet", theme.dim),
+                Line::raw(""),
+                Line::raw("A drill runs against the watched database and queue in its own corner"),
+                Line::raw("(its own queue namespace and device id): live rows are never touched."),
+            ],
+            Some(Err(e)) => vec![Line::styled(
+                format!("the drill could not run: {e}"),
+                theme.crit,
+            )],
+            Some(Ok(r)) => {
+                let style = if r.verdict == Verdict::Pass {
+                    theme.ok
+                } else {
+                    theme.crit
+                };
+                let mut l = vec![
+                    Line::from(vec![
+                        Span::styled(format!(" {} ", r.verdict.as_str().to_uppercase()), style.add_modifier(Modifier::REVERSED)),
+                        Span::raw(format!("  {} ({}) run #{} in {} ms", r.scenario, r.mode.as_str(), r.run_id, r.duration_ms)),
+                    ]),
+                    Line::raw(format!(
+                        "deliveries {}  sms_sent {}  webhooks {}  duplicate_dropped {}  counter_delta {}  dead_lettered {}  state_ok {}",
+                        r.deliveries, r.sms_sent, r.webhooks_sent, r.duplicate_dropped, r.counter_delta, r.dead_lettered, r.state_ok
+                    )),
+                ];
+                if let Some(checks) = r.details.get("checks").and_then(|c| c.as_array()) {
+                    for c in checks {
+                        let ok = c.get("ok").and_then(|v| v.as_bool()).unwrap_or(false);
+                        l.push(Line::from(vec![
+                            Span::styled(
+                                if ok { " ok   " } else { " FAIL " },
+                                if ok { theme.ok } else { theme.crit },
+                            ),
+                            Span::raw(format!(
+                                "{}: expected {}, got {}",
+                                c.get("name").and_then(|v| v.as_str()).unwrap_or("?"),
+                                c.get("expected").cloned().unwrap_or_default(),
+                                c.get("actual").cloned().unwrap_or_default()
+                            )),
+                        ]));
+                    }
+                }
+                if r.mode == crate::engine::consumers::ConsumerMode::Naive
+                    && r.verdict == Verdict::Fail
+                {
+                    l.push(Line::styled(
+                        "naive mode: this failure is the harm the pattern prevents",
+                        theme.dim,
+                    ));
+                }
+                l
+            }
+        }
+    };
+    frame.render_widget(
+        Paragraph::new(result)
+            .wrap(Wrap { trim: false })
+            .block(panel(" Verdict ", theme)),
+        result_area,
+    );
+
+    let runs = app
+        .snapshot
+        .as_ref()
+        .and_then(|s| s.database.as_ref())
+        .map(|d| d.drill_runs.clone())
+        .unwrap_or_default();
+    let rows = runs.iter().filter(|r| app.matches(&r.scenario)).map(|r| {
+        let verdict = r.verdict.clone().unwrap_or_else(|| "running".into());
+        let style = match verdict.as_str() {
+            "pass" => theme.ok,
+            "fail" if r.mode == "naive" => theme.warn,
+            "fail" | "error" => theme.crit,
+            _ => theme.dim,
+        };
+        Row::new([
+            Cell::from(format!("#{}", r.id)),
+            Cell::from(r.scenario.clone()),
+            Cell::from(r.mode.clone()),
+            Cell::from(verdict).style(style),
+            Cell::from(format::ago(r.started_at, app.now)),
+        ])
+    });
+    frame.render_widget(
+        Table::new(
+            rows,
+            [
+                Constraint::Length(6),
+                Constraint::Length(22),
+                Constraint::Length(11),
+                Constraint::Length(8),
+                Constraint::Min(8),
+            ],
+        )
+        .header(Row::new(["run", "scenario", "mode", "verdict", "started"]).style(theme.title))
+        .block(panel(" History (drill_runs) ", theme)),
+        history_area,
+    );
+
+    if app.drills.confirming {
+        let popup = centered(area, 62, 7);
+        frame.render_widget(Clear, popup);
+        frame.render_widget(
+            Paragraph::new(vec![
+                Line::raw(format!(
+                    "Run {} in {} mode?",
+                    app.drills.scenario(),
+                    app.drills.mode.as_str()
+                )),
+                Line::styled(
+                    "It writes a drill_runs row and a drill marker, in its own namespace.",
+                    theme.dim,
+                ),
+                Line::raw(""),
+                Line::from(vec![
+                    Span::styled(" y ", theme.key),
+                    Span::raw("run   "),
+                    Span::styled(" Esc ", theme.key),
+                    Span::raw("cancel"),
+                ]),
+            ])
+            .wrap(Wrap { trim: false })
+            .block(panel(" Confirm drill ", theme)),
+            popup,
+        );
+    }
+}
