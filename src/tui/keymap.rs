@@ -340,24 +340,30 @@ pub fn help_sections(app: &App) -> Vec<(String, Vec<(&'static str, &'static str)
             .map(|b| (b.label, b.help))
             .collect::<Vec<_>>(),
     )];
-    if app.demo {
-        sections.push((
-            "Demo".to_string(),
-            BINDINGS
-                .iter()
-                .filter(|b| b.scope == Scope::Demo)
-                .map(|b| (b.label, b.help))
-                .collect(),
-        ));
-    }
-    for tab in Tab::ALL {
-        let rows: Vec<_> = BINDINGS
+    // This tab's keys first: the overlay may be taller than the terminal.
+    let tab_rows = |tab: Tab| -> Vec<(&'static str, &'static str)> {
+        BINDINGS
             .iter()
             .filter(|b| b.scope == Scope::Tab(tab))
             .map(|b| (b.label, b.help))
-            .collect();
+            .collect()
+    };
+    let mut order = vec![app.tab];
+    order.extend(Tab::ALL.into_iter().filter(|t| *t != app.tab));
+    for (i, tab) in order.into_iter().enumerate() {
+        let rows = tab_rows(tab);
         if !rows.is_empty() {
             sections.push((tab.title().to_string(), rows));
+        }
+        if i == 0 && app.demo {
+            sections.push((
+                "Demo".to_string(),
+                BINDINGS
+                    .iter()
+                    .filter(|b| b.scope == Scope::Demo)
+                    .map(|b| (b.label, b.help))
+                    .collect(),
+            ));
         }
     }
     sections

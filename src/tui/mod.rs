@@ -9,6 +9,8 @@ pub(crate) mod fixtures;
 pub mod format;
 pub mod keymap;
 pub mod render;
+#[cfg(test)]
+mod screens_test;
 pub mod tabs;
 pub mod theme;
 

@@ -1,0 +1,190 @@
+//! Snapshot tests of every screen, rendered with `TestBackend` from fixture data
+//! with a fixed clock. Review changes with `cargo insta review`.
+
+use std::sync::Arc;
+
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
+
+use super::action::Action;
+use super::app::{App, Tab};
+use super::fixtures;
+use super::render::render;
+use super::theme::Theme;
+use crate::drills::twice::TwiceCheck;
+use crate::drills::{DrillReport, Scenario, Verdict};
+use crate::engine::consumers::{self, ConsumerMode};
+
+fn app() -> App {
+    let mut app = App::new(
+        fixtures::now(),
+        true,
+        Some(" DEMO · embedded engine on SQLite in /tmp/demo · D deploys now ".into()),
+    );
+    app.update(Action::Snapshot(Arc::new(fixtures::snapshot(
+        fixtures::now(),
+    ))));
+    app
+}
+
+fn draw(app: &App) -> TestBackend {
+    let mut terminal = Terminal::new(TestBackend::new(120, 34)).expect("test terminal");
+    terminal
+        .draw(|f| render(f, app, &Theme::no_color()))
+        .expect("draw");
+    terminal.backend().clone()
+}
+
+fn on(tab: Tab) -> App {
+    let mut a = app();
+    a.update(Action::GoTo(tab));
+    a
+}
+
+#[test]
+fn overview() {
+    insta::assert_snapshot!(draw(&on(Tab::Overview)));
+}
+
+#[test]
+fn overview_before_the_first_poll() {
+    let a = App::new(fixtures::now(), false, None);
+    insta::assert_snapshot!(draw(&a));
+}
+
+#[test]
+fn duplicates_all_consumers_with_markers() {
+    insta::assert_snapshot!(draw(&on(Tab::Duplicates)));
+}
+
+#[test]
+fn duplicates_one_consumer() {
+    let mut a = on(Tab::Duplicates);
+    a.update(Action::CycleConsumer);
+    a.update(Action::CycleConsumer);
+    a.update(Action::CycleConsumer);
+    insta::assert_snapshot!(draw(&a));
+}
+
+#[test]
+fn vehicles_anomaly_list() {
+    insta::assert_snapshot!(draw(&on(Tab::Vehicles)));
+}
+
+#[test]
+fn vehicle_state_beside_history() {
+    let mut a = on(Tab::Vehicles);
+    a.update(Action::Enter);
+    assert_eq!(a.vehicles.open.as_deref(), Some("34-SIM-0007"));
+    insta::assert_snapshot!(draw(&a));
+}
+
+#[test]
+fn drills_confirmation() {
+    let mut a = on(Tab::Drills);
+    a.update(Action::Enter);
+    insta::assert_snapshot!(draw(&a));
+}
+
+#[test]
+fn drills_verdict() {
+    let mut a = on(Tab::Drills);
+    let report = DrillReport {
+        run_id: 3,
+        scenario: Scenario::CrashBeforeAck,
+        mode: ConsumerMode::Idempotent,
+        times: 7,
+        kill_process: false,
+        deliveries: 7,
+        sms_sent: 1,
+        webhooks_sent: 0,
+        duplicate_dropped: 6,
+        counter_delta: 1,
+        dead_lettered: 0,
+        state_ok: true,
+        verdict: Verdict::Pass,
+        duration_ms: 1919,
+        details: serde_json::json!({"checks": [
+            {"name": "SMS actually sent", "expected": 1, "actual": 1, "ok": true},
+            {"name": "duplicates dropped", "expected": 6, "actual": 6, "ok": true}
+        ]}),
+    };
+    a.update(Action::DrillFinished(Ok(Box::new(report))));
+    insta::assert_snapshot!(draw(&a));
+}
+
+#[test]
+fn drills_running() {
+    let mut a = on(Tab::Drills);
+    a.update(Action::Enter);
+    a.update(Action::Confirm);
+    a.update(Action::DrillProgress(
+        "zone-exit-sms: incarnation 1 died at after-commit-before-ack".into(),
+    ));
+    insta::assert_snapshot!(draw(&a));
+}
+
+#[test]
+fn tables() {
+    insta::assert_snapshot!(draw(&on(Tab::Tables)));
+}
+
+#[test]
+fn inventory_with_twice_checks() {
+    let mut a = on(Tab::Inventory);
+    let checks = consumers::FLEET_CONSUMERS
+        .iter()
+        .map(|c| TwiceCheck {
+            consumer: c.to_string(),
+            risk: consumers::risk_class(c).expect("known consumer"),
+            mode: ConsumerMode::Idempotent,
+            messages: 60,
+            verdict: Verdict::Pass,
+            detail: "same result".into(),
+        })
+        .collect();
+    a.update(Action::TwiceChecked(checks));
+    insta::assert_snapshot!(draw(&a));
+}
+
+#[test]
+fn help_overlay_lists_the_keymap() {
+    let mut a = on(Tab::Duplicates);
+    a.update(Action::ToggleHelp);
+    insta::assert_snapshot!(draw(&a));
+}
+
+#[test]
+fn filter_narrows_the_consumers() {
+    let mut a = on(Tab::Overview);
+    a.update(Action::StartFilter);
+    for c in "sms".chars() {
+        a.update(Action::FilterInput(c));
+    }
+    let screen = draw(&a).to_string();
+    assert!(screen.contains("zone-exit-sms"));
+    assert!(!screen.contains("trip-counter   "), "{screen}");
+    insta::assert_snapshot!(screen);
+}
+
+#[test]
+fn frozen_header() {
+    let mut a = on(Tab::Overview);
+    a.update(Action::ToggleFreeze);
+    a.update(Action::Snapshot(Arc::new(fixtures::snapshot(
+        fixtures::now(),
+    ))));
+    assert!(draw(&a).to_string().contains("FROZEN (+1 polls)"));
+}
+
+#[test]
+fn narrow_terminal_does_not_panic() {
+    for tab in Tab::ALL {
+        let mut a = on(tab);
+        a.update(Action::ToggleHelp);
+        let mut terminal = Terminal::new(TestBackend::new(40, 12)).expect("test terminal");
+        terminal
+            .draw(|f| render(f, &a, &Theme::default_colors()))
+            .expect("draw");
+    }
+}
