@@ -6,7 +6,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{idemwatch_bin, run_cli, TempEnv};
+use common::{idemwatch_bin, run_cli, KillOnDrop, TempEnv};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -18,14 +18,6 @@ fn free_port() -> u16 {
 
 fn required() -> bool {
     std::env::var("IDEMWATCH_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
-}
-
-struct KillOnDrop(std::process::Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{idemwatch_bin, TempEnv};
+use common::{idemwatch_bin, KillOnDrop, TempEnv};
 
 fn required() -> bool {
     std::env::var("IDEMWATCH_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
@@ -194,15 +194,17 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn spawn_serve(env: &TempEnv, port: u16) -> std::process::Child {
-    Command::new(idemwatch_bin())
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--db", &env.db_url(), "--queue", &env.queue_url()])
-        .env("IDEMWATCH_LOG_FILE", env.path("serve.log"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start serve")
+fn spawn_serve(env: &TempEnv, port: u16) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(idemwatch_bin())
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--db", &env.db_url(), "--queue", &env.queue_url()])
+            .env("IDEMWATCH_LOG_FILE", env.path("serve.log"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start serve"),
+    )
 }
 
 #[test]
@@ -226,7 +228,6 @@ fn scrape_target_going_away_shows_down_and_recovers() {
         cfg = config.display()
     );
     let Some(t) = Tmux::start(&env, &command, 140, 40) else {
-        let _ = serve.kill();
         return;
     };
     t.wait_for("target up", Duration::from_secs(20), |s| {
@@ -234,8 +235,7 @@ fn scrape_target_going_away_shows_down_and_recovers() {
     });
     assert!(!t.screen().contains("DEMO"), "a config means no demo");
 
-    let _ = serve.kill();
-    let _ = serve.wait();
+    serve.stop();
     let s = t.wait_for("target down", Duration::from_secs(20), |s| {
         s.contains("fleet-1 DOWN")
     });

@@ -51,3 +51,19 @@ pub fn run_cli(env: &TempEnv, args: &[&str]) -> (i32, String, String) {
     )
 }
 pub mod backends;
+
+/// A child process killed (and reaped) when the test ends, pass or fail.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl KillOnDrop {
+    pub fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
