@@ -241,7 +241,8 @@ fn scrape_target_going_away_shows_down_and_recovers() {
     });
     assert!(s.contains("CRIT"), "a down target raises an alert:\n{s}");
 
-x, Duration::from_secs(20), |s| {
+    let _serve = spawn_serve(&env, port);
+    t.wait_for("target back up", Duration::from_secs(20), |s| {
         s.contains("fleet-1 up")
     });
     t.keys(&["q"]);
