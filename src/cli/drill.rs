@@ -10,7 +10,8 @@ pub struct DrillArgs {
     /// Which failure to reproduce.
     #[arg(value_enum)]
     pub scenario: Scenario,
-    /// Deliveries (crash-before-ack, default 7) or publishes (double-publish, default 2).
+    /// Deliveries (crash-before-ack, default 7), publishes (double-publish, default 2)
+    /// or requests (client-retry, default 6).
     #[arg(long)]
     pub times: Option<u32>,
     /// Run each consumer as a real child process that aborts at the crash point.

@@ -31,7 +31,10 @@ pub async fn run(args: PurgeArgs) -> CliResult {
         return Err(CliError::usage("--batch must be positive"));
     }
     let url = args.db.clone().unwrap_or_else(default_db_url);
-    let store = store::open(&url).await.map_err(CliError::unavailable)?;
+    let stores = store::open_with_edge(&url)
+        .await
+        .map_err(CliError::unavailable)?;
+    let store = stores.store;
     let age = chrono::Duration::from_std(args.older_than)
         .map_err(|_| CliError::usage("--older-than is too large"))?;
     let cutoff = chrono::Utc::now() - age;
@@ -51,10 +54,23 @@ pub async fn run(args: PurgeArgs) -> CliResult {
             eprintln!("purged {total} rows in {batches} batches…");
         }
     }
+    // Expired Idempotency-Keys of the write API go the same way, in the same batches.
+    let mut keys = 0u64;
+    loop {
+        let n = stores
+            .edge
+            .purge_idempotency_batch(chrono::Utc::now(), args.batch)
+            .await
+            .map_err(CliError::unavailable)?;
+        if n == 0 {
+            break;
+        }
+        keys += n;
+    }
     let elapsed = started.elapsed().as_secs_f64();
     if args.json {
         print_json(&json!({
-            "deleted": total, "batches": batches, "cutoff": cutoff.to_rfc3339(),
+            "deleted": total, "batches": batches, "idempotency_keys_deleted": keys, "cutoff": cutoff.to_rfc3339(),
             "seconds": elapsed, "db": store.redacted_url(),
         }));
     } else {

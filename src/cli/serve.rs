@@ -9,8 +9,8 @@ use tokio::sync::watch;
 
 use super::{CliError, CliResult, EngineArgs, EXIT_OK};
 use idemwatch::engine::crash::CrashPlan;
-use idemwatch::engine::exporter;
 use idemwatch::engine::Engine;
+use idemwatch::engine::{exporter, http_api};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -20,6 +20,12 @@ pub struct ServeArgs {
     /// Workers per consumer.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Let callers without Authorization / X-Api-Key share one idempotency scope.
+    #[arg(long)]
+    pub api_allow_anonymous: bool,
+    /// How long the write API remembers an Idempotency-Key.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "24h")]
+    pub idempotency_ttl: std::time::Duration,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -55,7 +61,7 @@ pub async fn run(args: ServeArgs) -> CliResult {
         .map_err(|e| CliError::unavailable(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr = listener.local_addr().map_err(CliError::unavailable)?;
     eprintln!(
-        "idemwatch serve: consumers {:?} ({}) on {} / {}; metrics on http://{addr}/metrics; SMS to {sms}",
+        "idemwatch serve: consumers {:?} ({}) on {} / {}; metrics on http://{addr}/metrics, write API on http://{addr}/v1/…; SMS to {sms}",
         engine.consumer_names(),
         cfg.mode.as_str(),
         engine.store.redacted_url(),
@@ -79,7 +85,19 @@ pub async fn run(args: ServeArgs) -> CliResult {
     };
     let http = {
         let mut stop = stop_rx.clone();
-        let app = exporter::router(engine.metrics.clone());
+        let mut app = exporter::router(engine.metrics.clone());
+        if let Some(edge) = engine.edge.clone() {
+            app = app.merge(http_api::router(http_api::ApiState {
+                edge,
+                metrics: engine.metrics.clone(),
+                config: http_api::ApiConfig {
+                    allow_anonymous: args.api_allow_anonymous,
+                    ttl: args.idempotency_ttl,
+                    idempotent: cfg.mode != idemwatch::engine::consumers::ConsumerMode::Naive,
+                    ..http_api::ApiConfig::default()
+                },
+            }));
+        }
         tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {

@@ -20,6 +20,7 @@ use crate::engine::consumers::ConsumerMode;
 use crate::engine::runner::DeliveryEvent;
 use crate::engine::store::{MarkerKind, StoreError};
 
+mod client_retry;
 mod concurrent_duplicate;
 mod crash_after_send;
 mod crash_before_ack;
@@ -41,16 +42,18 @@ pub enum Scenario {
     ConcurrentDuplicate,
     OutOfOrder,
     KeyConflict,
+    ClientRetry,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::CrashBeforeAck,
         Scenario::CrashAfterSend,
         Scenario::DoublePublish,
         Scenario::ConcurrentDuplicate,
         Scenario::OutOfOrder,
         Scenario::KeyConflict,
+        Scenario::ClientRetry,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -61,6 +64,7 @@ impl Scenario {
             Scenario::ConcurrentDuplicate => "concurrent-duplicate",
             Scenario::OutOfOrder => "out-of-order",
             Scenario::KeyConflict => "key-conflict",
+            Scenario::ClientRetry => "client-retry",
         }
     }
 
@@ -73,6 +77,7 @@ impl Scenario {
             Scenario::ConcurrentDuplicate => "two workers get the same key at the same moment",
             Scenario::OutOfOrder => "ignition_off (seq n+1) is processed, then ignition_on (seq n) arrives late",
             Scenario::KeyConflict => "the same key arrives with a different payload",
+            Scenario::ClientRetry => "a mobile client retries one \"save note\" N times over HTTP: a dropped response, concurrent and later retries",
         }
     }
 
@@ -82,6 +87,7 @@ impl Scenario {
             Scenario::CrashBeforeAck => 7,
             Scenario::CrashAfterSend | Scenario::DoublePublish | Scenario::ConcurrentDuplicate => 2,
             Scenario::OutOfOrder | Scenario::KeyConflict => 2,
+            Scenario::ClientRetry => 6,
         }
     }
 }
@@ -324,6 +330,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
         Scenario::ConcurrentDuplicate => concurrent_duplicate::run(&rig).await,
         Scenario::OutOfOrder => out_of_order::run(&rig).await,
         Scenario::KeyConflict => key_conflict::run(&rig).await,
+        Scenario::ClientRetry => client_retry::run(&rig, times).await,
     };
     let mut findings = match findings {
         Ok(f) => f,

@@ -44,7 +44,7 @@ pub(crate) struct Rig {
     pub phone: String,
     pub sms_url: String,
     pub webhook_url: String,
-    db_url: String,
+    pub db_url: String,
     queue_url: String,
     child_exe: Option<PathBuf>,
     sandbox: SandboxClient,

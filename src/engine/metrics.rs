@@ -31,6 +31,12 @@ struct DeadLetterLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabel {
+    route: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EffectLabel {
     consumer: String,
     result: String,
@@ -97,6 +103,7 @@ pub struct Metrics {
     side_effects: Family<EffectLabel, Counter>,
     claims_in_doubt: Family<ConsumerLabel, Gauge>,
     handler_duration: Family<ConsumerLabel, Histogram>,
+    http_requests: Family<HttpLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -121,6 +128,7 @@ impl Metrics {
         let dead_lettered = Family::<DeadLetterLabel, Counter>::default();
         let side_effects = Family::<EffectLabel, Counter>::default();
         let claims_in_doubt = Family::<ConsumerLabel, Gauge>::default();
+        let http_requests = Family::<HttpLabel, Counter>::default();
         let handler_duration = Family::<ConsumerLabel, Histogram>::new_with_constructor(
             handler_histogram as fn() -> _,
         );
@@ -165,6 +173,11 @@ impl Metrics {
             "Time from delivery to ack decision, per consumer",
             handler_duration.clone(),
         );
+        registry.register(
+            "idem_http_requests",
+            "Write requests at the HTTP edge by route and outcome (executed, replayed, conflict, mismatch, missing_key, unauthorized, error)",
+            http_requests.clone(),
+        );
         let start: Gauge<f64, AtomicU64> = Gauge::default();
         start.set(
             SystemTime::now()
@@ -187,6 +200,7 @@ impl Metrics {
             side_effects,
             claims_in_doubt,
             handler_duration,
+            http_requests,
         }
     }
 
@@ -234,6 +248,27 @@ impl Metrics {
                 result: result.as_str().to_string(),
             })
             .inc();
+    }
+
+    /// One request at the HTTP edge.
+    pub fn http_request(&self, route: &str, outcome: &str) {
+        self.http_requests
+            .get_or_create(&HttpLabel {
+                route: route.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Requests of one route and outcome so far.
+    pub fn http_requests(&self, route: &str, outcome: &str) -> u64 {
+        self.http_requests
+            .get(&HttpLabel {
+                route: route.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .map(|c| c.get())
+            .unwrap_or(0)
     }
 
     pub fn set_claims_in_doubt(&self, consumer: &str, n: i64) {

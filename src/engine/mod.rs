@@ -14,6 +14,7 @@ pub mod consumers;
 pub mod crash;
 pub mod envelope;
 pub mod exporter;
+pub mod http_api;
 pub mod metrics;
 pub mod provider;
 pub mod queue;
@@ -104,6 +105,8 @@ pub fn default_queue_url(db_url: &str) -> String {
 /// The consumer engine.
 pub struct Engine {
     pub store: Arc<dyn Store>,
+    /// The same database's HTTP-edge side (opened by [`Engine::open`]).
+    pub edge: Option<Arc<dyn store::edge::EdgeStore>>,
     pub queue: Arc<dyn Queue>,
     pub metrics: Arc<Metrics>,
     pub deps: Deps,
@@ -115,9 +118,11 @@ pub struct Engine {
 impl Engine {
     /// Open the store and queue the config names and build the consumers.
     pub async fn open(cfg: &EngineConfig) -> Result<Engine, EngineError> {
-        let store = store::open(&cfg.db_url).await?;
+        let stores = store::open_with_edge(&cfg.db_url).await?;
         let queue = queue::open(&cfg.queue_url).await?;
-        Engine::from_parts(store, queue, Arc::new(Metrics::new()), cfg)
+        let mut engine = Engine::from_parts(stores.store, queue, Arc::new(Metrics::new()), cfg)?;
+        engine.edge = Some(stores.edge);
+        Ok(engine)
     }
 
     /// Build an engine over already-open parts (drills share one store and queue
@@ -154,6 +159,7 @@ impl Engine {
         }
         Ok(Engine {
             store,
+            edge: None,
             queue,
             metrics,
             deps,

@@ -13,6 +13,10 @@ use serde::Serialize;
 
 use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
+pub mod edge;
+mod edge_mysql;
+mod edge_postgres;
+mod edge_sqlite;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
@@ -499,12 +503,33 @@ pub(crate) fn vehicle_duplicate_or_conflict(
 
 /// Open the store a `--db` URL names and bring its schema up to date.
 pub async fn open(url: &str) -> StoreResult<Arc<dyn Store>> {
+    Ok(open_with_edge(url).await?.store)
+}
+
+/// One database seen through both traits: the consumers' [`Store`] and the HTTP
+/// edge's [`edge::EdgeStore`], over one connection pool.
+#[derive(Clone)]
+pub struct Stores {
+    pub store: Arc<dyn Store>,
+    pub edge: Arc<dyn edge::EdgeStore>,
+}
+
+fn both<S: Store + edge::EdgeStore>(s: S) -> Stores {
+    let s = Arc::new(s);
+    Stores {
+        store: s.clone(),
+        edge: s,
+    }
+}
+
+/// Open the store a `--db` URL names, with its HTTP-edge side.
+pub async fn open_with_edge(url: &str) -> StoreResult<Stores> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::open(url).await?))
+        Ok(both(sqlite::SqliteStore::open(url).await?))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PostgresStore::open(url).await?))
+        Ok(both(postgres::PostgresStore::open(url).await?))
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-        Ok(Arc::new(mysql::MysqlStore::open(url).await?))
+        Ok(both(mysql::MysqlStore::open(url).await?))
     } else {
         Err(StoreError::UnsupportedUrl(redact_url(url)))
     }

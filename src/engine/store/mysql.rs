@@ -48,7 +48,7 @@ fn is_retryable(e: &StoreError) -> bool {
     }
 }
 
-async fn retrying<T, F, Fut>(mut attempt: F) -> StoreResult<T>
+pub(super) async fn retrying<T, F, Fut>(mut attempt: F) -> StoreResult<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = StoreResult<T>>,

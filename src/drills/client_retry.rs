@@ -1,0 +1,196 @@
+//! `client-retry`: the field report's mobile client on a weak network. One logical
+//! "save a trip note" request is sent N times: the first response is dropped (the
+//! client gives up before it arrives, the server still commits), then retries —
+//! some concurrent, some one after another. With an Idempotency-Key exactly one
+//! note exists and every later response is a replay or a 409; without (naive) every
+//! retry is another note.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::rig::Rig;
+use super::{DrillError, Findings};
+use crate::engine::consumers::ConsumerMode;
+use crate::engine::http_api::{self, ApiConfig, ApiState};
+use crate::engine::metrics::Metrics;
+use crate::engine::store;
+
+/// One response as the client saw it.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Seen {
+    attempt: u32,
+    status: Option<u16>,
+    replayed: bool,
+    body: Option<String>,
+    note: &'static str,
+}
+
+/// Send a complete request over a raw connection and hang up without reading the
+/// answer: what a phone that loses its signal right after "send" does.
+async fn drop_response(
+    addr: std::net::SocketAddr,
+    path: &str,
+    key: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let key_header = if key.is_empty() {
+        String::new()
+    } else {
+        format!("Idempotency-Key: {key}\r\n")
+    };
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer drill-mobile-client\r\n\
+         Content-Type: application/json\r\n{key_header}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    stream.flush().await?;
+    // Give the server the request, then vanish before the response.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(stream);
+    Ok(())
+}
+
+pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
+    let stores = store::open_with_edge(&rig.db_url)
+        .await
+        .map_err(|e| DrillError::Setup(e.to_string()))?;
+    let state = ApiState {
+        edge: stores.edge.clone(),
+        metrics: Arc::new(Metrics::new()),
+        config: ApiConfig {
+            lease: Duration::from_secs(5),
+            idempotent: rig.mode != ConsumerMode::Naive,
+            ..ApiConfig::default()
+        },
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(|e| DrillError::Setup(format!("cannot bind the API port: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| DrillError::Setup(e.to_string()))?;
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, http_api::router(state)).await;
+    });
+    let url = format!("http://{addr}/v1/trips/{}/notes", rig.device);
+    // Naive: the client sends no key at all.
+    let key = if rig.mode == ConsumerMode::Naive {
+        String::new()
+    } else {
+        format!("{}-save-note", rig.namespace)
+    };
+    let body = json!({"text": format!("tyre pressure low ({})", rig.namespace)});
+    let send = |attempt: u32, timeout: Duration, note: &'static str| {
+        let (url, key, body) = (url.clone(), key.clone(), body.clone());
+        async move {
+            let client = reqwest::Client::builder().timeout(timeout).build().ok();
+            let mut req = match &client {
+                Some(c) => c.post(&url).bearer_auth("drill-mobile-client").json(&body),
+                None => {
+                    return Seen {
+                        attempt,
+                        status: None,
+                        replayed: false,
+                        body: None,
+                        note,
+                    }
+                }
+            };
+            if !key.is_empty() {
+                req = req.header("Idempotency-Key", key.as_str());
+            }
+            match req.send().await {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let replayed = r.headers().contains_key(http_api::REPLAYED);
+                    let body = r.text().await.ok();
+                    Seen {
+                        attempt,
+                        status: Some(status),
+                        replayed,
+                        body,
+                        note,
+                    }
+                }
+                Err(_) => Seen {
+                    attempt,
+                    status: None,
+                    replayed: false,
+                    body: None,
+                    note,
+                },
+            }
+        }
+    };
+    rig.say(format!(
+        "sending one logical request {times} times to {url}"
+    ));
+    // 1: the request reaches the server, the response never reaches the client.
+    let path = format!("/v1/trips/{}/notes", rig.device);
+    drop_response(addr, &path, &key, &body.to_string())
+        .await
+        .map_err(|e| DrillError::Setup(format!("first request: {e}")))?;
+    let mut seen = vec![Seen {
+        attempt: 1,
+        status: None,
+        replayed: false,
+        body: None,
+        note: "response dropped by the network",
+    }];
+    // Then half the retries at once, the rest one after another.
+    let concurrent = (times.saturating_sub(1)) / 2;
+    let burst: Vec<_> = (0..concurrent)
+        .map(|i| send(2 + i, Duration::from_secs(10), "concurrent retry"))
+        .collect();
+    seen.extend(futures::future::join_all(burst).await);
+    for i in (2 + concurrent)..=times {
+        seen.push(send(i, Duration::from_secs(10), "sequential retry").await);
+    }
+    server.abort();
+
+    let notes = stores
+        .edge
+        .trip_notes(&rig.device)
+        .await
+        .map_err(|e| DrillError::Setup(e.to_string()))?;
+    let after_first: Vec<&Seen> = seen.iter().filter(|s| s.attempt > 1).collect();
+    let replays: Vec<&&Seen> = after_first.iter().filter(|s| s.replayed).collect();
+    let conflicts = after_first.iter().filter(|s| s.status == Some(409)).count();
+    let executed_again = after_first
+        .iter()
+        .filter(|s| !s.replayed && s.status.is_some_and(|c| (200..300).contains(&c)))
+        .count();
+    let replay_bodies: std::collections::BTreeSet<_> =
+        replays.iter().map(|s| s.body.clone()).collect();
+
+    let mut f = Findings {
+        deliveries: u64::from(times),
+        counter_delta: notes.len() as i64,
+        duplicate_dropped: (replays.len() + conflicts) as u64,
+        state_ok: notes.len() == 1,
+        ..Findings::default()
+    };
+    f.check("trip notes written", 1, notes.len());
+    f.check("later responses that executed again", 0, executed_again);
+    f.check(
+        "later responses that are replays or 409",
+        after_first.len(),
+        replays.len() + conflicts,
+    );
+    if rig.mode != ConsumerMode::Naive {
+        f.check("replayed bodies identical", true, replay_bodies.len() <= 1);
+    } else if notes.len() > 1 {
+        f.note(format!(
+            "without an Idempotency-Key every retry saved another note: {} notes for one tap on \"save\"",
+            notes.len()
+        ));
+    }
+    f.extra.insert("responses".into(), json!(seen));
+    f.extra.insert("notes".into(), json!(notes));
+    Ok(f)
+}
