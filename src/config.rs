@@ -276,6 +276,8 @@ pub struct MetricNames {
     pub side_effects: String,
     pub claims_in_doubt: String,
     pub process_start_time: String,
+    /// Requests at an HTTP edge with Idempotency-Key (labels: route, outcome).
+    pub http_requests: String,
     /// The label that names the consumer on every per-consumer metric.
     pub consumer_label: String,
     pub reason_label: String,
@@ -293,6 +295,7 @@ impl Default for MetricNames {
             side_effects: "idem_side_effects_total".into(),
             claims_in_doubt: "idem_side_effect_claims_in_doubt".into(),
             process_start_time: "process_start_time_seconds".into(),
+            http_requests: "idem_http_requests_total".into(),
             consumer_label: "consumer".into(),
             reason_label: "reason".into(),
             result_label: "result".into(),

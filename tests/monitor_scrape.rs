@@ -197,3 +197,24 @@ async fn spawned_monitor_publishes_snapshots_and_obeys_commands() {
         .unwrap();
     server.abort();
 }
+
+#[tokio::test]
+async fn http_edge_replays_and_conflicts_are_read_per_route() {
+    let metrics = Arc::new(Metrics::new());
+    let (addr, _task) = serve(metrics.clone(), "127.0.0.1:0".parse().unwrap()).await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+    let route = idemwatch::engine::http_api::ROUTE_NOTES;
+    metrics.http_request(route, "executed");
+    monitor.poll().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..4 {
+        metrics.http_request(route, "replayed");
+    }
+    metrics.http_request(route, "conflict");
+    let snap = monitor.poll().await;
+    let outcomes = &snap.targets[0].http[route];
+    assert_eq!(outcomes["executed"].total, 1.0);
+    assert_eq!(outcomes["replayed"].total, 4.0);
+    assert!(outcomes["replayed"].per_second.unwrap() > 0.0);
+    assert_eq!(outcomes["conflict"].total, 1.0);
+}

@@ -31,6 +31,10 @@ pub struct TargetStatus {
     pub samples: usize,
     pub process_start_time: Option<f64>,
     pub last_restart: Option<DateTime<Utc>>,
+    /// The HTTP edge's requests by route, then outcome (executed, replayed,
+    /// conflict, mismatch, missing_key…): replays and conflicts are the edge's
+    /// duplicate_dropped. Empty for a target without a write API.
+    pub http: BTreeMap<String, BTreeMap<String, CounterReading>>,
 }
 
 /// A counter's total and its current rate.
@@ -135,6 +139,7 @@ impl TargetTracker {
                 samples: 0,
                 process_start_time: None,
                 last_restart: None,
+                http: BTreeMap::new(),
             },
             counters: HashMap::new(),
             restarts: RestartDetector::default(),
@@ -263,6 +268,28 @@ impl TargetTracker {
                 }
             }
         }
+        let mut http: BTreeMap<String, BTreeMap<String, CounterReading>> = BTreeMap::new();
+        for sample in exposition.named(&names.http_requests) {
+            let route = sample.label("route").unwrap_or("unknown").to_string();
+            let outcome = sample.label("outcome").unwrap_or("unknown").to_string();
+            let key = (
+                names.http_requests.clone(),
+                format!("route={route},outcome={outcome}"),
+            );
+            let obs = self
+                .counters
+                .entry(key)
+                .or_default()
+                .observe(at, sample.value);
+            http.entry(route).or_default().insert(
+                outcome,
+                CounterReading {
+                    total: sample.value,
+                    per_second: obs.rate,
+                },
+            );
+        }
+        self.status.http = http;
         let in_doubt: BTreeMap<String, f64> = exposition
             .named(&names.claims_in_doubt)
             .map(|s| (consumer_of(s, names, &target).to_string(), s.value))

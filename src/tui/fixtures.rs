@@ -119,6 +119,14 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             samples: 131,
             process_start_time: Some(1_700_000_000.0),
             last_restart: Some(now() - Duration::seconds(95)),
+            http: BTreeMap::from([(
+                "/v1/trips/{device}/notes".to_string(),
+                BTreeMap::from([
+                    ("executed".to_string(), reading(120.0, 0.5)),
+                    ("replayed".to_string(), reading(4.0, 0.02)),
+                    ("conflict".to_string(), reading(1.0, 0.0)),
+                ]),
+            )]),
         }],
         consumers: vec![
             consumer(names[0], 5120.0, 8.0, 21.0, 0.001),

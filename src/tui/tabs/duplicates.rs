@@ -222,9 +222,30 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             )
         })
         .collect();
+    // The HTTP edge's own duplicates: retries answered from the stored response.
+    let edge: Vec<Span> = snap
+        .targets
+        .iter()
+        .flat_map(|t| t.http.values())
+        .map(|outcomes| {
+            let rate = |o: &str| outcomes.get(o).and_then(|r| r.per_second).unwrap_or(0.0);
+            (rate("replayed"), rate("conflict"))
+        })
+        .reduce(|a, b| (a.0 + b.0, a.1 + b.1))
+        .map(|(replayed, conflict)| {
+            vec![Span::styled(
+                format!(
+                    " │ HTTP replays {}/s, conflicts {}/s ",
+                    format::rate(Some(replayed)),
+                    format::rate(Some(conflict))
+                ),
+                theme.dim,
+            )]
+        })
+        .unwrap_or_default();
     frame.render_widget(
         Paragraph::new(lines).block(panel(
-            Line::from([vec![Span::raw(" Markers │ now:")], now_line].concat()),
+            Line::from([vec![Span::raw(" Markers │ now:")], now_line, edge].concat()),
             theme,
         )),
         legend_area,

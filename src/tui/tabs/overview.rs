@@ -156,6 +156,15 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             ),
             theme.dim,
         ));
+        for (route, outcomes) in &t.http {
+            let rate = |o: &str| format::rate(outcomes.get(o).and_then(|r| r.per_second));
+            lines.push(Line::raw(format!(
+                "  {route}: executed {}/s · replayed {}/s · conflict {}/s",
+                rate("executed"),
+                rate("replayed"),
+                rate("conflict")
+            )));
+        }
     }
     match &snap.database {
         None => lines.push(Line::styled("database: not configured", theme.dim)),
