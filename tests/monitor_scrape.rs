@@ -204,6 +204,7 @@ async fn http_edge_replays_and_conflicts_are_read_per_route() {
     let (addr, _task) = serve(metrics.clone(), "127.0.0.1:0".parse().unwrap()).await;
     let mut monitor = Monitor::new(&config_for(addr)).unwrap();
     let route = idemwatch::engine::http_api::ROUTE_NOTES;
+    metrics.register_http_route(route, &idemwatch::engine::http_api::OUTCOMES);
     metrics.http_request(route, "executed");
     monitor.poll().await;
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -79,8 +79,22 @@ pub struct ApiState {
     pub config: ApiConfig,
 }
 
+/// Every outcome counted in `idem_http_requests_total`.
+pub const OUTCOMES: [&str; 7] = [
+    "executed",
+    "replayed",
+    "conflict",
+    "mismatch",
+    "missing_key",
+    "unauthorized",
+    "error",
+];
+
 /// The write API's routes.
 pub fn router(state: ApiState) -> Router {
+    for route in [ROUTE_NOTES, ROUTE_COMMANDS] {
+        state.metrics.register_http_route(route, &OUTCOMES);
+    }
     Router::new()
         .route(ROUTE_NOTES, post(post_note))
         .route(ROUTE_COMMANDS, post(post_command))

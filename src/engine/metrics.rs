@@ -250,6 +250,17 @@ impl Metrics {
             .inc();
     }
 
+    /// Make a route's outcome series visible at zero, so rates exist from the first
+    /// retry on.
+    pub fn register_http_route(&self, route: &str, outcomes: &[&str]) {
+        for outcome in outcomes {
+            drop(self.http_requests.get_or_create(&HttpLabel {
+                route: route.to_string(),
+                outcome: outcome.to_string(),
+            }));
+        }
+    }
+
     /// One request at the HTTP edge.
     pub fn http_request(&self, route: &str, outcome: &str) {
         self.http_requests
