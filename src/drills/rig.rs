@@ -148,6 +148,7 @@ impl Rig {
             visibility_timeout: DRILL_VISIBILITY,
             max_deliveries: 50,
             lease_batch: 1,
+            batch_max_wait: Duration::ZERO,
             retry_delay: DRILL_RETRY,
             idle_poll: Duration::from_millis(20),
         };

@@ -24,8 +24,13 @@ pub struct RunnerSettings {
     pub visibility_timeout: Duration,
     /// Past this many deliveries a message is dead-lettered (`max_deliveries`).
     pub max_deliveries: u32,
-    /// Deliveries leased per poll.
+    /// Deliveries leased per poll, and handled as one batch: a consumer whose effects
+    /// are all in the database commits the batch in one transaction and the queue
+    /// acks it in one round trip.
     pub lease_batch: usize,
+    /// How long to wait for a batch to fill once its first delivery is in (0: take
+    /// what is there). Bounds the latency batching adds.
+    pub batch_max_wait: Duration,
     /// When a handler says "not now": how long until the delivery comes back.
     pub retry_delay: Duration,
     /// Sleep between polls of an empty queue.
@@ -38,6 +43,7 @@ impl Default for RunnerSettings {
             visibility_timeout: Duration::from_secs(30),
             max_deliveries: 10,
             lease_batch: 16,
+            batch_max_wait: Duration::ZERO,
             retry_delay: Duration::from_secs(1),
             idle_poll: Duration::from_millis(100),
         }
@@ -105,27 +111,35 @@ impl Worker {
     /// Lease one batch and process it. `Ok(n)` is the number of deliveries leased;
     /// `Err(Crashed)` means this incarnation died at an armed crash point.
     pub async fn poll_once(&self) -> Result<usize, Crashed> {
-        let batch = match self
+        let size = self.settings.lease_batch.max(1);
+        let mut batch = self.lease(size).await;
+        if !batch.is_empty() && batch.len() < size && !self.settings.batch_max_wait.is_zero() {
+            let deadline = Instant::now() + self.settings.batch_max_wait;
+            while batch.len() < size && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                batch.extend(self.lease(size - batch.len()).await);
+            }
+        }
+        let n = batch.len();
+        if n > 0 {
+            self.process(batch).await?;
+        }
+        Ok(n)
+    }
+
+    async fn lease(&self, max: usize) -> Vec<Delivery> {
+        match self
             .queue
-            .lease(
-                &self.queue_name,
-                self.settings.lease_batch,
-                self.settings.visibility_timeout,
-            )
+            .lease(&self.queue_name, max, self.settings.visibility_timeout)
             .await
         {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(queue = %self.queue_name, error = %e, "lease failed");
                 tokio::time::sleep(self.settings.idle_poll).await;
-                return Ok(0);
+                Vec::new()
             }
-        };
-        let n = batch.len();
-        for delivery in batch {
-            self.process(delivery).await?;
         }
-        Ok(n)
     }
 
     /// Run until the queue is empty (nothing ready, nothing in flight).
@@ -160,57 +174,88 @@ impl Worker {
         Ok(())
     }
 
-    async fn process(&self, delivery: Delivery) -> Result<(), Crashed> {
+    /// Handle one leased batch: settle what needs no handler (bad input, other event
+    /// types), hand the rest to the consumer in one call, count, then ack together.
+    async fn process(&self, batch: Vec<Delivery>) -> Result<(), Crashed> {
         let started = Instant::now();
         let consumer = self.consumer.name();
-        let mut event = DeliveryEvent {
-            consumer: consumer.to_string(),
-            key: None,
-            outcome: String::new(),
-            redelivered: delivery.redelivered,
-            delivery_count: delivery.delivery_count,
-            effect: None,
-            took_over_in_doubt: false,
-            reason: None,
-        };
-        if delivery.redelivered {
-            self.metrics.redelivered(consumer);
+        let mut settled: Vec<(Delivery, DeliveryEvent, bool)> = Vec::with_capacity(batch.len());
+        let mut pending: Vec<(Delivery, DeliveryEvent, Envelope)> = Vec::new();
+        for delivery in batch {
+            let mut event = DeliveryEvent {
+                consumer: consumer.to_string(),
+                key: None,
+                outcome: String::new(),
+                redelivered: delivery.redelivered,
+                delivery_count: delivery.delivery_count,
+                effect: None,
+                took_over_in_doubt: false,
+                reason: None,
+            };
+            if delivery.redelivered {
+                self.metrics.redelivered(consumer);
+            }
+            match self.classify(&delivery, &mut event).await {
+                Ok(env) => pending.push((delivery, event, env)),
+                Err(ack) => settled.push((delivery, event, ack)),
+            }
         }
-        let ack = self.decide(&delivery, &mut event).await?;
-        self.metrics
-            .observe_handler(consumer, started.elapsed().as_secs_f64());
-        if let Some(sink) = &self.events {
-            sink(event);
+        if !pending.is_empty() {
+            let envs: Vec<Envelope> = pending.iter().map(|(_, _, env)| env.clone()).collect();
+            let outcomes = match self.consumer.handle_batch(&envs, &self.crash).await {
+                Ok(o) => o,
+                Err(HandleError::Crashed(c)) => return Err(c),
+                Err(HandleError::Store(e)) => {
+                    tracing::warn!(consumer, error = %e, "store error: the batch will be retried");
+                    vec![Outcome::Retry(e.to_string()); envs.len()]
+                }
+            };
+            self.crash.reach(CrashPoint::AfterHandle)?;
+            for ((delivery, mut event, _), outcome) in pending.into_iter().zip(outcomes) {
+                let ack = self.settle(&delivery, outcome, &mut event).await;
+                settled.push((delivery, event, ack));
+            }
         }
-        if ack {
+        let seconds = started.elapsed().as_secs_f64();
+        let mut to_ack = Vec::with_capacity(settled.len());
+        for (delivery, event, ack) in settled {
+            self.metrics.observe_handler(consumer, seconds);
+            if let Some(sink) = &self.events {
+                sink(event);
+            }
+            if ack {
+                to_ack.push(delivery);
+            }
+        }
+        if !to_ack.is_empty() {
             self.crash.reach(CrashPoint::AfterCommitBeforeAck)?;
-            if let Err(e) = self.queue.ack(&delivery).await {
-                tracing::warn!(error = %e, "ack failed: the delivery will come back");
+            if let Err(e) = self.queue.ack_batch(&to_ack).await {
+                tracing::warn!(error = %e, "ack failed: the deliveries will come back");
             }
         }
         Ok(())
     }
 
-    /// Handle one delivery and count it. Returns whether to ack.
-    async fn decide(
+    /// Parse and route one delivery. `Ok(env)`: for the consumer to handle;
+    /// `Err(ack)`: settled here (dead-lettered, or not this consumer's event).
+    async fn classify(
         &self,
         delivery: &Delivery,
         event: &mut DeliveryEvent,
-    ) -> Result<bool, Crashed> {
-        let consumer = self.consumer.name();
+    ) -> Result<Envelope, bool> {
         if delivery.delivery_count > self.settings.max_deliveries {
             let detail = format!(
                 "gave up after {} deliveries",
                 delivery.delivery_count.saturating_sub(1)
             );
-            return Ok(self
+            return Err(self
                 .dead_letter(RejectReason::MaxDeliveries, &detail, delivery, event)
                 .await);
         }
         let env = match Envelope::parse(&delivery.body) {
             Ok(env) => env,
             Err(rejection) => {
-                return Ok(self
+                return Err(self
                     .dead_letter(rejection.reason, &rejection.detail, delivery, event)
                     .await)
             }
@@ -218,17 +263,19 @@ impl Worker {
         event.key = Some(env.key().to_string());
         if !self.consumer.wants(env.event_type) {
             event.outcome = "skipped".into();
-            return Ok(true);
+            return Err(true);
         }
-        let outcome = match self.consumer.handle(&env, &self.crash).await {
-            Ok(o) => o,
-            Err(HandleError::Crashed(c)) => return Err(c),
-            Err(HandleError::Store(e)) => {
-                tracing::warn!(consumer, key = %env.key(), error = %e, "store error: will retry");
-                Outcome::Retry(e.to_string())
-            }
-        };
-        self.crash.reach(CrashPoint::AfterHandle)?;
+        Ok(env)
+    }
+
+    /// Count one handler outcome. Returns whether to ack.
+    async fn settle(
+        &self,
+        delivery: &Delivery,
+        outcome: Outcome,
+        event: &mut DeliveryEvent,
+    ) -> bool {
+        let consumer = self.consumer.name();
         event.outcome = outcome.label().to_string();
         match outcome {
             Outcome::Processed {
@@ -246,17 +293,17 @@ impl Worker {
             Outcome::Duplicate => self.metrics.duplicate_dropped(consumer),
             Outcome::Skipped => {}
             Outcome::Rejected(r) => {
-                return Ok(self.dead_letter(r.reason, &r.detail, delivery, event).await);
+                return self.dead_letter(r.reason, &r.detail, delivery, event).await
             }
             Outcome::Retry(why) => {
                 event.reason = Some(why);
                 if let Err(e) = self.queue.nack(delivery, self.settings.retry_delay).await {
                     tracing::warn!(error = %e, "nack failed: the lease will expire instead");
                 }
-                return Ok(false);
+                return false;
             }
         }
-        Ok(true)
+        true
     }
 
     /// Keep the raw bytes and the reason; ack only once they are safely stored.

@@ -128,6 +128,26 @@ pub trait Consumer: Send + Sync + 'static {
     fn wants(&self, event: EventType) -> bool;
     /// Handle one parsed message. Must give "the same result" when called twice.
     async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError>;
+
+    /// Handle several messages, one outcome each, in order. The default handles them
+    /// one by one; a consumer whose effects are all in the database overrides it to
+    /// commit the whole batch in one transaction (one fsync, not one per message).
+    async fn handle_batch(
+        &self,
+        envs: &[Envelope],
+        crash: &CrashPlan,
+    ) -> Result<Vec<Outcome>, HandleError> {
+        let mut outcomes = Vec::with_capacity(envs.len());
+        for env in envs {
+            outcomes.push(match self.handle(env, crash).await {
+                Ok(o) => o,
+                // Only this message retries; the ones before it are committed.
+                Err(HandleError::Store(e)) => Outcome::Retry(e.to_string()),
+                Err(crashed) => return Err(crashed),
+            });
+        }
+        Ok(outcomes)
+    }
 }
 
 /// The names of the fleet consumers, in the order of the SPEC table.

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use crate::engine::crash::{CrashPlan, CrashPoint};
 use crate::engine::envelope::{Envelope, EventType, RejectReason, Rejection};
-use crate::engine::store::{BusinessWrite, DedupOutcome};
+use crate::engine::store::{BusinessWrite, DedupOutcome, Recordable};
 
 pub const NAME: &str = "trip-counter";
 
@@ -47,6 +47,32 @@ impl Consumer for TripCounter {
 
     fn wants(&self, event: EventType) -> bool {
         event == EventType::ZoneExit
+    }
+
+    async fn handle_batch(
+        &self,
+        envs: &[Envelope],
+        crash: &CrashPlan,
+    ) -> Result<Vec<Outcome>, HandleError> {
+        if self.mode != ConsumerMode::Idempotent {
+            let mut outcomes = Vec::with_capacity(envs.len());
+            for env in envs {
+                outcomes.push(self.handle(env, crash).await?);
+            }
+            return Ok(outcomes);
+        }
+        let items: Vec<Recordable> = envs
+            .iter()
+            .map(|env| Recordable {
+                key: env.key(),
+                fingerprint: env.fingerprint(),
+                write: BusinessWrite::CountZoneExit {
+                    device_id: env.device_id.clone(),
+                },
+            })
+            .collect();
+        let outcomes = self.deps.store.record_batch(NAME, &items).await?;
+        Ok(outcomes.into_iter().map(dedup_outcome).collect())
     }
 
     async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError> {

@@ -70,6 +70,18 @@ pub trait Queue: Send + Sync + 'static {
     /// lease was lost (expired and taken by someone else).
     async fn ack(&self, delivery: &Delivery) -> QueueResult<bool>;
 
+    /// Acknowledge several deliveries; returns how many were still held. The default
+    /// acks one by one; a queue that can do better does it in one round trip.
+    async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
+        let mut acked = 0;
+        for d in deliveries {
+            if self.ack(d).await? {
+                acked += 1;
+            }
+        }
+        Ok(acked)
+    }
+
     /// Give the message back now (or after `delay`) without counting it done.
     async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()>;
 

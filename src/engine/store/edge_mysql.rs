@@ -181,16 +181,20 @@ impl EdgeStore for MysqlStore {
         write: &EdgeWrite,
         respond: &RespondFn,
     ) -> StoreResult<Completion> {
-        let now = now_micros();
-        let mut tx = self.pool().begin().await?;
-        let id = insert_write(&mut tx, write, now).await?;
-        let response = respond(id);
-        if !complete(&mut tx, req, lease, &response, now).await? {
-            tx.rollback().await?;
-            return Ok(Completion::LeaseLost);
-        }
-        tx.commit().await?;
-        Ok(Completion::Done(response))
+        // A deadlock victim rolled back whole: running it again is safe.
+        retrying(|| async {
+            let now = now_micros();
+            let mut tx = self.pool().begin().await?;
+            let id = insert_write(&mut tx, write, now).await?;
+            let response = respond(id);
+            if !complete(&mut tx, req, lease, &response, now).await? {
+                tx.rollback().await?;
+                return Ok(Completion::LeaseLost);
+            }
+            tx.commit().await?;
+            Ok(Completion::Done(response))
+        })
+        .await
     }
 
     async fn idem_store(

@@ -50,6 +50,14 @@ pub enum DedupOutcome {
     KeyConflict { stored: Fingerprint },
 }
 
+/// One message for [`Store::record_batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recordable {
+    pub key: MessageKey,
+    pub fingerprint: Fingerprint,
+    pub write: BusinessWrite,
+}
+
 /// The business rows a transactional consumer writes with its dedup row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BusinessWrite {
@@ -242,20 +250,39 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- transactional mode -------------------------------------------------
 
-    /// Transactional dedup: insert `(consumer, key)` into `processed_messages` and
-    /// apply `write`, in ONE transaction.
+    /// Transactional dedup for a batch: for each item, insert `(consumer, key)` into
+    /// `processed_messages` and apply its write — all items in ONE transaction.
     ///
-    /// Invariant: the effect of `write` is committed exactly once per key. The
+    /// Invariant: the effect of each write is committed exactly once per key. The
     /// duplicate decision comes from the insert's rows-affected under the unique
     /// constraint (`ON CONFLICT DO NOTHING` and kin), so two racing deliveries cannot
-    /// both win, and a duplicate neither raises an error nor aborts the transaction.
+    /// both win, a duplicate neither raises an error nor aborts the transaction, and
+    /// a key twice in one batch is a duplicate the second time, exactly as across
+    /// batches. One outcome per item, in order.
+    async fn record_batch(
+        &self,
+        consumer: &str,
+        items: &[Recordable],
+    ) -> StoreResult<Vec<DedupOutcome>>;
+
+    /// [`Store::record_batch`] of one item.
     async fn record_once(
         &self,
         consumer: &str,
         key: &MessageKey,
         fingerprint: &Fingerprint,
         write: &BusinessWrite,
-    ) -> StoreResult<DedupOutcome>;
+    ) -> StoreResult<DedupOutcome> {
+        let item = Recordable {
+            key: key.clone(),
+            fingerprint: fingerprint.clone(),
+            write: write.clone(),
+        };
+        self.record_batch(consumer, std::slice::from_ref(&item))
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::Other("record_batch returned no outcome".into()))
+    }
 
     // ---- seen-set mode ------------------------------------------------------
 

@@ -91,22 +91,24 @@ impl MysqlStore {
         &self.pool
     }
 
-    async fn record_once_tx(
+    async fn record_batch_tx(
         &self,
         consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-        write: &BusinessWrite,
-    ) -> StoreResult<DedupOutcome> {
+        items: &[Recordable],
+    ) -> StoreResult<Vec<DedupOutcome>> {
         let mut tx = self.pool.begin().await?;
-        if insert_dedup(&mut tx, consumer, key, fingerprint).await? {
-            apply_write(&mut tx, write).await?;
-            tx.commit().await?;
-            return Ok(DedupOutcome::Applied);
+        let mut outcomes = Vec::with_capacity(items.len());
+        for item in items {
+            if insert_dedup(&mut tx, consumer, &item.key, &item.fingerprint).await? {
+                apply_write(&mut tx, &item.write).await?;
+                outcomes.push(DedupOutcome::Applied);
+            } else {
+                let stored = stored_hash(&mut tx, consumer, &item.key).await?;
+                outcomes.push(duplicate_or_conflict(stored, &item.fingerprint));
+            }
         }
-        let stored = stored_hash(&mut tx, consumer, key).await?;
         tx.commit().await?;
-        Ok(duplicate_or_conflict(stored, fingerprint))
+        Ok(outcomes)
     }
 
     async fn vehicle_tx(
@@ -364,14 +366,12 @@ impl Store for MysqlStore {
         redact_url(&self.url)
     }
 
-    async fn record_once(
+    async fn record_batch(
         &self,
         consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-        write: &BusinessWrite,
-    ) -> StoreResult<DedupOutcome> {
-        retrying(|| self.record_once_tx(consumer, key, fingerprint, write)).await
+        items: &[Recordable],
+    ) -> StoreResult<Vec<DedupOutcome>> {
+        retrying(|| self.record_batch_tx(consumer, items)).await
     }
 
     async fn seen(

@@ -121,22 +121,24 @@ impl Store for PostgresStore {
         redact_url(&self.url)
     }
 
-    async fn record_once(
+    async fn record_batch(
         &self,
         consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-        write: &BusinessWrite,
-    ) -> StoreResult<DedupOutcome> {
+        items: &[Recordable],
+    ) -> StoreResult<Vec<DedupOutcome>> {
         let mut tx = self.pool.begin().await?;
-        if insert_dedup(&mut tx, consumer, key, fingerprint).await? {
-            apply_write(&mut tx, write).await?;
-            tx.commit().await?;
-            return Ok(DedupOutcome::Applied);
+        let mut outcomes = Vec::with_capacity(items.len());
+        for item in items {
+            if insert_dedup(&mut tx, consumer, &item.key, &item.fingerprint).await? {
+                apply_write(&mut tx, &item.write).await?;
+                outcomes.push(DedupOutcome::Applied);
+            } else {
+                let stored = stored_hash(&mut tx, consumer, &item.key).await?;
+                outcomes.push(duplicate_or_conflict(stored, &item.fingerprint));
+            }
         }
-        let stored = stored_hash(&mut tx, consumer, key).await?;
         tx.commit().await?;
-        Ok(duplicate_or_conflict(stored, fingerprint))
+        Ok(outcomes)
     }
 
     async fn seen(

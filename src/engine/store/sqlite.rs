@@ -25,12 +25,17 @@ pub struct SqliteStore {
 }
 
 /// Pool options shared by the store and the embedded queue: WAL, a generous busy
-/// timeout (writers wait for each other instead of failing), full fsync on commit.
-pub(crate) async fn connect_sqlite(url: &str, max_connections: u32) -> StoreResult<SqlitePool> {
+/// timeout (writers wait for each other instead of failing), and the fsync policy
+/// the caller needs (FULL for anything whose loss would lose data).
+pub(crate) async fn connect_sqlite(
+    url: &str,
+    max_connections: u32,
+    synchronous: SqliteSynchronous,
+) -> StoreResult<SqlitePool> {
     let opts = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
+        .synchronous(synchronous)
         .busy_timeout(Duration::from_secs(30))
         .foreign_keys(true);
     if let Some(parent) = opts.get_filename().parent() {
@@ -49,7 +54,7 @@ pub(crate) async fn connect_sqlite(url: &str, max_connections: u32) -> StoreResu
 
 impl SqliteStore {
     pub async fn open(url: &str) -> StoreResult<Self> {
-        let pool = connect_sqlite(url, 8).await?;
+        let pool = connect_sqlite(url, 8, SqliteSynchronous::Full).await?;
         MIGRATOR.run(&pool).await?;
         Ok(SqliteStore {
             pool,
@@ -108,39 +113,42 @@ impl Store for SqliteStore {
         redact_url(&self.url)
     }
 
-    async fn record_once(
+    async fn record_batch(
         &self,
         consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-        write: &BusinessWrite,
-    ) -> StoreResult<DedupOutcome> {
+        items: &[Recordable],
+    ) -> StoreResult<Vec<DedupOutcome>> {
+        let now = ts(Utc::now());
         let mut tx = self.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
-             VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(key.as_str())
-        .bind(fingerprint.as_str())
-        .bind(ts(Utc::now()))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 1 {
-            apply_write(&mut tx, write).await?;
-            tx.commit().await?;
-            return Ok(DedupOutcome::Applied);
+        let mut outcomes = Vec::with_capacity(items.len());
+        for item in items {
+            let inserted = sqlx::query(
+                "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
+                 VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            )
+            .bind(consumer)
+            .bind(item.key.as_str())
+            .bind(item.fingerprint.as_str())
+            .bind(&now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if inserted == 1 {
+                apply_write(&mut tx, &item.write).await?;
+                outcomes.push(DedupOutcome::Applied);
+                continue;
+            }
+            let stored: String = sqlx::query_scalar(
+                "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
+            )
+            .bind(consumer)
+            .bind(item.key.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+            outcomes.push(duplicate_or_conflict(stored, &item.fingerprint));
         }
-        let stored: String = sqlx::query_scalar(
-            "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
-        )
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
         tx.commit().await?;
-        Ok(duplicate_or_conflict(stored, fingerprint))
+        Ok(outcomes)
     }
 
     async fn seen(
