@@ -7,6 +7,7 @@
 //! into plain-data snapshots for the dashboard and `snapshot --json`). `config` is
 //! the dashboard's config file.
 
+pub mod bench;
 pub mod config;
 pub mod drills;
 pub mod engine;

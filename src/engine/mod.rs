@@ -17,6 +17,7 @@ pub mod exporter;
 pub mod metrics;
 pub mod provider;
 pub mod queue;
+pub mod retention;
 pub mod runner;
 pub mod store;
 

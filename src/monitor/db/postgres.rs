@@ -1,7 +1,8 @@
 //! The PostgreSQL queries of the database poller, cheap on a 40-million-row dedup
 //! table (measured in `docs/SCALE.md` with `idemwatch bench dashboard-queries`):
 //!
-//! - total rows: `pg_stat_user_tables.n_live_tup` (kept current by every commit),
+//! - total rows: the live-tuple count of the statistics (`pg_stat_user_tables.n_live_tup`,
+//!   kept current by every commit),
 //!   else `pg_class.reltuples` (as of the last VACUUM/ANALYZE), summed over the
 //!   partitions when the table is partitioned. Only a table the catalog says is
 //!   smaller than [`COUNT_CAP`] is counted, and that count is capped too.
@@ -92,15 +93,18 @@ impl Queries {
                 at = q(&pm.processed_at)
             ),
             // n_live_tup is maintained by every commit; reltuples only by VACUUM and
-            // ANALYZE (-1: never). pg_partition_tree gives the table itself when it
-            // is not partitioned.
-            estimate: "SELECT COALESCE(sum(CASE WHEN s.n_live_tup > 0 THEN s.n_live_tup
+            // ANALYZE (-1: never). The leaves of pg_partition_tree are the partitions
+            // when the table is partitioned (it lists nothing for a plain table).
+            // The stats function, not the pg_stat_user_tables view, which joins and
+            // aggregates every index of the database.
+            estimate: "SELECT COALESCE(sum(CASE WHEN pg_stat_get_live_tuples(c.oid) > 0
+                                 THEN pg_stat_get_live_tuples(c.oid)
                                  ELSE greatest(c.reltuples, 0)::bigint END), 0)::bigint,
-                        COALESCE(bool_and(s.n_live_tup > 0 OR c.reltuples >= 0), false)
-                 FROM pg_partition_tree(to_regclass($1)) p
-                 JOIN pg_class c ON c.oid = p.relid
-                 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-                 WHERE c.relkind = 'r'"
+                        COALESCE(bool_and(pg_stat_get_live_tuples(c.oid) > 0 OR c.reltuples >= 0), false)
+                 FROM pg_class c
+                 WHERE c.relkind = 'r' AND c.oid = ANY (ARRAY(
+                     SELECT to_regclass($1)::oid
+                     UNION ALL SELECT relid FROM pg_partition_tree(to_regclass($1))))"
                 .into(),
             capped_count: format!(
                 "SELECT count(*) FROM (SELECT 1 FROM {} LIMIT $1) capped",
