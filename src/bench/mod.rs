@@ -251,6 +251,8 @@ pub struct QueryReport {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QueriesReport {
     pub db: String,
+    /// The poll time the queries ran as of: the newest row + 1 s.
+    pub as_of: DateTime<Utc>,
     pub estimated_rows: Option<i64>,
     pub queries: Vec<QueryReport>,
     /// One complete `DbPoller::poll` (every section, vehicles included), median ms.
@@ -269,7 +271,17 @@ pub async fn dashboard_queries(url: &str, runs: usize) -> BenchResult<QueriesRep
     let runs = runs.max(1);
     let settings = DatabaseConfig::with_url(url);
     let poller = DbPoller::new(&settings)?;
-    let now = Utc::now();
+    // Timed as of the newest row: a table loaded minutes ago would otherwise have
+    // an empty "last minute", which is not what a live table looks like.
+    let newest: Option<DateTime<Utc>> = {
+        let pool = admin_pool(url, 1).await?;
+        let newest = sqlx::query_scalar("SELECT max(processed_at) FROM processed_messages")
+            .fetch_one(&pool)
+            .await?;
+        pool.close().await;
+        newest
+    };
+    let now = newest.map_or_else(Utc::now, |t| t + chrono::Duration::seconds(1));
     let mut queries = Vec::new();
     for query in poller.dashboard_queries(now).await? {
         poller.run_query(&query).await?;
@@ -296,12 +308,13 @@ pub async fn dashboard_queries(url: &str, runs: usize) -> BenchResult<QueriesRep
     let mut estimated_rows = None;
     for _ in 0..runs {
         let t = Instant::now();
-        let stats = poller.poll(Utc::now()).await;
+        let stats = poller.poll(now).await;
         polls.push(t.elapsed().as_secs_f64() * 1000.0);
         estimated_rows = stats.dedup.and_then(|d| d.total_rows).map(|r| r.rows);
     }
     Ok(QueriesReport {
         db: store::redact_url(url),
+        as_of: now,
         estimated_rows,
         any_seq_scan_of_processed_messages: queries
             .iter()

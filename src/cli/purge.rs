@@ -30,6 +30,9 @@ pub struct PurgeArgs {
     /// Stop after this many rows (the rest is left for the next run).
     #[arg(long)]
     pub max_rows: Option<u64>,
+    /// Skip the VACUUM (ANALYZE) (PostgreSQL) / ANALYZE TABLE (MySQL) after the purge.
+    #[arg(long)]
+    pub no_vacuum: bool,
     /// Database URL (default: SQLite in the data dir).
     #[arg(long, env = "IDEMWATCH_DB")]
     pub db: Option<String>,
@@ -79,9 +82,21 @@ pub async fn run(args: PurgeArgs) -> CliResult {
     .await
     .map_err(CliError::unavailable)?;
     signal.abort();
+    // Vacuum only after a complete run: an interrupted one is rerun anyway.
+    let mut vacuum_seconds = None;
+    if !args.no_vacuum && !summary.interrupted && summary.deleted > 0 {
+        eprintln!("vacuuming the purged tables (--no-vacuum skips this)");
+        let t = Instant::now();
+        match store.after_purge().await {
+            Ok(()) => vacuum_seconds = Some(t.elapsed().as_secs_f64()),
+            // Not fatal: the rows are gone; autovacuum will get there eventually.
+            Err(e) => eprintln!("warning: vacuum after the purge failed: {e}"),
+        }
+    }
     if args.json {
         let mut doc = serde_json::to_value(&summary).unwrap_or_default();
         doc["db"] = store.redacted_url().into();
+        doc["vacuum_seconds"] = vacuum_seconds.into();
         print_json(&doc);
     } else {
         println!(
@@ -94,6 +109,9 @@ pub async fn run(args: PurgeArgs) -> CliResult {
             summary.slowest_batch_ms,
             if summary.interrupted { "; interrupted, rerun to continue" } else { "" }
         );
+        if let Some(s) = vacuum_seconds {
+            println!("vacuumed in {s:.1}s");
+        }
     }
     Ok(if summary.interrupted {
         EXIT_INTERRUPTED
