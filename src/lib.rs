@@ -4,8 +4,9 @@
 //! Layers, each using only the ones before it:
 //! `engine` (store, queue, consumers, runner, metrics) → `sim` (fleet simulator,
 //! sandbox provider) → `drills` (redelivery drills with verdicts) → `monitor` (sources
-//! into plain-data snapshots for the dashboard and `snapshot --json`). `config` is
-//! the dashboard's config file.
+//! into plain-data snapshots for the dashboard and `snapshot --json`) → `bench`
+//! (measurements at production scale with the engine's writes and the monitor's
+//! queries). `config` is the dashboard's config file.
 
 pub mod bench;
 pub mod config;
