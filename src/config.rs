@@ -116,7 +116,7 @@ pub enum Theme {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// `sqlite://PATH` (postgres:// and mysql:// once their pollers exist). Shown only
+    /// `sqlite://PATH`, `postgres://…` or `mysql://…` (read-only use). Shown only
     /// through `redact_url`.
     pub url: String,
     /// Dedup rows older than this are purged; an oldest row much older means the purge

@@ -6,8 +6,10 @@
 //! sandbox provider) → `drills` (redelivery drills with verdicts) → `monitor` (sources
 //! into plain-data snapshots for the dashboard and `snapshot --json`) → `tui` (the
 //! terminal dashboard). `demo` wires engine and simulator into the live demo the
-//! dashboard opens without a config; `config` is the dashboard's config file.
+//! dashboard opens without a config; `bench` measures at production scale with the
+//! engine's writes and the monitor's queries; `config` is the dashboard's config file.
 
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod drills;

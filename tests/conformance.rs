@@ -35,6 +35,7 @@ on_every_backend!(
     one_key_many_concurrent_transactions_one_winner,
     bad_input_is_dead_lettered_with_raw_bytes,
     retention_purge_runs_in_batches_and_keeps_open_claims,
+    an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes,
 );
 
 // ---- drills -------------------------------------------------------------------
@@ -549,4 +550,61 @@ async fn retention_purge_runs_in_batches_and_keeps_open_claims(db: &TestDb) {
     assert_eq!(digest.claims.len(), 1);
     // Rerunning is harmless.
     assert_eq!(store.purge_processed_batch(cutoff, 10).await.unwrap(), 0);
+}
+
+async fn an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes(db: &TestDb) {
+    use idemwatch::engine::retention::{self, PurgePlan};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let store = store::open(&db.url).await.unwrap();
+    let write = BusinessWrite::CountZoneExit {
+        device_id: "34-P-2".into(),
+    };
+    for seq in 0..30u64 {
+        let env = zone_exit("34-P-2", seq);
+        store
+            .record_once("trip-counter", &env.key(), &env.fingerprint(), &write)
+            .await
+            .unwrap();
+    }
+    let plan = PurgePlan {
+        cutoff: chrono::Utc::now() + chrono::Duration::seconds(5),
+        batch: 4,
+        pause: Duration::ZERO,
+        max_rows: None,
+    };
+    // Ctrl-C after the second batch: the purge stops between batches.
+    let stop = AtomicBool::new(false);
+    let first = retention::purge(store.as_ref(), plan, &stop, |p| {
+        if p.batches == 2 {
+            stop.store(true, Ordering::SeqCst);
+        }
+    })
+    .await
+    .unwrap();
+    assert!(first.interrupted);
+    assert_eq!((first.deleted, first.batches), (8, 2));
+    assert_eq!(store.digest().await.unwrap().processed.len(), 22);
+    // A bounded run, then a rerun that finishes the job.
+    let go = AtomicBool::new(false);
+    let bounded = PurgePlan {
+        max_rows: Some(10),
+        ..plan
+    };
+    let second = retention::purge(store.as_ref(), bounded, &go, |_| {})
+        .await
+        .unwrap();
+    assert_eq!((second.deleted, second.interrupted), (10, false));
+    let third = retention::purge(store.as_ref(), plan, &go, |_| {})
+        .await
+        .unwrap();
+    assert_eq!((third.deleted, third.batches), (12, 3));
+    assert!(store.digest().await.unwrap().processed.is_empty());
+    assert_eq!(
+        store.zone_exits("34-P-2").await.unwrap(),
+        30,
+        "business rows untouched"
+    );
+    // What `idemwatch purge` runs after a complete purge (VACUUM on PostgreSQL).
+    store.after_purge().await.unwrap();
 }

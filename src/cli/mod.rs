@@ -12,6 +12,7 @@ use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::{default_db_url, default_queue_url, EngineConfig};
 use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
 
+pub mod bench;
 pub mod consume;
 pub mod dashboard;
 pub mod drill;
@@ -91,6 +92,8 @@ pub enum Command {
     SmsSandbox(sandbox::SandboxArgs),
     /// Print a deterministic fleet trace as JSON lines (feed it to `publish`).
     Simulate(simulate::SimulateArgs),
+    /// Measurements at production scale on PostgreSQL (dashboard queries, purge).
+    Bench(bench::BenchArgs),
 }
 
 /// Flags every engine-backed command shares (SPEC §6 "common flags").

@@ -1,14 +1,20 @@
 //! `idemwatch purge --older-than 7d`: retention of the dedup table in bounded
-//! batches. Each batch is its own short transaction: interrupt it and rerun it at will.
+//! batches (see `engine::retention` for why batches). Progress goes to stderr about
+//! once a second; Ctrl-C stops between two batches (exit 130) and a rerun continues.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use serde_json::json;
 
 use super::{print_json, CliError, CliResult, EXIT_OK};
 use idemwatch::engine::default_db_url;
+use idemwatch::engine::retention::{self, PurgePlan};
 use idemwatch::engine::store;
+
+/// Exit code of a purge stopped by Ctrl-C (the shell's 128 + SIGINT).
+pub const EXIT_INTERRUPTED: i32 = 130;
 
 #[derive(Debug, Args)]
 pub struct PurgeArgs {
@@ -18,6 +24,15 @@ pub struct PurgeArgs {
     /// Rows per batch (per transaction).
     #[arg(long, default_value_t = 5_000)]
     pub batch: i64,
+    /// Sleep between batches (e.g. 10ms) to leave I/O to the consumers.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub pause: Duration,
+    /// Stop after this many rows (the rest is left for the next run).
+    #[arg(long)]
+    pub max_rows: Option<u64>,
+    /// Skip the VACUUM (ANALYZE) (PostgreSQL) / ANALYZE TABLE (MySQL) after the purge.
+    #[arg(long)]
+    pub no_vacuum: bool,
     /// Database URL (default: SQLite in the data dir).
     #[arg(long, env = "IDEMWATCH_DB")]
     pub db: Option<String>,
@@ -37,21 +52,48 @@ pub async fn run(args: PurgeArgs) -> CliResult {
     let store = stores.store;
     let age = chrono::Duration::from_std(args.older_than)
         .map_err(|_| CliError::usage("--older-than is too large"))?;
-    let cutoff = chrono::Utc::now() - age;
-    let started = Instant::now();
-    let (mut total, mut batches) = (0u64, 0u64);
-    loop {
-        let n = store
-            .purge_processed_batch(cutoff, args.batch)
-            .await
-            .map_err(CliError::unavailable)?;
-        if n == 0 {
-            break;
+    let plan = PurgePlan {
+        cutoff: chrono::Utc::now() - age,
+        batch: args.batch,
+        pause: args.pause,
+        max_rows: args.max_rows,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let on_signal = stop.clone();
+    let signal = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ninterrupt: stopping after the current batch (rerun to continue)");
+            on_signal.store(true, Ordering::SeqCst);
         }
-        total += n;
-        batches += 1;
-        if !args.json {
-            eprintln!("purged {total} rows in {batches} batches…");
+    });
+    eprintln!(
+        "purging dedup rows processed before {} from {} in batches of {}",
+        plan.cutoff.to_rfc3339(),
+        store.redacted_url(),
+        plan.batch
+    );
+    let mut last_print = Instant::now();
+    let summary = retention::purge(store.as_ref(), plan, &stop, |p| {
+        if last_print.elapsed() >= Duration::from_secs(1) {
+            last_print = Instant::now();
+            eprintln!(
+                "  {} rows in {} batches, {:.0} rows/s, last batch {:.1} ms",
+                p.deleted, p.batches, p.rows_per_second, p.last_batch_ms
+            );
+        }
+    })
+    .await
+    .map_err(CliError::unavailable)?;
+    signal.abort();
+    // Vacuum only after a complete run: an interrupted one is rerun anyway.
+    let mut vacuum_seconds = None;
+    if !args.no_vacuum && !summary.interrupted && summary.deleted > 0 {
+        eprintln!("vacuuming the purged tables (--no-vacuum skips this)");
+        let t = Instant::now();
+        match store.after_purge().await {
+            Ok(()) => vacuum_seconds = Some(t.elapsed().as_secs_f64()),
+            // Not fatal: the rows are gone; autovacuum will get there eventually.
+            Err(e) => eprintln!("warning: vacuum after the purge failed: {e}"),
         }
     }
     // Expired Idempotency-Keys of the write API go the same way, in the same batches.
@@ -67,16 +109,31 @@ pub async fn run(args: PurgeArgs) -> CliResult {
         }
         keys += n;
     }
-    let elapsed = started.elapsed().as_secs_f64();
     if args.json {
-        print_json(&json!({
-            "deleted": total, "batches": batches, "idempotency_keys_deleted": keys, "cutoff": cutoff.to_rfc3339(),
-            "seconds": elapsed, "db": store.redacted_url(),
-        }));
+        let mut doc = serde_json::to_value(&summary).unwrap_or_default();
+        doc["db"] = store.redacted_url().into();
+        doc["vacuum_seconds"] = vacuum_seconds.into();
+        doc["idempotency_keys_deleted"] = keys.into();
+        print_json(&doc);
     } else {
         println!(
-            "purged {total} dedup rows older than {cutoff} in {batches} batches ({elapsed:.2}s)"
+            "purged {} dedup rows older than {} in {} batches ({:.2}s, {:.0} rows/s, slowest batch {:.1} ms){}",
+            summary.deleted,
+            summary.cutoff.to_rfc3339(),
+            summary.batches,
+            summary.seconds,
+            summary.rows_per_second,
+            summary.slowest_batch_ms,
+            if summary.interrupted { "; interrupted, rerun to continue" } else { "" }
         );
+        if let Some(s) = vacuum_seconds {
+            println!("vacuumed in {s:.1}s");
+        }
+        println!("purged {keys} expired idempotency keys");
     }
-    Ok(EXIT_OK)
+    Ok(if summary.interrupted {
+        EXIT_INTERRUPTED
+    } else {
+        EXIT_OK
+    })
 }

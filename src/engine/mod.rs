@@ -18,6 +18,7 @@ pub mod http_api;
 pub mod metrics;
 pub mod provider;
 pub mod queue;
+pub mod retention;
 pub mod runner;
 pub mod store;
 

@@ -749,6 +749,15 @@ impl Store for MysqlStore {
         })
     }
 
+    /// InnoDB's purge thread removes the delete-marked records by itself; only the
+    /// row estimate the dashboard reads needs a refresh.
+    async fn after_purge(&self) -> StoreResult<()> {
+        sqlx::query("ANALYZE TABLE processed_messages, side_effect_claims")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
         retrying(|| async {
             let mut tx = self.pool.begin().await?;

@@ -640,6 +640,16 @@ impl Store for PostgresStore {
         })
     }
 
+    /// `VACUUM (ANALYZE)` of the purged tables: drops the dead index entries,
+    /// marks pages all-visible again (index-only scans) and refreshes the row
+    /// estimate. Not inside a transaction, and only the owner may do it.
+    async fn after_purge(&self) -> StoreResult<()> {
+        sqlx::query("VACUUM (ANALYZE) processed_messages, side_effect_claims")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
         let mut tx = self.pool.begin().await?;
         // One batch: the oldest rows by the processed_at index, finished claims with

@@ -1,25 +1,34 @@
 //! Polling the business database: the dedup table's health, claims in doubt, dead
 //! letters, markers, drill runs and the vehicles' ordering anomalies.
 //!
-//! Read-only by construction: only SELECTs, and SQLite connections are opened with
-//! `PRAGMA query_only = ON`. Every query is bounded (an index range, a `LIMIT`, or
-//! a capped count) because the dedup table holds ~40 million rows in production and
-//! the dashboard polls every second.
+//! Read-only by construction: only SELECTs; SQLite connections run with
+//! `PRAGMA query_only = ON`, PostgreSQL sessions with `default_transaction_read_only`,
+//! MySQL sessions with `SET SESSION TRANSACTION READ ONLY`, so a role with SELECT
+//! grants is enough. Every query is bounded (an index range, a `LIMIT`, a capped
+//! count or the catalog's estimate) because the dedup table holds ~40 million rows
+//! in production and the dashboard polls every second.
 //!
-//! One file per backend holds its SQL ([`sqlite`]); this file holds the plain-data
-//! results and the dispatch. Adding PostgreSQL or MySQL means one more file with the
-//! same query functions and one more [`Backend`] arm.
+//! One file per backend holds its SQL ([`sqlite`], [`postgres`], [`mysql`]) behind
+//! the [`DashboardSql`] trait; this file holds the plain-data results and the one
+//! poll that assembles them, so every backend yields the same figures.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::markers::TimelineMarker;
-use super::vehicles::{VehicleAnomalies, VehicleDetail};
+use super::vehicles::{
+    self, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
+};
 use crate::config::DatabaseConfig;
 use crate::engine::store::redact_url;
 
+pub mod explain;
+pub mod mysql;
+pub mod postgres;
 pub mod sqlite;
 
 /// Rows kept per list: enough for a screen, small enough for every poll.
@@ -28,8 +37,10 @@ pub const LIST_LIMIT: i64 = 50;
 /// Errors of the database source.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    #[error("the dashboard cannot poll {0} yet (supported: sqlite://)")]
+    #[error("unsupported database URL {0} (expected sqlite://, postgres:// or mysql://)")]
     Unsupported(String),
+    #[error("{0} is not available on {1}")]
+    NotOnBackend(&'static str, &'static str),
     #[error("{0}")]
     Sql(#[from] sqlx::Error),
 }
@@ -56,8 +67,9 @@ impl SourceStatus {
 pub enum CountMethod {
     /// Counted, below the cap.
     Exact,
-    /// The planner statistics (`sqlite_stat1` after `ANALYZE`); as old as the last
-    /// ANALYZE, never below the capped count.
+    /// The planner statistics: `sqlite_stat1` after `ANALYZE`, PostgreSQL's
+    /// `pg_stat_user_tables.n_live_tup` (else `pg_class.reltuples`), MySQL's
+    /// `information_schema.TABLES.TABLE_ROWS`. An estimate, never below the cap.
     Statistics,
     /// The capped count hit its cap and no statistics exist: at least this many.
     AtLeast,
@@ -151,17 +163,115 @@ pub struct DbStats {
     pub failures: Vec<QueryFailure>,
 }
 
-enum Backend {
-    Sqlite(Box<sqlite::SqlitePoller>),
-    /// A backend whose poller is not written yet: reported as down on every poll
-    /// (the rest of the dashboard still works) rather than refusing to start.
-    NotYetSupported,
+/// The most rows an exact count touches per poll; above it the catalog's estimate.
+pub const COUNT_CAP: i64 = 100_000;
+/// The most history rows the anomaly scan reads per poll.
+pub const HISTORY_SCAN_LIMIT: i64 = 20_000;
+/// Devices whose apparent gaps are confirmed against their full seq range per poll.
+const GAP_CONFIRM_DEVICES: usize = 20;
+/// Widest seq range read to confirm a gap.
+const GAP_CONFIRM_SPAN: i64 = 10_000;
+/// A recent window for the vehicle anomaly scan.
+pub const VEHICLE_WINDOW: Duration = Duration::from_secs(3600);
+
+/// A value bound to a dashboard query, kept as data so that `EXPLAIN` (the bench and
+/// the plan tests) runs exactly the SQL and values the poll runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum BindValue {
+    Time(DateTime<Utc>),
+    Int(i64),
+    Text(String),
+    TextList(Vec<String>),
+}
+
+/// One dashboard query: its name in reports, its SQL and its bound values.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DashboardQuery {
+    pub name: &'static str,
+    pub sql: String,
+    pub binds: Vec<BindValue>,
+}
+
+/// The SQL of one backend, one method per dashboard question. The poll in this file
+/// asks them in the same order on every backend and assembles the same figures.
+#[async_trait]
+pub(crate) trait DashboardSql: Send + Sync {
+    fn backend_name(&self) -> &'static str;
+    async fn ping(&self) -> Result<(), sqlx::Error>;
+    /// Dedup rows per consumer with `processed_at >= since`, by consumer.
+    async fn inserts_since(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<ConsumerInserts>, sqlx::Error>;
+    /// The catalog's estimate when it is above [`COUNT_CAP`], else a capped count.
+    async fn total_rows(&self) -> Result<RowEstimate, sqlx::Error>;
+    async fn oldest_processed_at(&self) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
+    /// Claims still `claimed` and claimed at or before `cutoff`: the count, and the
+    /// oldest [`LIST_LIMIT`] as `(consumer, key, claimed_at, attempts)`.
+    async fn claims_in_doubt(
+        &self,
+        cutoff: DateTime<Utc>,
+    ) -> Result<(i64, Vec<(String, String, Option<DateTime<Utc>>, i64)>), sqlx::Error>;
+    /// Dead letters by consumer and reason, with those received since `since`.
+    async fn dead_letters(&self, since: DateTime<Utc>)
+        -> Result<Vec<DeadLetterGroup>, sqlx::Error>;
+    async fn markers(&self) -> Result<Vec<TimelineMarker>, sqlx::Error>;
+    async fn drill_runs(&self) -> Result<Vec<DrillRunSummary>, sqlx::Error>;
+    /// The newest history rows received since `since`, at most `limit`.
+    async fn history_since(
+        &self,
+        since: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<HistoryEvent>, sqlx::Error>;
+    /// History rows received since `since` and not applied (late).
+    async fn late_since(&self, since: DateTime<Utc>) -> Result<i64, sqlx::Error>;
+    /// The distinct seqs of one device in `lo..=hi`.
+    async fn device_seqs(&self, device_id: &str, lo: i64, hi: i64)
+        -> Result<Vec<i64>, sqlx::Error>;
+    async fn states_of(&self, devices: &[&str]) -> Result<Vec<StateRow>, sqlx::Error>;
+    async fn state_of(&self, device_id: &str) -> Result<Option<StateRow>, sqlx::Error>;
+    /// One device's newest `limit` history rows.
+    async fn history_of(
+        &self,
+        device_id: &str,
+        limit: i64,
+    ) -> Result<Vec<HistoryEvent>, sqlx::Error>;
+
+    /// The dedup and claims queries a poll at `now` runs, with their bound values.
+    async fn dashboard_queries(
+        &self,
+        _settings: &DatabaseConfig,
+        _now: DateTime<Utc>,
+    ) -> Result<Vec<DashboardQuery>, DbError> {
+        Err(DbError::NotOnBackend(
+            "EXPLAIN of the dashboard queries",
+            self.backend_name(),
+        ))
+    }
+
+    /// One dashboard query under `EXPLAIN`.
+    async fn explain(
+        &self,
+        _query: &DashboardQuery,
+        _analyze: bool,
+    ) -> Result<explain::PlanSummary, DbError> {
+        Err(DbError::NotOnBackend("EXPLAIN", self.backend_name()))
+    }
+
+    /// One dashboard query run as the poll runs it, rows discarded.
+    async fn run(&self, _query: &DashboardQuery) -> Result<(), DbError> {
+        Err(DbError::NotOnBackend(
+            "running a named dashboard query",
+            self.backend_name(),
+        ))
+    }
 }
 
 /// Polls one database. Connections are opened lazily, so a database that is down at
 /// start is reported as down and picked up when it comes back.
 pub struct DbPoller {
-    backend: Backend,
+    sql: Box<dyn DashboardSql>,
     redacted_url: String,
     settings: DatabaseConfig,
 }
@@ -174,22 +284,22 @@ impl std::fmt::Debug for DbPoller {
     }
 }
 
-/// A recent window for the vehicle anomaly scan.
-pub const VEHICLE_WINDOW: Duration = Duration::from_secs(3600);
-
 impl DbPoller {
     /// A poller for the config's database; fails only on a URL that cannot be read.
-    /// PostgreSQL and MySQL URLs give a poller that reports itself down until their
-    /// query files exist.
     pub fn new(settings: &DatabaseConfig) -> Result<DbPoller, DbError> {
         let redacted_url = redact_url(&settings.url);
-        let backend = if settings.url.starts_with("sqlite:") {
-            Backend::Sqlite(Box::new(sqlite::SqlitePoller::new(settings)?))
+        let url = settings.url.as_str();
+        let sql: Box<dyn DashboardSql> = if url.starts_with("sqlite:") {
+            Box::new(sqlite::SqlitePoller::new(settings)?)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Box::new(postgres::PostgresPoller::new(settings)?)
+        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            Box::new(mysql::MysqlPoller::new(settings)?)
         } else {
-            Backend::NotYetSupported
+            return Err(DbError::Unsupported(redacted_url));
         };
         Ok(DbPoller {
-            backend,
+            sql,
             redacted_url,
             settings: settings.clone(),
         })
@@ -218,16 +328,129 @@ impl DbPoller {
             vehicles: None,
             failures: Vec::new(),
         };
-        match &self.backend {
-            Backend::Sqlite(p) => p.poll_into(&self.settings, now, &mut stats).await,
-            Backend::NotYetSupported => {
-                stats.status = SourceStatus::Down {
-                    error: DbError::Unsupported(self.redacted_url.clone()).to_string(),
-                }
-            }
-        }
+        self.poll_into(now, &mut stats).await;
         stats.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         stats
+    }
+
+    async fn poll_into(&self, now: DateTime<Utc>, stats: &mut DbStats) {
+        if let Err(e) = self.sql.ping().await {
+            stats.status = SourceStatus::Down {
+                error: e.to_string(),
+            };
+            return;
+        }
+        let mut fail = |query: &'static str, e: sqlx::Error| {
+            stats.failures.push(QueryFailure {
+                query,
+                error: e.to_string(),
+            })
+        };
+        let dedup = self.dedup(now).await;
+        let in_doubt = self.claims_in_doubt(now).await;
+        let dead = self
+            .sql
+            .dead_letters(now - chrono::Duration::hours(1))
+            .await;
+        let markers = self.sql.markers().await;
+        let drills = self.sql.drill_runs().await;
+        let vehicles = self.vehicle_anomalies(now).await;
+        let dedup = dedup.map_err(|e| fail("dedup", e)).ok();
+        let in_doubt = in_doubt.map_err(|e| fail("claims_in_doubt", e)).ok();
+        let dead = dead.map_err(|e| fail("dead_letters", e)).ok();
+        let markers = markers.map_err(|e| fail("markers", e)).ok();
+        let drills = drills.map_err(|e| fail("drill_runs", e)).ok();
+        let vehicles = vehicles.map_err(|e| fail("vehicles", e)).ok();
+        stats.dedup = dedup;
+        if let Some((total, list)) = in_doubt {
+            stats.claims_in_doubt_total = total;
+            stats.claims_in_doubt = list;
+        }
+        stats.dead_letters = dead.unwrap_or_default();
+        stats.markers = markers.unwrap_or_default();
+        stats.drill_runs = drills.unwrap_or_default();
+        stats.vehicles = vehicles;
+    }
+
+    async fn dedup(&self, now: DateTime<Utc>) -> Result<DedupStats, sqlx::Error> {
+        let retention = self.settings.retention;
+        let inserts = self
+            .sql
+            .inserts_since(now - chrono::Duration::minutes(1))
+            .await?;
+        let total_rows = Some(self.sql.total_rows().await?);
+        let oldest_processed_at = self.sql.oldest_processed_at().await?;
+        let oldest_age = oldest_processed_at.map(|t| now - t);
+        Ok(DedupStats {
+            inserts,
+            total_rows,
+            oldest_processed_at,
+            oldest_age_seconds: oldest_age.map(|a| a.num_seconds()),
+            retention_seconds: i64::try_from(retention.as_secs()).unwrap_or(i64::MAX),
+            purge_stalled: oldest_age.is_some_and(|a| purge_stalled(a, retention)),
+        })
+    }
+
+    /// Claims still `claimed` after the lease: count and the oldest ones.
+    async fn claims_in_doubt(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<(i64, Vec<InDoubtClaim>), sqlx::Error> {
+        let cutoff =
+            now - chrono::Duration::from_std(self.settings.claim_lease).unwrap_or_default();
+        let (total, rows) = self.sql.claims_in_doubt(cutoff).await?;
+        let list = rows
+            .into_iter()
+            .map(|(consumer, message_key, claimed_at, attempts)| {
+                let claimed_at = claimed_at.unwrap_or(now);
+                InDoubtClaim {
+                    consumer,
+                    message_key,
+                    claimed_at,
+                    age_seconds: (now - claimed_at).num_seconds(),
+                    attempts,
+                }
+            })
+            .collect();
+        Ok((total, list))
+    }
+
+    /// The fleet-wide anomaly scan over the newest history rows of the last
+    /// [`VEHICLE_WINDOW`]. Apparent gaps are confirmed against the device's full seq
+    /// range (a late event received in the window would otherwise fake a gap down to
+    /// its old seq); gaps of devices beyond the confirmation budget are not reported.
+    async fn vehicle_anomalies(&self, now: DateTime<Utc>) -> Result<VehicleAnomalies, sqlx::Error> {
+        let since = now - chrono::Duration::from_std(VEHICLE_WINDOW).unwrap_or_default();
+        let events = self.sql.history_since(since, HISTORY_SCAN_LIMIT).await?;
+        let late_events_in_window = self.sql.late_since(since).await?;
+        let devices: BTreeSet<&str> = events.iter().map(|e| e.device_id.as_str()).collect();
+        let devices: Vec<&str> = devices.into_iter().collect();
+        let states = self.sql.states_of(&devices).await?;
+        let mut anomalies = vehicles::detect_anomalies(&states, &events);
+        let gap_devices: BTreeSet<String> = anomalies
+            .iter()
+            .filter(|a| matches!(a, VehicleAnomaly::SequenceGap { .. }))
+            .map(|a| a.device_id().to_string())
+            .collect();
+        anomalies.retain(|a| !matches!(a, VehicleAnomaly::SequenceGap { .. }));
+        for device in gap_devices.iter().take(GAP_CONFIRM_DEVICES) {
+            let seqs = events
+                .iter()
+                .filter(|e| &e.device_id == device)
+                .map(|e| e.seq);
+            let (Some(lo), Some(hi)) = (seqs.clone().min(), seqs.max()) else {
+                continue;
+            };
+            let lo = lo.max(hi - GAP_CONFIRM_SPAN);
+            let full = self.sql.device_seqs(device, lo, hi).await?;
+            anomalies.extend(vehicles::sequence_gaps(device, &full));
+        }
+        Ok(VehicleAnomalies {
+            rows_examined: events.len(),
+            truncated: i64::try_from(events.len()).unwrap_or(i64::MAX) >= HISTORY_SCAN_LIMIT,
+            late_events_in_window,
+            anomalies,
+        })
     }
 
     /// One vehicle's state beside its newest `limit` history rows in arrival order.
@@ -236,10 +459,39 @@ impl DbPoller {
         device_id: &str,
         limit: i64,
     ) -> Result<VehicleDetail, DbError> {
-        match &self.backend {
-            Backend::Sqlite(p) => p.vehicle_detail(device_id, limit).await,
-            Backend::NotYetSupported => Err(DbError::Unsupported(self.redacted_url.clone())),
-        }
+        let state = self.sql.state_of(device_id).await?;
+        let events = self.sql.history_of(device_id, limit).await?;
+        Ok(VehicleDetail {
+            device_id: device_id.to_string(),
+            state,
+            truncated: i64::try_from(events.len()).unwrap_or(i64::MAX) >= limit,
+            history: vehicles::arrival_order(events),
+        })
+    }
+
+    /// The queries a poll at `now` runs against the dedup and claims tables, with
+    /// the values it binds (PostgreSQL and MySQL; the bench and the plan tests run
+    /// them under `EXPLAIN`).
+    pub async fn dashboard_queries(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<DashboardQuery>, DbError> {
+        self.sql.dashboard_queries(&self.settings, now).await
+    }
+
+    /// Run one dashboard query under `EXPLAIN` (`ANALYZE, BUFFERS` on PostgreSQL
+    /// when `analyze`): the plan's node types, the tables read whole, the raw plan.
+    pub async fn explain(
+        &self,
+        query: &DashboardQuery,
+        analyze: bool,
+    ) -> Result<explain::PlanSummary, DbError> {
+        self.sql.explain(query, analyze).await
+    }
+
+    /// Run one dashboard query as the poll does (rows discarded), for timing.
+    pub async fn run_query(&self, query: &DashboardQuery) -> Result<(), DbError> {
+        self.sql.run(query).await
     }
 }
 

@@ -9,10 +9,10 @@
 //! at most [`COUNT_CAP`] index entries, a few milliseconds); above the cap we use
 //! `sqlite_stat1` when the database was `ANALYZE`d, else report "at least the cap".
 
-use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteRow};
 use sqlx::{Row, SqlitePool};
@@ -20,16 +20,6 @@ use sqlx::{Row, SqlitePool};
 use super::*;
 use crate::config::TableMapping;
 use crate::monitor::markers::MarkerSource;
-use crate::monitor::vehicles::{self, HistoryEvent, StateRow, VehicleAnomaly};
-
-/// The most rows a count touches per poll.
-pub const COUNT_CAP: i64 = 100_000;
-/// The most history rows the anomaly scan reads per poll.
-pub const HISTORY_SCAN_LIMIT: i64 = 20_000;
-/// Devices whose apparent gaps are confirmed against their full seq range per poll.
-const GAP_CONFIRM_DEVICES: usize = 20;
-/// Widest seq range read to confirm a gap.
-const GAP_CONFIRM_SPAN: i64 = 10_000;
 
 /// The SQL text of every query, built once from the mapping.
 #[derive(Debug)]
@@ -117,7 +107,7 @@ impl Queries {
             ),
             dead_letters: format!(
                 "SELECT {c}, {r}, COUNT(*), SUM(CASE WHEN {at} >= ? THEN 1 ELSE 0 END), MAX({at})
-                 FROM {t} GROUP BY {c}, {r} ORDER BY COUNT(*) DESC LIMIT ?",
+                 FROM {t} GROUP BY {c}, {r} ORDER BY COUNT(*) DESC, {c}, {r} LIMIT ?",
                 c = q(&dl.consumer),
                 r = q(&dl.reason),
                 at = q(&dl.received_at),
@@ -198,67 +188,19 @@ impl SqlitePoller {
             processed_table: settings.tables.processed_messages.table.clone(),
         })
     }
+}
 
-    pub(super) async fn poll_into(
-        &self,
-        settings: &DatabaseConfig,
-        now: DateTime<Utc>,
-        stats: &mut DbStats,
-    ) {
-        if let Err(e) = sqlx::query(&self.sql.ping).fetch_one(&self.pool).await {
-            stats.status = SourceStatus::Down {
-                error: e.to_string(),
-            };
-            return;
-        }
-        let mut fail = |query: &'static str, e: sqlx::Error| {
-            stats.failures.push(QueryFailure {
-                query,
-                error: e.to_string(),
-            })
-        };
-        let dedup = self.dedup(settings, now).await;
-        let in_doubt = self.claims_in_doubt(settings.claim_lease, now).await;
-        let dead = self.dead_letters(now).await;
-        let markers = self.markers().await;
-        let drills = self.drill_runs().await;
-        let vehicles = self.vehicle_anomalies(now).await;
-        let dedup = dedup.map_err(|e| fail("dedup", e)).ok();
-        let in_doubt = in_doubt.map_err(|e| fail("claims_in_doubt", e)).ok();
-        let dead = dead.map_err(|e| fail("dead_letters", e)).ok();
-        let markers = markers.map_err(|e| fail("markers", e)).ok();
-        let drills = drills.map_err(|e| fail("drill_runs", e)).ok();
-        let vehicles = vehicles.map_err(|e| fail("vehicles", e)).ok();
-        stats.dedup = dedup;
-        if let Some((total, list)) = in_doubt {
-            stats.claims_in_doubt_total = total;
-            stats.claims_in_doubt = list;
-        }
-        stats.dead_letters = dead.unwrap_or_default();
-        stats.markers = markers.unwrap_or_default();
-        stats.drill_runs = drills.unwrap_or_default();
-        stats.vehicles = vehicles;
+#[async_trait]
+impl DashboardSql for SqlitePoller {
+    fn backend_name(&self) -> &'static str {
+        "sqlite"
     }
 
-    async fn dedup(
-        &self,
-        settings: &DatabaseConfig,
-        now: DateTime<Utc>,
-    ) -> Result<DedupStats, sqlx::Error> {
-        let inserts = self
-            .inserts_since(now - chrono::Duration::minutes(1))
-            .await?;
-        let total_rows = Some(self.total_rows().await?);
-        let oldest_processed_at = self.oldest_processed_at().await?;
-        let oldest_age = oldest_processed_at.map(|t| now - t);
-        Ok(DedupStats {
-            inserts,
-            total_rows,
-            oldest_processed_at,
-            oldest_age_seconds: oldest_age.map(|a| a.num_seconds()),
-            retention_seconds: i64::try_from(settings.retention.as_secs()).unwrap_or(i64::MAX),
-            purge_stalled: oldest_age.is_some_and(|a| purge_stalled(a, settings.retention)),
-        })
+    async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.ping)
+            .fetch_one(&self.pool)
+            .await
+            .map(|_| ())
     }
 
     /// Dedup rows inserted per consumer since `since`: a range scan on the
@@ -325,10 +267,9 @@ impl SqlitePoller {
     /// Claims still `claimed` after the lease: count and the oldest ones.
     async fn claims_in_doubt(
         &self,
-        lease: Duration,
-        now: DateTime<Utc>,
-    ) -> Result<(i64, Vec<InDoubtClaim>), sqlx::Error> {
-        let cutoff = db_time(now - chrono::Duration::from_std(lease).unwrap_or_default());
+        cutoff: DateTime<Utc>,
+    ) -> Result<(i64, Vec<(String, String, Option<DateTime<Utc>>, i64)>), sqlx::Error> {
+        let cutoff = db_time(cutoff);
         let total: i64 = sqlx::query_scalar(&self.sql.in_doubt_count)
             .bind(&cutoff)
             .fetch_one(&self.pool)
@@ -341,14 +282,12 @@ impl SqlitePoller {
         let list = rows
             .iter()
             .map(|r| {
-                let claimed_at = time_column(r, 2)?.unwrap_or(now);
-                Ok(InDoubtClaim {
-                    consumer: r.try_get(0)?,
-                    message_key: r.try_get(1)?,
-                    claimed_at,
-                    age_seconds: (now - claimed_at).num_seconds(),
-                    attempts: r.try_get(3)?,
-                })
+                Ok((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    time_column(r, 2)?,
+                    r.try_get(3)?,
+                ))
             })
             .collect::<Result<_, sqlx::Error>>()?;
         Ok((total, list))
@@ -356,9 +295,12 @@ impl SqlitePoller {
 
     /// Dead letters by consumer and reason. A full scan of `dead_letters`, which
     /// stays small (a large one is itself the alarm).
-    async fn dead_letters(&self, now: DateTime<Utc>) -> Result<Vec<DeadLetterGroup>, sqlx::Error> {
+    async fn dead_letters(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<DeadLetterGroup>, sqlx::Error> {
         let rows = sqlx::query(&self.sql.dead_letters)
-            .bind(db_time(now - chrono::Duration::hours(1)))
+            .bind(db_time(since))
             .bind(LIST_LIMIT)
             .fetch_all(&self.pool)
             .await?;
@@ -415,63 +357,42 @@ impl SqlitePoller {
             .collect()
     }
 
-    /// The fleet-wide anomaly scan over the newest history rows of the last
-    /// [`VEHICLE_WINDOW`]. Apparent gaps are confirmed against the device's full seq
-    /// range (a late event received in the window would otherwise fake a gap down to
-    /// its old seq); gaps of devices beyond the confirmation budget are not reported.
-    async fn vehicle_anomalies(&self, now: DateTime<Utc>) -> Result<VehicleAnomalies, sqlx::Error> {
-        let since = db_time(now - chrono::Duration::from_std(VEHICLE_WINDOW).unwrap_or_default());
+    async fn history_since(
+        &self,
+        since: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<HistoryEvent>, sqlx::Error> {
         let rows = sqlx::query(&self.sql.history_window)
-            .bind(&since)
-            .bind(HISTORY_SCAN_LIMIT)
+            .bind(db_time(since))
+            .bind(limit)
             .fetch_all(&self.pool)
             .await?;
-        let events = rows
-            .iter()
-            .map(history_event)
-            .collect::<Result<Vec<_>, _>>()?;
-        let late_events_in_window: i64 = sqlx::query_scalar(&self.sql.late_count)
-            .bind(&since)
+        rows.iter().map(history_event).collect()
+    }
+
+    async fn late_since(&self, since: DateTime<Utc>) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.late_count)
+            .bind(db_time(since))
             .fetch_one(&self.pool)
-            .await?;
-        let devices: BTreeSet<&str> = events.iter().map(|e| e.device_id.as_str()).collect();
-        let states = self.states_of(&devices).await?;
-        let mut anomalies = vehicles::detect_anomalies(&states, &events);
-        let gap_devices: BTreeSet<String> = anomalies
-            .iter()
-            .filter(|a| matches!(a, VehicleAnomaly::SequenceGap { .. }))
-            .map(|a| a.device_id().to_string())
-            .collect();
-        anomalies.retain(|a| !matches!(a, VehicleAnomaly::SequenceGap { .. }));
-        for device in gap_devices.iter().take(GAP_CONFIRM_DEVICES) {
-            let seqs: Vec<i64> = events
-                .iter()
-                .filter(|e| &e.device_id == device)
-                .map(|e| e.seq)
-                .collect();
-            let (Some(lo), Some(hi)) = (seqs.iter().min(), seqs.iter().max()) else {
-                continue;
-            };
-            let lo = (*lo).max(hi - GAP_CONFIRM_SPAN);
-            let full: Vec<i64> = sqlx::query_scalar(&self.sql.device_seqs)
-                .bind(device)
-                .bind(lo)
-                .bind(*hi)
-                .fetch_all(&self.pool)
-                .await?;
-            anomalies.extend(vehicles::sequence_gaps(device, &full));
-        }
-        Ok(VehicleAnomalies {
-            rows_examined: events.len(),
-            truncated: i64::try_from(events.len()).unwrap_or(i64::MAX) >= HISTORY_SCAN_LIMIT,
-            late_events_in_window,
-            anomalies,
-        })
+            .await
+    }
+
+    async fn device_seqs(
+        &self,
+        device_id: &str,
+        lo: i64,
+        hi: i64,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.device_seqs)
+            .bind(device_id)
+            .bind(lo)
+            .bind(hi)
+            .fetch_all(&self.pool)
+            .await
     }
 
     /// State rows of these devices, in chunks that stay under SQLite's bind limit.
-    async fn states_of(&self, devices: &BTreeSet<&str>) -> Result<Vec<StateRow>, sqlx::Error> {
-        let devices: Vec<&str> = devices.iter().copied().collect();
+    async fn states_of(&self, devices: &[&str]) -> Result<Vec<StateRow>, sqlx::Error> {
         let mut out = Vec::new();
         for chunk in devices.chunks(500) {
             let placeholders = vec!["?"; chunk.len()].join(", ");
@@ -487,32 +408,26 @@ impl SqlitePoller {
         Ok(out)
     }
 
-    pub(super) async fn vehicle_detail(
-        &self,
-        device_id: &str,
-        limit: i64,
-    ) -> Result<VehicleDetail, DbError> {
-        let state = sqlx::query(&self.sql.state_of_device)
+    async fn state_of(&self, device_id: &str) -> Result<Option<StateRow>, sqlx::Error> {
+        sqlx::query(&self.sql.state_of_device)
             .bind(device_id)
             .fetch_optional(&self.pool)
             .await?
             .map(|r| state_row(&r))
-            .transpose()?;
+            .transpose()
+    }
+
+    async fn history_of(
+        &self,
+        device_id: &str,
+        limit: i64,
+    ) -> Result<Vec<HistoryEvent>, sqlx::Error> {
         let rows = sqlx::query(&self.sql.history_of_device)
             .bind(device_id)
             .bind(limit)
             .fetch_all(&self.pool)
             .await?;
-        let events = rows
-            .iter()
-            .map(history_event)
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(VehicleDetail {
-            device_id: device_id.to_string(),
-            state,
-            truncated: i64::try_from(events.len()).unwrap_or(i64::MAX) >= limit,
-            history: vehicles::arrival_order(events),
-        })
+        rows.iter().map(history_event).collect()
     }
 }
 

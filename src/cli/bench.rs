@@ -1,0 +1,212 @@
+//! `idemwatch bench …`: measurements at production scale on PostgreSQL (see
+//! `docs/SCALE.md` for the figures and how they were taken).
+
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+
+use super::{print_json, CliError, CliResult, EXIT_OK};
+use idemwatch::bench::{self, partitions, LoadPlan};
+use idemwatch::engine::retention::PurgePlan;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Time every dashboard query and read its plan (optionally after --load).
+    DashboardQueries(QueriesArgs),
+    /// Time `purge` while a consumer writes, and report that consumer's worst stall.
+    Purge(PurgeBenchArgs),
+    /// SCRATCH DATABASE ONLY: replace processed_messages by daily partitions, load
+    /// it, then time detaching and dropping one day while a consumer writes.
+    PartitionDrop(PartitionArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// Rows to generate.
+    #[arg(long, default_value_t = 40_000_000)]
+    pub rows: i64,
+    /// processed_at spreads over the last DAYS days.
+    #[arg(long, default_value_t = 8)]
+    pub days: i32,
+    /// Rows per INSERT … SELECT FROM generate_series.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub chunk: i64,
+    /// Connections inserting at once.
+    #[arg(long, default_value_t = 2)]
+    pub parallel: usize,
+}
+
+impl LoadArgs {
+    fn plan(&self) -> LoadPlan {
+        LoadPlan {
+            rows: self.rows,
+            days: self.days,
+            chunk: self.chunk,
+            parallel: self.parallel,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct QueriesArgs {
+    /// A postgres:// database (its processed_messages is replaced with --load).
+    #[arg(long, env = "IDEMWATCH_DB")]
+    pub db: String,
+    /// Empty processed_messages and generate --rows rows first.
+    #[arg(long)]
+    pub load: bool,
+    #[command(flatten)]
+    pub load_args: LoadArgs,
+    /// Timed runs per query.
+    #[arg(long, default_value_t = 7)]
+    pub runs: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PurgeBenchArgs {
+    #[arg(long, env = "IDEMWATCH_DB")]
+    pub db: String,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
+    pub older_than: Duration,
+    #[arg(long, default_value_t = 5_000)]
+    pub batch: i64,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub pause: Duration,
+    #[arg(long)]
+    pub max_rows: Option<u64>,
+    /// record_once calls per second of the concurrent consumer.
+    #[arg(long, default_value_t = 200)]
+    pub writer_rate: u32,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PartitionArgs {
+    /// A SCRATCH postgres:// database.
+    #[arg(long)]
+    pub db: String,
+    #[command(flatten)]
+    pub load_args: LoadArgs,
+    #[arg(long, default_value_t = 200)]
+    pub writer_rate: u32,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn err(e: bench::BenchError) -> CliError {
+    match e {
+        bench::BenchError::Usage(m) => CliError::usage(m),
+        other => CliError::unavailable(other),
+    }
+}
+
+fn say(message: &str) {
+    eprintln!("{message}");
+}
+
+pub async fn run(args: BenchArgs) -> CliResult {
+    match args.what {
+        BenchCommand::DashboardQueries(a) => {
+            let load = if a.load {
+                Some(
+                    bench::load(&a.db, a.load_args.plan(), say)
+                        .await
+                        .map_err(err)?,
+                )
+            } else {
+                None
+            };
+            let report = bench::dashboard_queries(&a.db, a.runs).await.map_err(err)?;
+            if a.json {
+                print_json(&serde_json::json!({"load": load, "dashboard": report}));
+            } else {
+                if let Some(l) = &load {
+                    println!(
+                        "loaded {} rows over {} days in {:.1}s (insert {:.1}s, indexes {:.1}s, vacuum+analyze {:.1}s); table {} MiB, indexes {} MiB",
+                        l.rows, l.days, l.total_seconds, l.insert_seconds, l.index_seconds,
+                        l.vacuum_analyze_seconds, l.table_bytes >> 20, l.index_bytes >> 20
+                    );
+                }
+                println!("{} (estimated rows {:?})", report.db, report.estimated_rows);
+                for q in &report.queries {
+                    println!(
+                        "  {:<26} median {:>8.2} ms  max {:>8.2} ms  {}{}",
+                        q.name,
+                        q.median_ms,
+                        q.max_ms,
+                        q.plan_nodes.join(" > "),
+                        if q.seq_scan_of_processed_messages {
+                            "  SEQ SCAN!"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                println!(
+                    "  whole poll (every section)  median {:.2} ms  max {:.2} ms",
+                    report.full_poll_median_ms, report.full_poll_max_ms
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        BenchCommand::Purge(a) => {
+            let plan = PurgePlan {
+                cutoff: bench::cutoff(a.older_than).map_err(err)?,
+                batch: a.batch,
+                pause: a.pause,
+                max_rows: a.max_rows,
+            };
+            let mut last = Instant::now();
+            let report = bench::purge_under_load(&a.db, plan, a.writer_rate, |p| {
+                if last.elapsed() >= Duration::from_secs(5) {
+                    last = Instant::now();
+                    eprintln!(
+                        "  {} rows in {} batches, {:.0} rows/s, last batch {:.1} ms",
+                        p.deleted, p.batches, p.rows_per_second, p.last_batch_ms
+                    );
+                }
+            })
+            .await
+            .map_err(err)?;
+            if a.json {
+                print_json(&report);
+            } else {
+                let (p, w) = (&report.purge, &report.writer_during_purge);
+                println!(
+                    "purged {} rows in {} batches in {:.1}s ({:.0} rows/s, slowest batch {:.1} ms)",
+                    p.deleted, p.batches, p.seconds, p.rows_per_second, p.slowest_batch_ms
+                );
+                println!(
+                    "writer at {}/s: {} calls, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} over 100 ms, {} errors",
+                    w.target_per_second, w.calls, w.p50_ms, w.p99_ms, w.max_ms, w.over_100ms, w.errors
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        BenchCommand::PartitionDrop(a) => {
+            let report = partitions::partition_drop(&a.db, a.load_args.plan(), a.writer_rate, say)
+                .await
+                .map_err(err)?;
+            if a.json {
+                print_json(&report);
+            } else {
+                let w = &report.writer_during_drop;
+                println!(
+                    "{}: {} rows; DETACH CONCURRENTLY {:.1} ms, DROP {:.1} ms; writer max {:.2} ms (p99 {:.2} ms); duplicate across days accepted: {}",
+                    report.partition, report.partition_rows, report.detach_concurrently_ms,
+                    report.drop_ms, w.max_ms, w.p99_ms, report.duplicate_across_days_accepted
+                );
+            }
+            Ok(EXIT_OK)
+        }
+    }
+}
