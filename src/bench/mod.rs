@@ -22,6 +22,7 @@ use crate::engine::retention::{self, PurgePlan, PurgeProgress, PurgeSummary};
 use crate::engine::store::{self, BusinessWrite, Store};
 use crate::monitor::db::{DbError, DbPoller};
 
+pub mod engine;
 pub mod partitions;
 
 /// Errors of a bench run.
@@ -35,6 +36,8 @@ pub enum BenchError {
     Db(#[from] DbError),
     #[error("{0}")]
     Usage(String),
+    #[error("{0}")]
+    Run(String),
 }
 
 pub type BenchResult<T> = Result<T, BenchError>;

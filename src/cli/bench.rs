@@ -24,6 +24,34 @@ pub enum BenchCommand {
     /// SCRATCH DATABASE ONLY: replace processed_messages by daily partitions, load
     /// it, then time detaching and dropping one day while a consumer writes.
     PartitionDrop(PartitionArgs),
+    /// The engine (queue + real consumer + batch transactions) against the raw SQL
+    /// of the pattern on the same database, as a ratio.
+    Engine(EngineArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// Database URL (sqlite://, postgres://, mysql://).
+    #[arg(long)]
+    pub db: String,
+    /// Queue for the engine run (default: an embedded queue in a scratch directory).
+    #[arg(long)]
+    pub queue: Option<String>,
+    #[arg(long, default_value_t = 20_000)]
+    pub messages: usize,
+    /// Fraction of messages that are redeliveries.
+    #[arg(long, default_value_t = 0.01)]
+    pub dup_rate: f64,
+    /// Messages per transaction (and per lease / ack).
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Concurrent workers (engine) and connections (raw).
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -115,6 +143,40 @@ fn say(message: &str) {
 
 pub async fn run(args: BenchArgs) -> CliResult {
     match args.what {
+        BenchCommand::Engine(a) => {
+            let plan = bench::engine::EngineBenchPlan {
+                db_url: a.db.clone(),
+                queue_url: a.queue.clone(),
+                messages: a.messages,
+                dup_rate: a.dup_rate,
+                batch: a.batch,
+                workers: a.workers,
+                seed: a.seed,
+            };
+            let r = bench::engine::run(&plan).await.map_err(err)?;
+            if a.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "{} on {} ({}), {} messages, {:.1}% duplicates, batch {}, {} worker(s)",
+                    r.backend,
+                    r.db,
+                    r.durability,
+                    r.messages,
+                    r.dup_rate * 100.0,
+                    r.batch,
+                    r.workers
+                );
+                for (name, f) in [("raw", &r.raw), ("engine", &r.engine)] {
+                    println!(
+                        "  {name:<6} {:>9.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  ({} applied, {} duplicates, {:.2}s)",
+                        f.messages_per_second, f.p50_ms, f.p99_ms, f.applied, f.duplicates, f.seconds
+                    );
+                }
+                println!("  engine/raw = {:.2}", r.ratio);
+            }
+            Ok(EXIT_OK)
+        }
         BenchCommand::DashboardQueries(a) => {
             let load = if a.load {
                 Some(

@@ -62,6 +62,9 @@ pub struct DeliveryEvent {
     pub effect: Option<String>,
     pub took_over_in_doubt: bool,
     pub reason: Option<String>,
+    /// From the lease of its batch to the ack decision, in microseconds.
+    #[serde(default)]
+    pub latency_us: u64,
 }
 
 /// Receives every delivery's outcome, synchronously, before the ack: a process that
@@ -191,6 +194,7 @@ impl Worker {
                 effect: None,
                 took_over_in_doubt: false,
                 reason: None,
+                latency_us: 0,
             };
             if delivery.redelivered {
                 self.metrics.redelivered(consumer);
@@ -216,10 +220,12 @@ impl Worker {
                 settled.push((delivery, event, ack));
             }
         }
-        let seconds = started.elapsed().as_secs_f64();
+        let elapsed = started.elapsed();
         let mut to_ack = Vec::with_capacity(settled.len());
-        for (delivery, event, ack) in settled {
-            self.metrics.observe_handler(consumer, seconds);
+        for (delivery, mut event, ack) in settled {
+            self.metrics
+                .observe_handler(consumer, elapsed.as_secs_f64());
+            event.latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
             if let Some(sink) = &self.events {
                 sink(event);
             }

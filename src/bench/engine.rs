@@ -1,0 +1,285 @@
+//! `bench engine`: the engine against the raw database limit of the pattern, in one
+//! process, on one database, with the same batch size, durability and connection
+//! count.
+//!
+//! - **raw**: the pattern's SQL alone — per batch of B messages one transaction
+//!   with, per message, the dedup-row insert under the unique key and the business
+//!   upsert (`Store::record_batch`, the same statements the engine issues) — from W
+//!   tasks, no queue, no parsing, no engine;
+//! - **engine**: the same messages through the embedded queue and the real
+//!   `trip-counter` consumer: lease a batch, parse, dedup + business rows in one
+//!   transaction, count, ack the batch — W workers.
+//!
+//! The ratio engine/raw is the price of everything that is not the database.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::engine::consumers::trip_counter;
+use crate::engine::crash::CrashPlan;
+use crate::engine::envelope::Envelope;
+use crate::engine::runner::{EventSink, RunnerSettings};
+use crate::engine::store::{self, BusinessWrite, Recordable};
+use crate::engine::{Engine, EngineConfig};
+
+use super::BenchError;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct EngineBenchPlan {
+    pub db_url: String,
+    /// Queue for the engine run (default: an embedded queue in a scratch directory).
+    pub queue_url: Option<String>,
+    pub messages: usize,
+    /// Fraction of messages that are redeliveries of an earlier one.
+    pub dup_rate: f64,
+    pub batch: usize,
+    pub workers: usize,
+    pub seed: u64,
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunFigures {
+    pub messages: usize,
+    pub seconds: f64,
+    pub messages_per_second: f64,
+    /// Per message: from the start of its batch to its commit (raw) or its ack
+    /// decision (engine).
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub applied: u64,
+    pub duplicates: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineBenchReport {
+    pub db: String,
+    pub backend: String,
+    pub durability: String,
+    pub messages: usize,
+    pub dup_rate: f64,
+    pub batch: usize,
+    pub workers: usize,
+    pub raw: RunFigures,
+    pub engine: RunFigures,
+    /// engine messages/s ÷ raw messages/s.
+    pub ratio: f64,
+}
+
+fn err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Run(e.to_string())
+}
+
+/// N zone exits over 1,000 devices of this run, `dup_rate` of them redeliveries of an
+/// earlier message (same bytes), in a deterministic shuffled order.
+fn messages(plan: &EngineBenchPlan, tag: &str) -> Vec<Vec<u8>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(plan.seed);
+    let distinct = ((plan.messages as f64) * (1.0 - plan.dup_rate))
+        .round()
+        .max(1.0) as usize;
+    let mut out: Vec<Vec<u8>> = (0..distinct)
+        .map(|i| {
+            format!(
+                r#"{{"device_id":"{tag}-{:04}","seq":{i},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"Z{}"}}}}"#,
+                i % 1000,
+                i % 7
+            )
+            .into_bytes()
+        })
+        .collect();
+    while out.len() < plan.messages {
+        let j = rng.random_range(0..distinct);
+        out.push(out[j].clone());
+    }
+    out.shuffle(&mut rng);
+    out
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn figures(
+    messages: usize,
+    seconds: f64,
+    mut latencies_ms: Vec<f64>,
+    applied: u64,
+    duplicates: u64,
+) -> RunFigures {
+    latencies_ms.sort_by(|a, b| a.total_cmp(b));
+    RunFigures {
+        messages,
+        seconds,
+        messages_per_second: messages as f64 / seconds.max(1e-9),
+        p50_ms: percentile(&latencies_ms, 0.50),
+        p99_ms: percentile(&latencies_ms, 0.99),
+        applied,
+        duplicates,
+    }
+}
+
+/// The raw baseline: the pattern's transactions, nothing else.
+async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, BenchError> {
+    let store = store::open(&plan.db_url).await.map_err(err)?;
+    let items: Vec<Recordable> = bodies
+        .iter()
+        .map(|b| {
+            let env = Envelope::parse(b).map_err(err)?;
+            Ok(Recordable {
+                key: env.key(),
+                fingerprint: env.fingerprint(),
+                write: BusinessWrite::CountZoneExit {
+                    device_id: format!("{}-raw", env.device_id),
+                },
+            })
+        })
+        .collect::<Result<_, BenchError>>()?;
+    let chunks: Vec<Vec<Recordable>> = items.chunks(plan.batch.max(1)).map(<[_]>::to_vec).collect();
+    let queue = Arc::new(Mutex::new(chunks));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..plan.workers.max(1) {
+        let (store, queue) = (store.clone(), queue.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let (mut applied, mut dups) = (0u64, 0u64);
+            loop {
+                let Some(chunk) = queue.lock().ok().and_then(|mut q| q.pop()) else {
+                    break;
+                };
+                let t = Instant::now();
+                let outcomes = store.record_batch("bench-raw", &chunk).await?;
+                let ms = t.elapsed().as_secs_f64() * 1000.0;
+                for o in outcomes {
+                    lat.push(ms);
+                    match o {
+                        store::DedupOutcome::Applied => applied += 1,
+                        _ => dups += 1,
+                    }
+                }
+            }
+            Ok::<_, store::StoreError>((lat, applied, dups))
+        }));
+    }
+    let (mut lat, mut applied, mut dups) = (Vec::new(), 0, 0);
+    for t in tasks {
+        let (l, a, d) = t.await.map_err(err)?.map_err(err)?;
+        lat.extend(l);
+        applied += a;
+        dups += d;
+    }
+    Ok(figures(
+        bodies.len(),
+        started.elapsed().as_secs_f64(),
+        lat,
+        applied,
+        dups,
+    ))
+}
+
+/// The engine: queue, real consumer, batch transaction, batch ack.
+async fn engine(
+    plan: &EngineBenchPlan,
+    bodies: &[Vec<u8>],
+    scratch: &std::path::Path,
+) -> Result<RunFigures, BenchError> {
+    let queue_url = plan
+        .queue_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", scratch.join("bench-queue.db").display()));
+    let mut cfg = EngineConfig::new(
+        &plan.db_url,
+        &queue_url,
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+    );
+    cfg.consumers = vec![trip_counter::NAME.into()];
+    cfg.namespace = Some(format!("bench-{}", rand::random::<u32>()));
+    cfg.runner = RunnerSettings {
+        lease_batch: plan.batch.max(1),
+        visibility_timeout: Duration::from_secs(300),
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.map_err(err)?;
+    engine.publish(bodies).await.map_err(err)?;
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(bodies.len())));
+    let sink: EventSink = {
+        let latencies = latencies.clone();
+        Arc::new(move |e| {
+            if let Ok(mut l) = latencies.lock() {
+                l.push(e.latency_us as f64 / 1000.0);
+            }
+        })
+    };
+    let workers: Vec<_> = (0..plan.workers.max(1))
+        .map(|_| {
+            engine.worker(
+                trip_counter::NAME,
+                Arc::new(CrashPlan::none()),
+                Some(sink.clone()),
+            )
+        })
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    let started = Instant::now();
+    let results = futures::future::join_all(workers.iter().map(|w| w.run_until_idle())).await;
+    let seconds = started.elapsed().as_secs_f64();
+    for r in results {
+        r.map_err(err)?;
+    }
+    let counts = engine.metrics.counts(trip_counter::NAME);
+    let lat = latencies.lock().map(|l| l.clone()).unwrap_or_default();
+    Ok(figures(
+        bodies.len(),
+        seconds,
+        lat,
+        counts.processed,
+        counts.duplicate_dropped,
+    ))
+}
+
+/// Run the raw baseline, then the engine, on the same database.
+pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError> {
+    if plan.messages == 0 || !(0.0..1.0).contains(&plan.dup_rate) {
+        return Err(BenchError::Usage(
+            "--messages must be > 0 and --dup-rate in [0, 1)".into(),
+        ));
+    }
+    let scratch = tempfile::tempdir().map_err(err)?;
+    let tag = format!("BENCH{:06x}", rand::random::<u32>() & 0xff_ffff);
+    let bodies = messages(plan, &tag);
+    let raw = raw(plan, &bodies).await?;
+    let engine = engine(plan, &bodies, scratch.path()).await?;
+    let store = store::open(&plan.db_url).await.map_err(err)?;
+    let backend = format!("{:?}", store.backend()).to_lowercase();
+    let durability = match store.backend() {
+        store::Backend::Sqlite => "SQLite WAL, synchronous=FULL (fsync per commit)",
+        store::Backend::Postgres => "PostgreSQL server defaults (synchronous_commit as configured)",
+        store::Backend::Mysql => {
+            "MariaDB/MySQL server defaults (innodb_flush_log_at_trx_commit as configured)"
+        }
+    }
+    .to_string();
+    Ok(EngineBenchReport {
+        db: store.redacted_url(),
+        backend,
+        durability: format!("{durability}; embedded queue: publishes FULL, leases/acks NORMAL"),
+        messages: plan.messages,
+        dup_rate: plan.dup_rate,
+        batch: plan.batch,
+        workers: plan.workers,
+        ratio: engine.messages_per_second / raw.messages_per_second.max(1e-9),
+        raw,
+        engine,
+    })
+}
