@@ -152,10 +152,7 @@ async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, B
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let (mut applied, mut dups) = (0u64, 0u64);
-            loop {
-                let Some(chunk) = queue.lock().ok().and_then(|mut q| q.pop()) else {
-                    break;
-                };
+            while let Some(chunk) = queue.lock().ok().and_then(|mut q| q.pop()) {
                 let t = Instant::now();
                 let outcomes = store.record_batch("bench-raw", &chunk).await?;
                 let ms = t.elapsed().as_secs_f64() * 1000.0;
