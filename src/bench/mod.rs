@@ -24,6 +24,8 @@ use crate::monitor::db::{DbError, DbPoller};
 
 pub mod engine;
 pub mod partitions;
+pub mod scrape;
+pub mod tui;
 
 /// Errors of a bench run.
 #[derive(Debug, thiserror::Error)]

@@ -27,6 +27,40 @@ pub enum BenchCommand {
     /// The engine (queue + real consumer + batch transactions) against the raw SQL
     /// of the pattern on the same database, as a ratio.
     Engine(EngineArgs),
+    /// Scrape, parse and rate a 10,000-sample exposition, against a line-walk baseline.
+    Scrape(ScrapeArgs),
+    /// The dashboard headless against N live scrape targets: its CPU % and peak RSS.
+    Tui(TuiArgs),
+    /// (internal) serve N live exporters for `bench tui`.
+    #[command(hide = true)]
+    ServeTargets(ServeTargetsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ScrapeArgs {
+    #[arg(long, default_value_t = 10_000)]
+    pub samples: usize,
+    #[arg(long, default_value_t = 200)]
+    pub iterations: u32,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TuiArgs {
+    #[arg(long, default_value_t = 10)]
+    pub targets: usize,
+    /// Measured time (after a 3 s warm-up).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub duration: Duration,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeTargetsArgs {
+    #[arg(long, default_value_t = 10)]
+    pub count: usize,
 }
 
 #[derive(Debug, Args)]
@@ -143,6 +177,40 @@ fn say(message: &str) {
 
 pub async fn run(args: BenchArgs) -> CliResult {
     match args.what {
+        BenchCommand::Scrape(a) => {
+            let r = bench::scrape::run(a.samples, a.iterations)
+                .await
+                .map_err(err)?;
+            if a.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "{} samples ({} bytes), {} iterations: baseline {:.0} µs, parse {:.0} µs ({:.1}×), parse+rates {:.0} µs, HTTP scrape+parse+rates {:.0} µs ({:.1}×)",
+                    r.samples, r.bytes, r.iterations, r.baseline_us, r.parse_us, r.parse_vs_baseline,
+                    r.parse_and_rates_us, r.http_scrape_us, r.scrape_vs_baseline
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        BenchCommand::Tui(a) => {
+            let exe = std::env::current_exe().map_err(CliError::unavailable)?;
+            let r = bench::tui::run(&exe, a.targets, a.duration)
+                .await
+                .map_err(err)?;
+            if a.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "dashboard headless, {} targets at 1 s: {:.2}% CPU of one core over {:.0}s ({} snapshots, {} frames), peak RSS {:.1} MiB",
+                    r.targets, r.cpu_percent, r.seconds, r.snapshots, r.frames, r.peak_rss_mib
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        BenchCommand::ServeTargets(a) => {
+            bench::tui::serve_targets(a.count).await.map_err(err)?;
+            Ok(EXIT_OK)
+        }
         BenchCommand::Engine(a) => {
             let plan = bench::engine::EngineBenchPlan {
                 db_url: a.db.clone(),

@@ -1,0 +1,79 @@
+//! Tiny runs of the benchmark commands, to keep them working (the figures come from
+//! release builds, see BENCHMARKS.md; nothing here is timed).
+
+mod common;
+
+use common::{run_cli, TempEnv};
+
+fn json(env: &TempEnv, args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = run_cli(env, args);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn bench_engine_counts_the_same_effects_both_ways() {
+    let env = TempEnv::new();
+    let db = env.db_url();
+    let r = json(
+        &env,
+        &[
+            "bench",
+            "engine",
+            "--db",
+            &db,
+            "--messages",
+            "300",
+            "--dup-rate",
+            "0.1",
+            "--batch",
+            "10",
+            "--json",
+        ],
+    );
+    assert_eq!(r["raw"]["applied"], r["engine"]["applied"], "{r}");
+    assert_eq!(r["raw"]["duplicates"], r["engine"]["duplicates"], "{r}");
+    assert_eq!(
+        r["raw"]["applied"].as_u64().unwrap() + r["raw"]["duplicates"].as_u64().unwrap(),
+        300
+    );
+    assert!(r["ratio"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_scrape_parses_every_sample() {
+    let env = TempEnv::new();
+    let r = json(
+        &env,
+        &[
+            "bench",
+            "scrape",
+            "--samples",
+            "1000",
+            "--iterations",
+            "3",
+            "--json",
+        ],
+    );
+    assert!(r["samples"].as_u64().unwrap() >= 1000, "{r}");
+    assert!(r["http_scrape_us"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_tui_polls_its_targets() {
+    let env = TempEnv::new();
+    let r = json(
+        &env,
+        &[
+            "bench",
+            "tui",
+            "--targets",
+            "2",
+            "--duration",
+            "2s",
+            "--json",
+        ],
+    );
+    assert!(r["snapshots"].as_u64().unwrap() >= 1, "{r}");
+    assert!(r["peak_rss_mib"].as_f64().unwrap() > 0.0);
+}
