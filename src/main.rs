@@ -53,6 +53,7 @@ fn main() {
             Some(Command::Purge(a)) => cli::purge::run(a).await,
             Some(Command::SmsSandbox(a)) => cli::sandbox::run(a).await,
             Some(Command::Simulate(a)) => cli::simulate::run(a),
+            Some(Command::Chaos(a)) => cli::chaos::run(a).await,
             None => cli::dashboard::run(config_path).await,
         }
     });

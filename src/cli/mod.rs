@@ -12,6 +12,7 @@ use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::{default_db_url, default_queue_url, EngineConfig};
 use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
 
+pub mod chaos;
 pub mod consume;
 pub mod dashboard;
 pub mod drill;
@@ -91,6 +92,8 @@ pub enum Command {
     SmsSandbox(sandbox::SandboxArgs),
     /// Print a deterministic fleet trace as JSON lines (feed it to `publish`).
     Simulate(simulate::SimulateArgs),
+    /// Several `serve` processes killed at random while a fleet publishes; then verify.
+    Chaos(chaos::ChaosArgs),
 }
 
 /// Flags every engine-backed command shares (SPEC §6 "common flags").

@@ -20,6 +20,7 @@ use crate::engine::consumers::ConsumerMode;
 use crate::engine::runner::DeliveryEvent;
 use crate::engine::store::{MarkerKind, StoreError};
 
+pub mod chaos;
 mod concurrent_duplicate;
 mod crash_after_send;
 mod crash_before_ack;

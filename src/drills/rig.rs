@@ -329,12 +329,13 @@ impl Rig {
         Ok(self.store.zone_exits(&self.device).await?)
     }
 
-    /// Drop whatever is left in the drill's queues.
+    /// Drop whatever is left in the drill's queues, and the queues themselves on a
+    /// broker (drill namespaces must not pile up there).
     pub async fn clean_up(&self, consumers: &[&str]) {
         for c in consumers {
             let _ = self
                 .queue
-                .purge_queue(&format!("{}/{c}", self.namespace))
+                .remove_queue(&format!("{}/{c}", self.namespace))
                 .await;
         }
     }
