@@ -161,6 +161,7 @@ impl EngineArgs {
             max_deliveries: self.max_deliveries,
             lease_batch: self.lease_batch.max(1),
             retry_delay: Duration::from_millis(self.retry_ms),
+            max_retry_delay: Duration::from_millis(self.claim_lease_ms),
             ..RunnerSettings::default()
         };
         cfg

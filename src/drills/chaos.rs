@@ -32,6 +32,14 @@ use crate::engine::{Engine, EngineConfig};
 use crate::sim::fleet::{FleetConfig, FleetSim, SimKind, SimMessage};
 use crate::sim::sandbox_provider;
 
+/// An instance lives a few seconds here: a claim left by a killed process must be
+/// taken over within that, not after production's 60 s.
+pub const CHAOS_CLAIM_LEASE: Duration = Duration::from_secs(5);
+/// Every kill returns every delivery the victim had prefetched, and RabbitMQ counts
+/// each return in `x-delivery-count`: at one kill every 2 s a message can be bounced
+/// ten times without ever being handled. The poison-message limit scales with it.
+pub const CHAOS_MAX_DELIVERIES: u32 = 50;
+
 /// How to run one chaos run.
 #[derive(Debug, Clone)]
 pub struct ChaosOptions {
@@ -95,6 +103,8 @@ pub struct ChaosReport {
     pub verdict: Verdict,
     pub seed: u64,
     pub instances: usize,
+    pub claim_lease_ms: u64,
+    pub max_deliveries: u32,
     pub db: String,
     pub queue: String,
     pub messages_published: usize,
@@ -140,10 +150,12 @@ impl ChaosReport {
             self.late_events, self.vehicles, self.publish_seconds
         ));
         out.push_str(&format!(
-            "  {} SIGKILLs, {} restarts, {:.1}s in all; {} deliveries drained after the last kill; broker redeliveries: {}\n",
+            "  {} SIGKILLs, {} restarts, {:.1}s in all (claim lease {} ms, max deliveries {}); {} deliveries drained after the last kill; broker redeliveries: {}\n",
             self.kills,
             self.restarts,
             self.duration_seconds,
+            self.claim_lease_ms,
+            self.max_deliveries,
             self.drained_after_stop,
             self.broker_redelivered
                 .map(|v| format!("{v:.0}"))
@@ -346,6 +358,10 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
             namespace.clone(),
             "--mode".into(),
             "idempotent".into(),
+            "--claim-lease-ms".into(),
+            CHAOS_CLAIM_LEASE.as_millis().to_string(),
+            "--max-deliveries".into(),
+            CHAOS_MAX_DELIVERIES.to_string(),
         ]
     };
     let mut instances: Vec<Instance> = (0..opts.instances)
@@ -430,8 +446,12 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
     // Whatever the last kills left unacked comes back; one last consumer drains it.
     let drain_cfg = {
         let mut c = cfg.clone();
+        c.claim_lease = CHAOS_CLAIM_LEASE;
         c.runner = RunnerSettings {
             idle_poll: Duration::from_millis(50),
+            retry_delay: Duration::from_millis(250),
+            max_retry_delay: CHAOS_CLAIM_LEASE,
+            max_deliveries: CHAOS_MAX_DELIVERIES,
             ..RunnerSettings::default()
         };
         c
@@ -709,6 +729,8 @@ async fn verify(
         verdict,
         seed: opts.seed,
         instances: opts.instances,
+        claim_lease_ms: u64::try_from(CHAOS_CLAIM_LEASE.as_millis()).unwrap_or(u64::MAX),
+        max_deliveries: CHAOS_MAX_DELIVERIES,
         db: crate::engine::store::redact_url(&opts.db_url),
         queue: crate::engine::store::redact_url(&opts.queue_url),
         messages_published: truth.messages.len(),

@@ -149,6 +149,7 @@ impl Rig {
             max_deliveries: 50,
             lease_batch: 1,
             retry_delay: DRILL_RETRY,
+            max_retry_delay: DRILL_CLAIM_LEASE,
             idle_poll: Duration::from_millis(20),
         };
         cfg
