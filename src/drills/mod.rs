@@ -26,6 +26,7 @@ mod crash_after_send;
 mod crash_before_ack;
 mod double_publish;
 mod key_conflict;
+pub mod live_redelivery;
 mod out_of_order;
 pub(crate) mod rig;
 pub mod twice;
@@ -42,16 +43,18 @@ pub enum Scenario {
     ConcurrentDuplicate,
     OutOfOrder,
     KeyConflict,
+    LiveRedelivery,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::CrashBeforeAck,
         Scenario::CrashAfterSend,
         Scenario::DoublePublish,
         Scenario::ConcurrentDuplicate,
         Scenario::OutOfOrder,
         Scenario::KeyConflict,
+        Scenario::LiveRedelivery,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +65,7 @@ impl Scenario {
             Scenario::ConcurrentDuplicate => "concurrent-duplicate",
             Scenario::OutOfOrder => "out-of-order",
             Scenario::KeyConflict => "key-conflict",
+            Scenario::LiveRedelivery => "live-redelivery",
         }
     }
 
@@ -74,6 +78,7 @@ impl Scenario {
             Scenario::ConcurrentDuplicate => "two workers get the same key at the same moment",
             Scenario::OutOfOrder => "ignition_off (seq n+1) is processed, then ignition_on (seq n) arrives late",
             Scenario::KeyConflict => "the same key arrives with a different payload",
+            Scenario::LiveRedelivery => "LIVE: re-publish K processed messages to the watched system; its duplicate_dropped must rise by K and nothing else move",
         }
     }
 
@@ -83,6 +88,7 @@ impl Scenario {
             Scenario::CrashBeforeAck => 7,
             Scenario::CrashAfterSend | Scenario::DoublePublish | Scenario::ConcurrentDuplicate => 2,
             Scenario::OutOfOrder | Scenario::KeyConflict => 2,
+            Scenario::LiveRedelivery => 5,
         }
     }
 }
@@ -133,6 +139,8 @@ pub struct DrillOptions {
     pub webhook_url: Option<String>,
     /// Progress lines for a live view (the TUI's Drills tab).
     pub progress: Option<mpsc::UnboundedSender<String>>,
+    /// `live-redelivery` only: the watched system and the operator's permission.
+    pub live: live_redelivery::LiveSettings,
 }
 
 impl DrillOptions {
@@ -148,6 +156,7 @@ impl DrillOptions {
             sms_url: None,
             webhook_url: None,
             progress: None,
+            live: live_redelivery::LiveSettings::default(),
         }
     }
 }
@@ -298,11 +307,21 @@ impl DrillReport {
 /// Run one drill against the store and queue the options name.
 pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
     let started = Instant::now();
-    let times = opts.times.unwrap_or(opts.scenario.default_times());
+    let times = match opts.scenario {
+        Scenario::LiveRedelivery => opts.live.k,
+        _ => opts.times.unwrap_or(opts.scenario.default_times()),
+    };
     if times == 0 || times > 1000 {
         return Err(DrillError::Usage(format!(
             "--times {times} is outside 1..=1000"
         )));
+    }
+    if opts.scenario == Scenario::LiveRedelivery && !opts.live.confirmed {
+        return Err(DrillError::Usage(
+            "live-redelivery re-publishes processed messages into a running system: \
+             pass --yes-live (the dashboard needs [drills] allow_live and a confirmation)"
+                .into(),
+        ));
     }
     let store = crate::engine::store::open(&opts.db_url).await?;
     let queue = crate::engine::queue::open(&opts.queue_url)
@@ -325,6 +344,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
         Scenario::ConcurrentDuplicate => concurrent_duplicate::run(&rig).await,
         Scenario::OutOfOrder => out_of_order::run(&rig).await,
         Scenario::KeyConflict => key_conflict::run(&rig).await,
+        Scenario::LiveRedelivery => live_redelivery::run(&rig, &opts.live).await,
     };
     let mut findings = match findings {
         Ok(f) => f,

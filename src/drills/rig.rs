@@ -318,6 +318,29 @@ impl Rig {
             .collect())
     }
 
+    /// SMS the watched system's provider sent to these devices; `None` when the drill
+    /// only has its own embedded sandbox (it sees nothing of the watched system) or the
+    /// provider has no sent list.
+    pub async fn sms_sent_for(&self, devices: &[String]) -> Option<usize> {
+        if self._embedded_sandbox.is_some() {
+            return None;
+        }
+        let sent = self.sandbox.sent_sms().await.ok()?;
+        Some(
+            sent.iter()
+                .filter(|s| devices.iter().any(|d| s.text.contains(d.as_str())))
+                .count(),
+        )
+    }
+
+    pub fn db_url(&self) -> &str {
+        &self.db_url
+    }
+
+    pub fn queue_url(&self) -> &str {
+        &self.queue_url
+    }
+
     pub async fn webhooks_sent(&self) -> Result<usize, DrillError> {
         let sent = self.sandbox.sent_erp().await.map_err(provider_err)?;
         Ok(sent
