@@ -13,6 +13,7 @@ use common::amqp::amqp_url;
 use common::backends::{Kind, TestDb};
 use common::{idemwatch_bin, run_cli, KillOnDrop, TempEnv};
 use idemwatch::engine::consumers::FLEET_CONSUMERS;
+use idemwatch::engine::queue::Queue;
 use idemwatch::sim::fleet::{FleetConfig, FleetSim};
 use idemwatch::sim::sandbox_provider;
 
@@ -198,10 +199,12 @@ async fn live_redelivery_on_rabbitmq_and_postgres_passes_idempotent_fails_naive(
     // Its own exchange and queues on the broker: the live queues of this test only.
     let queue = format!("{amqp}?prefix=idw_live_{}", std::process::id());
     live_drill_against_serve(&db.env, &db.url, &queue).await;
-    let q = idemwatch::engine::queue::open(&queue).await.unwrap();
+    let q = idemwatch::engine::queue::amqp::AmqpQueue::open(&queue)
+        .await
+        .unwrap();
     for c in FLEET_CONSUMERS {
         let _ = q.remove_queue(c).await;
     }
-    q.close().await;
+    q.remove_topology().await.unwrap();
     db.cleanup().await;
 }

@@ -731,6 +731,30 @@ impl AmqpQueue {
         .await
     }
 
+    /// Remove this prefix's exchanges and dead-letter queue (a test's or a trial's own
+    /// prefix; never call it on a prefix other processes use).
+    pub async fn remove_topology(&self) -> QueueResult<()> {
+        self.with_link(|link| async move {
+            let ch = link.connection.create_channel().await.map_err(amqp_err)?;
+            ch.queue_delete(
+                short(&self.dead_letter_queue()),
+                QueueDeleteOptions::default(),
+            )
+            .await
+            .map_err(amqp_err)?;
+            for ex in [self.exchange(), self.dead_letter_exchange()] {
+                ch.exchange_delete(short(&ex), Default::default())
+                    .await
+                    .map_err(amqp_err)?;
+            }
+            let _ = ch.close(200, short("removed")).await;
+            Ok(())
+        })
+        .await?;
+        self.close().await;
+        Ok(())
+    }
+
     /// Close the connection cleanly: what is still leased goes back to the broker.
     pub async fn close(&self) {
         if let Some(link) = self.link.lock().await.take() {
