@@ -196,6 +196,28 @@ fn amqp_err(e: lapin::Error) -> QueueError {
     QueueError::Amqp(e.to_string())
 }
 
+/// Every broker round trip is bounded: when a connection dies under an operation in
+/// flight (a broker restart), lapin may never resolve it, and one worker would wait
+/// forever on its ack.
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn rpc<T>(
+    what: &str,
+    fut: impl std::future::Future<Output = lapin::Result<T>>,
+) -> QueueResult<T> {
+    match tokio::time::timeout(RPC_TIMEOUT, fut).await {
+        Ok(r) => r.map_err(amqp_err),
+        Err(_) => Err(QueueError::Amqp(format!(
+            "{what}: no answer from the broker within {RPC_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// A goodbye that must not hang on a dead connection.
+async fn quietly(fut: impl std::future::Future<Output = lapin::Result<()>>) {
+    let _ = tokio::time::timeout(RPC_TIMEOUT, fut).await;
+}
+
 fn short(s: &str) -> ShortString {
     ShortString::from(s)
 }
@@ -259,7 +281,7 @@ impl AmqpQueue {
         // operator (or a test) find and close one process's connection.
         let props = ConnectionProperties::default()
             .with_connection_name(format!("idemwatch pid={}", std::process::id()).into());
-        let connection = Connection::connect(&self.lapin_url, props)
+        let connection = rpc("connect", Connection::connect(&self.lapin_url, props))
             .await
             .map_err(|e| {
                 QueueError::Amqp(format!("cannot connect to {}: {e}", redact_url(&self.url)))
@@ -286,10 +308,7 @@ impl AmqpQueue {
         let mut guard = self.link.lock().await;
         if guard.as_ref().is_some_and(|l| l.generation == generation) {
             if let Some(link) = guard.take() {
-                let _ = link
-                    .connection
-                    .close(320, short("idemwatch: reconnecting"))
-                    .await;
+                quietly(link.connection.close(320, short("idemwatch: reconnecting"))).await;
             }
         }
     }
@@ -299,39 +318,45 @@ impl AmqpQueue {
     }
 
     async fn declare_shared(&self, link: &Link) -> QueueResult<()> {
-        let ch = link.connection.create_channel().await.map_err(amqp_err)?;
+        let ch = rpc("broker", link.connection.create_channel()).await?;
         let durable = ExchangeDeclareOptions {
             durable: true,
             ..ExchangeDeclareOptions::default()
         };
-        ch.exchange_declare(
-            short(&self.exchange()),
-            lapin::ExchangeKind::Direct,
-            durable,
-            FieldTable::default(),
+        rpc(
+            "broker",
+            ch.exchange_declare(
+                short(&self.exchange()),
+                lapin::ExchangeKind::Direct,
+                durable,
+                FieldTable::default(),
+            ),
         )
-        .await
-        .map_err(amqp_err)?;
-        ch.exchange_declare(
-            short(&self.dead_letter_exchange()),
-            lapin::ExchangeKind::Fanout,
-            durable,
-            FieldTable::default(),
+        .await?;
+        rpc(
+            "broker",
+            ch.exchange_declare(
+                short(&self.dead_letter_exchange()),
+                lapin::ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            ),
         )
-        .await
-        .map_err(amqp_err)?;
+        .await?;
         let dlq = self.dead_letter_queue();
         self.declare_queue_on(link, &dlq, false).await?;
-        ch.queue_bind(
-            short(&dlq),
-            short(&self.dead_letter_exchange()),
-            short(""),
-            QueueBindOptions::default(),
-            FieldTable::default(),
+        rpc(
+            "broker",
+            ch.queue_bind(
+                short(&dlq),
+                short(&self.dead_letter_exchange()),
+                short(""),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            ),
         )
-        .await
-        .map_err(amqp_err)?;
-        let _ = ch.close(200, short("declared")).await;
+        .await?;
+        quietly(ch.close(200, short("declared"))).await;
         Ok(())
     }
 
@@ -370,10 +395,20 @@ impl AmqpQueue {
         let mut last = None;
         for args in attempts {
             // A refused declaration closes its channel: one channel per attempt.
-            let ch = link.connection.create_channel().await.map_err(amqp_err)?;
-            match ch.queue_declare(short(broker_name), durable, args).await {
+            let ch = rpc("broker", link.connection.create_channel()).await?;
+            match tokio::time::timeout(
+                RPC_TIMEOUT,
+                ch.queue_declare(short(broker_name), durable, args),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
+                    lapin::ChannelState::Error,
+                    "queue.declare timed out",
+                )))
+            }) {
                 Ok(_) => {
-                    let _ = ch.close(200, short("declared")).await;
+                    quietly(ch.close(200, short("declared"))).await;
                     return Ok(());
                 }
                 Err(e) => {
@@ -383,17 +418,19 @@ impl AmqpQueue {
             }
         }
         // It exists with arguments of its own (declared by an older version or by hand).
-        let ch = link.connection.create_channel().await.map_err(amqp_err)?;
-        match ch
-            .queue_declare(
+        let ch = rpc("broker", link.connection.create_channel()).await?;
+        match rpc(
+            "queue.declare",
+            ch.queue_declare(
                 short(broker_name),
                 QueueDeclareOptions::default().passive(),
                 FieldTable::default(),
-            )
-            .await
+            ),
+        )
+        .await
         {
             Ok(_) => {
-                let _ = ch.close(200, short("declared")).await;
+                quietly(ch.close(200, short("declared"))).await;
                 Ok(())
             }
             Err(_) => Err(amqp_err(last.unwrap_or_else(|| {
@@ -412,17 +449,19 @@ impl AmqpQueue {
             return Ok(name);
         }
         self.declare_queue_on(link, &name, true).await?;
-        let ch = link.connection.create_channel().await.map_err(amqp_err)?;
-        ch.queue_bind(
-            short(&name),
-            short(&self.exchange()),
-            short(&name),
-            QueueBindOptions::default(),
-            FieldTable::default(),
+        let ch = rpc("broker", link.connection.create_channel()).await?;
+        rpc(
+            "broker",
+            ch.queue_bind(
+                short(&name),
+                short(&self.exchange()),
+                short(&name),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            ),
         )
-        .await
-        .map_err(amqp_err)?;
-        let _ = ch.close(200, short("bound")).await;
+        .await?;
+        quietly(ch.close(200, short("bound"))).await;
         link.declared.lock().await.insert(name.clone());
         Ok(name)
     }
@@ -434,13 +473,15 @@ impl AmqpQueue {
             }
         }
         let name = self.ensure_queue(link, queue).await?;
-        let channel = link.connection.create_channel().await.map_err(amqp_err)?;
-        channel
-            .basic_qos(self.opts.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(amqp_err)?;
-        let consumer = channel
-            .basic_consume(
+        let channel = rpc("broker", link.connection.create_channel()).await?;
+        rpc(
+            "broker",
+            channel.basic_qos(self.opts.prefetch, BasicQosOptions::default()),
+        )
+        .await?;
+        let consumer = rpc(
+            "basic.consume",
+            channel.basic_consume(
                 short(&name),
                 short(&format!(
                     "idemwatch-{}-{}",
@@ -449,9 +490,9 @@ impl AmqpQueue {
                 )),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
-            )
-            .await
-            .map_err(amqp_err)?;
+            ),
+        )
+        .await?;
         let c = Arc::new(QueueConsumer {
             channel,
             consumer: Mutex::new(consumer),
@@ -487,7 +528,7 @@ impl AmqpQueue {
 
     /// `basic.nack(requeue)`, remembered for `RETURN_GRACE` (see there).
     async fn give_back(&self, f: &InFlight) {
-        if matches!(f.acker.nack(requeue()).await, Ok(true)) {
+        if matches!(rpc("basic.nack", f.acker.nack(requeue())).await, Ok(true)) {
             self.returning
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -604,10 +645,8 @@ impl AmqpQueue {
         let channel = match guard.as_ref() {
             Some(ch) if ch.status().connected() => ch.clone(),
             _ => {
-                let ch = link.connection.create_channel().await.map_err(amqp_err)?;
-                ch.confirm_select(ConfirmSelectOptions::default())
-                    .await
-                    .map_err(amqp_err)?;
+                let ch = rpc("broker", link.connection.create_channel()).await?;
+                rpc("broker", ch.confirm_select(ConfirmSelectOptions::default())).await?;
                 *guard = Some(ch.clone());
                 ch
             }
@@ -620,8 +659,9 @@ impl AmqpQueue {
         for body in bodies {
             for name in &names {
                 confirms.push(
-                    channel
-                        .basic_publish(
+                    rpc(
+                        "broker",
+                        channel.basic_publish(
                             short(&exchange),
                             short(name),
                             BasicPublishOptions {
@@ -630,14 +670,14 @@ impl AmqpQueue {
                             },
                             body,
                             props.clone(),
-                        )
-                        .await
-                        .map_err(amqp_err)?,
+                        ),
+                    )
+                    .await?,
                 );
             }
         }
         for confirm in confirms {
-            let c = confirm.await.map_err(amqp_err)?;
+            let c = rpc("publisher confirm", confirm).await?;
             if !c.is_ack() {
                 return Err(QueueError::Amqp(
                     "the broker refused a message (publisher nack)".into(),
@@ -662,21 +702,19 @@ impl AmqpQueue {
         // counted is ahead of the declare-ok on the wire, so none is missed in between.
         let (channel, temporary) = match &existing {
             Some(c) if c.channel.status().connected() => (c.channel.clone(), false),
-            _ => (
-                link.connection.create_channel().await.map_err(amqp_err)?,
-                true,
-            ),
+            _ => (rpc("broker", link.connection.create_channel()).await?, true),
         };
-        let declared = channel
-            .queue_declare(
+        let declared = rpc(
+            "broker",
+            channel.queue_declare(
                 short(&name),
                 QueueDeclareOptions::default().passive(),
                 FieldTable::default(),
-            )
-            .await
-            .map_err(amqp_err)?;
+            ),
+        )
+        .await?;
         if temporary {
-            let _ = channel.close(200, short("counted")).await;
+            quietly(channel.close(200, short("counted"))).await;
         }
         let mut buffered = 0;
         if let Some(c) = &existing {
@@ -716,16 +754,17 @@ impl AmqpQueue {
         let name = self.broker_queue_name(queue);
         self.with_link(|link| async move {
             if let Some(c) = link.consumers.lock().await.remove(queue) {
-                let _ = c.channel.close(200, short("queue deleted")).await;
+                quietly(c.channel.close(200, short("queue deleted"))).await;
             }
             link.declared.lock().await.remove(&name);
             self.lock_inflight().retain(|_, f| f.queue != queue);
-            let ch = link.connection.create_channel().await.map_err(amqp_err)?;
-            let n = ch
-                .queue_delete(short(&name), QueueDeleteOptions::default())
-                .await
-                .map_err(amqp_err)?;
-            let _ = ch.close(200, short("deleted")).await;
+            let ch = rpc("broker", link.connection.create_channel()).await?;
+            let n = rpc(
+                "broker",
+                ch.queue_delete(short(&name), QueueDeleteOptions::default()),
+            )
+            .await?;
+            quietly(ch.close(200, short("deleted"))).await;
             Ok(u64::from(n))
         })
         .await
@@ -735,19 +774,19 @@ impl AmqpQueue {
     /// prefix; never call it on a prefix other processes use).
     pub async fn remove_topology(&self) -> QueueResult<()> {
         self.with_link(|link| async move {
-            let ch = link.connection.create_channel().await.map_err(amqp_err)?;
-            ch.queue_delete(
-                short(&self.dead_letter_queue()),
-                QueueDeleteOptions::default(),
+            let ch = rpc("broker", link.connection.create_channel()).await?;
+            rpc(
+                "broker",
+                ch.queue_delete(
+                    short(&self.dead_letter_queue()),
+                    QueueDeleteOptions::default(),
+                ),
             )
-            .await
-            .map_err(amqp_err)?;
+            .await?;
             for ex in [self.exchange(), self.dead_letter_exchange()] {
-                ch.exchange_delete(short(&ex), Default::default())
-                    .await
-                    .map_err(amqp_err)?;
+                rpc("broker", ch.exchange_delete(short(&ex), Default::default())).await?;
             }
-            let _ = ch.close(200, short("removed")).await;
+            quietly(ch.close(200, short("removed"))).await;
             Ok(())
         })
         .await?;
@@ -758,7 +797,7 @@ impl AmqpQueue {
     /// Close the connection cleanly: what is still leased goes back to the broker.
     pub async fn close(&self) {
         if let Some(link) = self.link.lock().await.take() {
-            let _ = link.connection.close(200, short("idemwatch: bye")).await;
+            quietly(link.connection.close(200, short("idemwatch: bye"))).await;
         }
     }
 }
@@ -835,7 +874,7 @@ impl Queue for AmqpQueue {
         let Some(f) = self.lock_inflight().remove(&delivery.lease_token) else {
             return Ok(false);
         };
-        f.acker.ack(Default::default()).await.map_err(amqp_err)
+        rpc("basic.ack", f.acker.ack(Default::default())).await
     }
 
     async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
@@ -863,12 +902,13 @@ impl Queue for AmqpQueue {
     async fn purge_queue(&self, queue: &str) -> QueueResult<u64> {
         let name = self.broker_queue_name(queue);
         self.with_link(|link| async move {
-            let ch = link.connection.create_channel().await.map_err(amqp_err)?;
-            let n = ch
-                .queue_purge(short(&name), QueuePurgeOptions::default())
-                .await
-                .map_err(amqp_err)?;
-            let _ = ch.close(200, short("purged")).await;
+            let ch = rpc("broker", link.connection.create_channel()).await?;
+            let n = rpc(
+                "broker",
+                ch.queue_purge(short(&name), QueuePurgeOptions::default()),
+            )
+            .await?;
+            quietly(ch.close(200, short("purged"))).await;
             Ok(u64::from(n))
         })
         .await
