@@ -60,6 +60,14 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
         .filter(|e| e.consumer == zone_exit_sms::NAME && e.redelivered)
         .count() as u64;
     f.extra.insert("redelivered_seen".into(), flagged.into());
+    // As the queue counted them (RabbitMQ quorum queues: x-delivery-count + 1).
+    let counts: Vec<u32> = f
+        .events
+        .iter()
+        .filter(|e| e.consumer == zone_exit_sms::NAME)
+        .map(|e| e.delivery_count)
+        .collect();
+    f.extra.insert("delivery_counts".into(), counts.into());
     f.check(
         "deliveries flagged redelivered by the queue",
         times - 1,
