@@ -97,7 +97,14 @@ pub struct PrometheusServer {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DrillPermissions {
+    /// `live-redelivery` (re-publish processed messages to the watched system) may run
+    /// from the dashboard, after a confirmation.
     pub allow_live: bool,
+    /// The watched system's queue, e.g. `amqp://user:pass@broker:5672/%2f` (default:
+    /// the embedded queue beside the database). Shown only through `redact_url`.
+    pub queue: Option<String>,
+    /// The `/metrics` a live drill watches (default: the first `[[targets]]` URL).
+    pub metrics_url: Option<String>,
 }
 
 /// Colour scheme. `no-color` is for terminals (and people) that need it; the

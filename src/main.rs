@@ -54,6 +54,7 @@ fn main() {
             Some(Command::SmsSandbox(a)) => cli::sandbox::run(a).await,
             Some(Command::Simulate(a)) => cli::simulate::run(a),
             Some(Command::Bench(a)) => cli::bench::run(a).await,
+            Some(Command::Chaos(a)) => cli::chaos::run(a).await,
             None => cli::dashboard::run(config_path).await,
         }
     });

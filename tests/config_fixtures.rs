@@ -81,4 +81,13 @@ fn mapping_and_overrides_are_read() {
     assert_eq!(c.metrics.consumer_label, "handler");
     assert_eq!(c.metrics.redelivered, "idem_messages_redelivered_total");
     assert!(c.drills.allow_live);
+    assert_eq!(
+        c.drills.metrics_url.as_deref(),
+        Some("https://billing.internal:8443/metrics")
+    );
+    assert!(c
+        .drills
+        .queue
+        .as_deref()
+        .is_some_and(|q| q.starts_with("amqp://")));
 }

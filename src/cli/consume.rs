@@ -53,6 +53,7 @@ pub async fn run(args: ConsumeArgs) -> CliResult {
     let result = engine
         .run_until_idle(crash, args.events.then_some(sink))
         .await;
+    engine.queue.close().await;
     let summary = match result {
         Ok(s) => s,
         Err(crashed) => {

@@ -23,10 +23,22 @@ pub async fn run(config_path: Option<PathBuf>) -> CliResult {
     let opts = match config {
         Some(config) => TuiOptions {
             theme: Theme::pick(config.theme, no_color),
-            drill_target: config
-                .database
-                .as_ref()
-                .map(|d| DrillTarget::new(&d.url, &default_queue_url(&d.url), None)),
+            drill_target: config.database.as_ref().map(|d| {
+                DrillTarget::new(
+                    &d.url,
+                    &config
+                        .drills
+                        .queue
+                        .clone()
+                        .unwrap_or_else(|| default_queue_url(&d.url)),
+                    None,
+                    config
+                        .drills
+                        .metrics_url
+                        .clone()
+                        .or_else(|| config.targets.first().map(|t| t.url.clone())),
+                )
+            }),
             banner: None,
             demo: None,
             config,
@@ -48,6 +60,7 @@ pub async fn run(config_path: Option<PathBuf>) -> CliResult {
                     &e.db_url,
                     &e.queue_url,
                     Some(e.sms_url.clone()),
+                    Some(e.metrics_url.clone()),
                 )),
                 banner: Some(banner),
                 demo: Some(demo),

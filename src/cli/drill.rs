@@ -17,6 +17,18 @@ pub struct DrillArgs {
     /// Run each consumer as a real child process that aborts at the crash point.
     #[arg(long)]
     pub kill_process: bool,
+    /// live-redelivery: the watched system's metrics endpoint.
+    #[arg(long, default_value = "http://127.0.0.1:9464/metrics")]
+    pub metrics_url: String,
+    /// live-redelivery: how many processed messages to re-publish.
+    #[arg(long, default_value_t = 5)]
+    pub k: u32,
+    /// live-redelivery: how long to wait for the duplicates to be dropped.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
+    /// live-redelivery: yes, re-publish into the running system (it is off otherwise).
+    #[arg(long)]
+    pub yes_live: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
     /// Machine-readable report.
@@ -35,6 +47,11 @@ pub async fn run(args: DrillArgs) -> CliResult {
     opts.kill_process = args.kill_process;
     opts.sms_url = args.engine.sms_url.clone();
     opts.webhook_url = args.engine.webhook_url.clone();
+    opts.live.metrics_url = args.metrics_url.clone();
+    opts.live.k = args.k;
+    opts.live.timeout = args.timeout;
+    opts.live.namespace = args.engine.namespace.clone();
+    opts.live.confirmed = args.yes_live;
     if args.kill_process {
         opts.child_exe = Some(std::env::current_exe().map_err(|e| {
             CliError::unavailable(format!("cannot find the idemwatch executable: {e}"))

@@ -13,6 +13,7 @@ use idemwatch::engine::{default_db_url, default_queue_url, EngineConfig};
 use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
 
 pub mod bench;
+pub mod chaos;
 pub mod consume;
 pub mod dashboard;
 pub mod drill;
@@ -94,6 +95,8 @@ pub enum Command {
     Simulate(simulate::SimulateArgs),
     /// Measurements at production scale on PostgreSQL (dashboard queries, purge).
     Bench(bench::BenchArgs),
+    /// Several `serve` processes killed at random while a fleet publishes; then verify.
+    Chaos(chaos::ChaosArgs),
 }
 
 /// Flags every engine-backed command shares (SPEC §6 "common flags").
@@ -161,6 +164,7 @@ impl EngineArgs {
             max_deliveries: self.max_deliveries,
             lease_batch: self.lease_batch.max(1),
             retry_delay: Duration::from_millis(self.retry_ms),
+            max_retry_delay: Duration::from_millis(self.claim_lease_ms),
             ..RunnerSettings::default()
         };
         cfg

@@ -116,6 +116,8 @@ pub async fn run(args: ServeArgs) -> CliResult {
     eprintln!("idemwatch serve: stopping (finishing deliveries in hand)…");
     let _ = stop_tx.send(true);
     let _ = workers.await;
+    // Deliveries prefetched but not handled go back to the broker now, not at exit.
+    engine.queue.close().await;
     let _ = http.await;
     let _ = gauges.await;
     Ok(EXIT_OK)

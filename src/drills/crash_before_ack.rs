@@ -52,6 +52,27 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
         times - 1,
         count(&f.events, trip_counter::NAME, "duplicate"),
     );
+    // The redeliveries are the queue's own (the broker's `redelivered` flag on AMQP),
+    // not re-publishes: every incarnation after the first must see the flag.
+    let flagged = f
+        .events
+        .iter()
+        .filter(|e| e.consumer == zone_exit_sms::NAME && e.redelivered)
+        .count() as u64;
+    f.extra.insert("redelivered_seen".into(), flagged.into());
+    // As the queue counted them (RabbitMQ quorum queues: x-delivery-count + 1).
+    let counts: Vec<u32> = f
+        .events
+        .iter()
+        .filter(|e| e.consumer == zone_exit_sms::NAME)
+        .map(|e| e.delivery_count)
+        .collect();
+    f.extra.insert("delivery_counts".into(), counts.into());
+    f.check(
+        "deliveries flagged redelivered by the queue",
+        times - 1,
+        flagged,
+    );
     if f.sms_sent > 1 {
         f.note(format!(
             "the customer received {} identical SMS for one zone exit",

@@ -20,12 +20,14 @@ use crate::engine::consumers::ConsumerMode;
 use crate::engine::runner::DeliveryEvent;
 use crate::engine::store::{MarkerKind, StoreError};
 
+pub mod chaos;
 mod client_retry;
 mod concurrent_duplicate;
 mod crash_after_send;
 mod crash_before_ack;
 mod double_publish;
 mod key_conflict;
+pub mod live_redelivery;
 mod out_of_order;
 pub(crate) mod rig;
 pub mod twice;
@@ -43,10 +45,11 @@ pub enum Scenario {
     OutOfOrder,
     KeyConflict,
     ClientRetry,
+    LiveRedelivery,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::CrashBeforeAck,
         Scenario::CrashAfterSend,
         Scenario::DoublePublish,
@@ -54,6 +57,7 @@ impl Scenario {
         Scenario::OutOfOrder,
         Scenario::KeyConflict,
         Scenario::ClientRetry,
+        Scenario::LiveRedelivery,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,6 +69,7 @@ impl Scenario {
             Scenario::OutOfOrder => "out-of-order",
             Scenario::KeyConflict => "key-conflict",
             Scenario::ClientRetry => "client-retry",
+            Scenario::LiveRedelivery => "live-redelivery",
         }
     }
 
@@ -78,6 +83,7 @@ impl Scenario {
             Scenario::OutOfOrder => "ignition_off (seq n+1) is processed, then ignition_on (seq n) arrives late",
             Scenario::KeyConflict => "the same key arrives with a different payload",
             Scenario::ClientRetry => "a mobile client retries one \"save note\" N times over HTTP: a dropped response, concurrent and later retries",
+            Scenario::LiveRedelivery => "LIVE: re-publish K processed messages to the watched system; its duplicate_dropped must rise by K and nothing else move",
         }
     }
 
@@ -88,6 +94,7 @@ impl Scenario {
             Scenario::CrashAfterSend | Scenario::DoublePublish | Scenario::ConcurrentDuplicate => 2,
             Scenario::OutOfOrder | Scenario::KeyConflict => 2,
             Scenario::ClientRetry => 6,
+            Scenario::LiveRedelivery => 5,
         }
     }
 }
@@ -138,6 +145,8 @@ pub struct DrillOptions {
     pub webhook_url: Option<String>,
     /// Progress lines for a live view (the TUI's Drills tab).
     pub progress: Option<mpsc::UnboundedSender<String>>,
+    /// `live-redelivery` only: the watched system and the operator's permission.
+    pub live: live_redelivery::LiveSettings,
 }
 
 impl DrillOptions {
@@ -153,6 +162,7 @@ impl DrillOptions {
             sms_url: None,
             webhook_url: None,
             progress: None,
+            live: live_redelivery::LiveSettings::default(),
         }
     }
 }
@@ -303,11 +313,21 @@ impl DrillReport {
 /// Run one drill against the store and queue the options name.
 pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
     let started = Instant::now();
-    let times = opts.times.unwrap_or(opts.scenario.default_times());
+    let times = match opts.scenario {
+        Scenario::LiveRedelivery => opts.live.k,
+        _ => opts.times.unwrap_or(opts.scenario.default_times()),
+    };
     if times == 0 || times > 1000 {
         return Err(DrillError::Usage(format!(
             "--times {times} is outside 1..=1000"
         )));
+    }
+    if opts.scenario == Scenario::LiveRedelivery && !opts.live.confirmed {
+        return Err(DrillError::Usage(
+            "live-redelivery re-publishes processed messages into a running system: \
+             pass --yes-live (the dashboard needs [drills] allow_live and a confirmation)"
+                .into(),
+        ));
     }
     let store = crate::engine::store::open(&opts.db_url).await?;
     let queue = crate::engine::queue::open(&opts.queue_url)
@@ -331,6 +351,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
         Scenario::OutOfOrder => out_of_order::run(&rig).await,
         Scenario::KeyConflict => key_conflict::run(&rig).await,
         Scenario::ClientRetry => client_retry::run(&rig, times).await,
+        Scenario::LiveRedelivery => live_redelivery::run(&rig, &opts.live).await,
     };
     let mut findings = match findings {
         Ok(f) => f,

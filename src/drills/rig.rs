@@ -150,6 +150,7 @@ impl Rig {
             lease_batch: 1,
             batch_max_wait: Duration::ZERO,
             retry_delay: DRILL_RETRY,
+            max_retry_delay: DRILL_CLAIM_LEASE,
             idle_poll: Duration::from_millis(20),
         };
         cfg
@@ -318,6 +319,29 @@ impl Rig {
             .collect())
     }
 
+    /// SMS the watched system's provider sent to these devices; `None` when the drill
+    /// only has its own embedded sandbox (it sees nothing of the watched system) or the
+    /// provider has no sent list.
+    pub async fn sms_sent_for(&self, devices: &[String]) -> Option<usize> {
+        if self._embedded_sandbox.is_some() {
+            return None;
+        }
+        let sent = self.sandbox.sent_sms().await.ok()?;
+        Some(
+            sent.iter()
+                .filter(|s| devices.iter().any(|d| s.text.contains(d.as_str())))
+                .count(),
+        )
+    }
+
+    pub fn db_url(&self) -> &str {
+        &self.db_url
+    }
+
+    pub fn queue_url(&self) -> &str {
+        &self.queue_url
+    }
+
     pub async fn webhooks_sent(&self) -> Result<usize, DrillError> {
         let sent = self.sandbox.sent_erp().await.map_err(provider_err)?;
         Ok(sent
@@ -330,12 +354,13 @@ impl Rig {
         Ok(self.store.zone_exits(&self.device).await?)
     }
 
-    /// Drop whatever is left in the drill's queues.
+    /// Drop whatever is left in the drill's queues, and the queues themselves on a
+    /// broker (drill namespaces must not pile up there).
     pub async fn clean_up(&self, consumers: &[&str]) {
         for c in consumers {
             let _ = self
                 .queue
-                .purge_queue(&format!("{}/{c}", self.namespace))
+                .remove_queue(&format!("{}/{c}", self.namespace))
                 .await;
         }
     }

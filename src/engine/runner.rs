@@ -31,8 +31,12 @@ pub struct RunnerSettings {
     /// How long to wait for a batch to fill once its first delivery is in (0: take
     /// what is there). Bounds the latency batching adds.
     pub batch_max_wait: Duration,
-    /// When a handler says "not now": how long until the delivery comes back.
+    /// When a handler says "not now": how long until the delivery comes back (doubled
+    /// per earlier delivery, see [`retry_backoff`]).
     pub retry_delay: Duration,
+    /// The cap of that doubling: the claim lease, so a message whose claim a dead
+    /// process left behind comes back soon after the claim is in doubt.
+    pub max_retry_delay: Duration,
     /// Sleep between polls of an empty queue.
     pub idle_poll: Duration,
 }
@@ -45,9 +49,21 @@ impl Default for RunnerSettings {
             lease_batch: 16,
             batch_max_wait: Duration::ZERO,
             retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(60),
             idle_poll: Duration::from_millis(100),
         }
     }
+}
+
+/// `retry_delay` doubled per earlier delivery, capped at `cap`. A fixed delay would
+/// burn through `max_deliveries` in seconds while a dead process's claim is still
+/// within its lease (60 s): the message would be dead-lettered and its SMS never sent.
+/// Doubling outlasts the lease well before the limit.
+pub fn retry_backoff(retry_delay: Duration, delivery_count: u32, cap: Duration) -> Duration {
+    let doublings = delivery_count.saturating_sub(1).min(16);
+    retry_delay
+        .saturating_mul(1u32 << doublings)
+        .min(cap.max(retry_delay))
 }
 
 /// What happened to one delivery; streamed to drills (and, as JSON lines, from a
@@ -303,7 +319,12 @@ impl Worker {
             }
             Outcome::Retry(why) => {
                 event.reason = Some(why);
-                if let Err(e) = self.queue.nack(delivery, self.settings.retry_delay).await {
+                let delay = retry_backoff(
+                    self.settings.retry_delay,
+                    delivery.delivery_count,
+                    self.settings.max_retry_delay,
+                );
+                if let Err(e) = self.queue.nack(delivery, delay).await {
                     tracing::warn!(error = %e, "nack failed: the lease will expire instead");
                 }
                 return false;
@@ -338,5 +359,20 @@ impl Worker {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_past_a_claim_lease_before_max_deliveries() {
+        let (d, lease) = (Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(retry_backoff(d, 1, lease), d);
+        assert_eq!(retry_backoff(d, 3, lease), Duration::from_secs(4));
+        assert_eq!(retry_backoff(d, 40, lease), lease);
+        let waited: Duration = (1..=10).map(|n| retry_backoff(d, n, lease)).sum();
+        assert!(waited > Duration::from_secs(60), "{waited:?}");
     }
 }

@@ -30,7 +30,7 @@ use db::{DbError, DbPoller, DbStats};
 use markers::TimelineMarker;
 use prometheus::Scraper;
 use series::{Point, Zoom, MAX_RETENTION};
-use targets::{ConsumerSeries, ConsumerStatus, TargetStatus, TargetTracker};
+use targets::{BrokerStatus, ConsumerSeries, ConsumerStatus, TargetStatus, TargetTracker};
 use vehicles::VehicleDetail;
 
 /// Why a monitor could not be built (a poll itself never fails: a failing source is
@@ -62,6 +62,13 @@ pub struct ConsumerChart {
     pub duplicate_ratio: Vec<Point>,
 }
 
+/// A broker's redeliveries per second over the current zoom span.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BrokerChart {
+    pub target: String,
+    pub redelivered_per_s: Vec<Point>,
+}
+
 /// Everything one poll yields: plain data, cheap to clone behind an `Arc`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Snapshot {
@@ -72,6 +79,9 @@ pub struct Snapshot {
     /// Per target and consumer: msgs/s, dup/s, dup %, redelivered/s, out_of_order/s,
     /// dead letters, side effects by result, claims in doubt, last restart.
     pub consumers: Vec<ConsumerStatus>,
+    /// Targets that are a RabbitMQ broker's own exporter: its redelivery rate, ready
+    /// and unacked messages.
+    pub brokers: Vec<BrokerStatus>,
     /// The database's view (dedup health, claims in doubt, dead letters, markers,
     /// drill runs, vehicle anomalies); None when no database is configured.
     pub database: Option<DbStats>,
@@ -85,6 +95,8 @@ pub struct Snapshot {
     /// the numbers, not the curves).
     #[serde(skip)]
     pub charts: Vec<ConsumerChart>,
+    #[serde(skip)]
+    pub broker_charts: Vec<BrokerChart>,
 }
 
 /// Owns the sources and the history between polls.
@@ -207,6 +219,21 @@ impl Monitor {
             markers,
             vehicle,
             charts: self.charts(now),
+            brokers: self
+                .targets
+                .iter()
+                .filter_map(|t| t.broker().cloned())
+                .collect(),
+            broker_charts: self
+                .targets
+                .iter()
+                .filter_map(|t| {
+                    t.broker_redelivered_series().map(|s| BrokerChart {
+                        target: t.status().name.clone(),
+                        redelivered_per_s: s.window(now, self.zoom.span()),
+                    })
+                })
+                .collect(),
         }
     }
 

@@ -19,6 +19,32 @@ pub const PARACHUTE_QUIET: Duration = Duration::from_secs(3600);
 /// The span of the smoothed duplicate ratio used for alerts.
 pub const RATIO_SPAN: Duration = Duration::from_secs(60);
 
+/// The names RabbitMQ's own exporter serves (the `rabbitmq_prometheus` plugin, 3.10+,
+/// on `:15692/metrics`): a target exposing them is a broker, charted beside the
+/// consumers. Global counters, summed over `protocol` and `queue_type`.
+pub const RABBITMQ_REDELIVERED: &str = "rabbitmq_global_messages_redelivered_total";
+pub const RABBITMQ_ACKNOWLEDGED: &str = "rabbitmq_global_messages_acknowledged_total";
+pub const RABBITMQ_READY: &str = "rabbitmq_queue_messages_ready";
+pub const RABBITMQ_UNACKED: &str = "rabbitmq_queue_messages_unacked";
+
+/// A RabbitMQ broker's view: how often it redelivers, beside what the consumers drop.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BrokerStatus {
+    pub target: String,
+    pub up: bool,
+    /// Deliveries the broker flagged `redelivered` (after a nack or a dead consumer).
+    pub redelivered: CounterReading,
+    pub acknowledged: CounterReading,
+    pub messages_ready: Option<f64>,
+    pub messages_unacked: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+struct BrokerTrack {
+    status: BrokerStatus,
+    redelivered_per_s: Series,
+}
+
 /// One target's state in a snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TargetStatus {
@@ -112,6 +138,7 @@ pub struct TargetTracker {
     counters: HashMap<(String, String), CounterRate>,
     restarts: RestartDetector,
     consumers: BTreeMap<String, ConsumerTrack>,
+    broker: Option<BrokerTrack>,
 }
 
 /// Which consumer a sample belongs to: its consumer label, else the target itself
@@ -144,7 +171,18 @@ impl TargetTracker {
             counters: HashMap::new(),
             restarts: RestartDetector::default(),
             consumers: BTreeMap::new(),
+            broker: None,
         }
+    }
+
+    /// The broker's status when this target is RabbitMQ's exporter.
+    pub fn broker(&self) -> Option<&BrokerStatus> {
+        self.broker.as_ref().map(|b| &b.status)
+    }
+
+    /// The broker's redeliveries per second, for the chart.
+    pub fn broker_redelivered_series(&self) -> Option<&Series> {
+        self.broker.as_ref().map(|b| &b.redelivered_per_s)
     }
 
     /// Up/down, error text and last restart as of the last scrape.
@@ -187,13 +225,65 @@ impl TargetTracker {
                 for track in self.consumers.values_mut() {
                     mark_down(track, scrape.at);
                 }
+                if let Some(b) = &mut self.broker {
+                    b.status.up = false;
+                    b.status.redelivered.per_second = None;
+                    b.status.acknowledged.per_second = None;
+                    b.redelivered_per_s.push_gap(scrape.at);
+                }
                 None
             }
             Ok(exposition) => {
                 self.status.status = SourceStatus::Up;
                 self.status.samples = exposition.samples.len();
+                self.observe_broker(exposition, scrape.at);
                 self.observe_exposition(exposition, scrape.at, names)
             }
+        }
+    }
+
+    /// Read RabbitMQ's counters when the exposition has them.
+    fn observe_broker(&mut self, exposition: &Exposition, at: DateTime<Utc>) {
+        if exposition.named(RABBITMQ_REDELIVERED).next().is_none() {
+            return;
+        }
+        let mut reading = |metric: &str| {
+            let total: f64 = exposition.named(metric).map(|s| s.value).sum();
+            let obs = self
+                .counters
+                .entry((metric.to_string(), String::new()))
+                .or_default()
+                .observe(at, total);
+            CounterReading {
+                total,
+                per_second: obs.rate,
+            }
+        };
+        let redelivered = reading(RABBITMQ_REDELIVERED);
+        let acknowledged = reading(RABBITMQ_ACKNOWLEDGED);
+        let gauge = |metric: &str| {
+            let mut v = exposition.named(metric).map(|s| s.value).peekable();
+            v.peek().is_some().then(|| v.sum())
+        };
+        let target = self.status.name.clone();
+        let track = self.broker.get_or_insert_with(|| BrokerTrack {
+            status: BrokerStatus {
+                target,
+                up: true,
+                redelivered,
+                acknowledged,
+                messages_ready: None,
+                messages_unacked: None,
+            },
+            redelivered_per_s: Series::default(),
+        });
+        track.status.up = true;
+        track.status.redelivered = redelivered;
+        track.status.acknowledged = acknowledged;
+        track.status.messages_ready = gauge(RABBITMQ_READY);
+        track.status.messages_unacked = gauge(RABBITMQ_UNACKED);
+        if redelivered.per_second.is_some() {
+            track.redelivered_per_s.push(at, redelivered.per_second);
         }
     }
 

@@ -156,6 +156,20 @@ fn perform(
                 let mut o = DrillOptions::new(scenario, &target.db_url, &target.queue_url);
                 o.mode = mode;
                 o.sms_url = target.sms_url.clone();
+                if scenario == drills::Scenario::LiveRedelivery {
+                    // The operator confirmed a popup that says LIVE, and the drill is
+                    // only offered with `allow_live` or on the demo.
+                    o.live.confirmed = true;
+                    match &target.metrics_url {
+                        Some(url) => o.live.metrics_url = url.clone(),
+                        None => {
+                            let _ = done.send(Action::DrillFinished(Err(
+                                "live-redelivery needs a metrics endpoint: set [drills] metrics_url or a [[targets]] entry".into(),
+                            )));
+                            return;
+                        }
+                    }
+                }
                 o.progress = Some(progress_tx);
                 let result = drills::run(o)
                     .await
@@ -173,14 +187,22 @@ pub struct DrillTarget {
     pub db_url: String,
     pub queue_url: String,
     pub sms_url: Option<String>,
+    /// What `live-redelivery` watches.
+    pub metrics_url: Option<String>,
 }
 
 impl DrillTarget {
-    pub fn new(db_url: &str, queue_url: &str, sms_url: Option<String>) -> Arc<Self> {
+    pub fn new(
+        db_url: &str,
+        queue_url: &str,
+        sms_url: Option<String>,
+        metrics_url: Option<String>,
+    ) -> Arc<Self> {
         Arc::new(DrillTarget {
             db_url: db_url.to_string(),
             queue_url: queue_url.to_string(),
             sms_url,
+            metrics_url,
         })
     }
 }

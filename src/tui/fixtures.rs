@@ -12,11 +12,11 @@ use crate::monitor::db::{
 };
 use crate::monitor::markers::{MarkerSource, TimelineMarker};
 use crate::monitor::series::Point;
-use crate::monitor::targets::{ConsumerStatus, CounterReading, TargetStatus};
+use crate::monitor::targets::{BrokerStatus, ConsumerStatus, CounterReading, TargetStatus};
 use crate::monitor::vehicles::{
     DetailEvent, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
 };
-use crate::monitor::{ConsumerChart, Snapshot};
+use crate::monitor::{BrokerChart, ConsumerChart, Snapshot};
 
 /// The fixed "now" of every fixture: the field report's 04:12.
 pub fn now() -> DateTime<Utc> {
@@ -70,6 +70,17 @@ fn ratio_series(peak: f64) -> Vec<Point> {
                 _ => Some(0.0001),
             };
             Point { at, value }
+        })
+        .collect()
+}
+
+/// A per-second rate series with the same deploy spike as [`ratio_series`].
+fn rate_series(peak: f64) -> Vec<Point> {
+    ratio_series(peak)
+        .into_iter()
+        .map(|p| Point {
+            at: p.at,
+            value: p.value.map(|v| if v > 0.001 { v } else { 0.0 }),
         })
         .collect()
 }
@@ -255,9 +266,21 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                 consumer: c.to_string(),
                 span_seconds: 900,
                 processed_per_s: Vec::new(),
-                duplicates_per_s: Vec::new(),
+                duplicates_per_s: rate_series(0.5 + i as f64 * 0.2),
                 duplicate_ratio: ratio_series(0.004 + i as f64 * 0.001),
             })
             .collect(),
+        brokers: vec![BrokerStatus {
+            target: "rabbitmq".into(),
+            up: true,
+            redelivered: reading(1930.0, 2.1),
+            acknowledged: reading(120_433.0, 41.0),
+            messages_ready: Some(12.0),
+            messages_unacked: Some(64.0),
+        }],
+        broker_charts: vec![BrokerChart {
+            target: "rabbitmq".into(),
+            redelivered_per_s: rate_series(2.6),
+        }],
     }
 }

@@ -87,6 +87,20 @@ fn drills_confirmation() {
 }
 
 #[test]
+fn drills_live_confirmation_says_it_is_live() {
+    let mut a = on(Tab::Drills);
+    for _ in 0..Scenario::ALL.len() {
+        a.update(Action::Down);
+    }
+    assert_eq!(a.drills.scenario(), Scenario::LiveRedelivery);
+    a.update(Action::Enter);
+    let screen = draw(&a);
+    let text = format!("{screen:?}");
+    assert!(text.contains("LIVE drill"), "{text}");
+    insta::assert_snapshot!(screen);
+}
+
+#[test]
 fn drills_verdict() {
     let mut a = on(Tab::Drills);
     let report = DrillReport {

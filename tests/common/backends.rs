@@ -30,7 +30,7 @@ pub struct TestDb {
     name: Option<String>,
 }
 
-fn required() -> bool {
+pub fn required() -> bool {
     std::env::var("IDEMWATCH_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
 }
 

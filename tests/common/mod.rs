@@ -50,6 +50,7 @@ pub fn run_cli(env: &TempEnv, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+pub mod amqp;
 pub mod backends;
 
 /// A child process killed (and reaped) when the test ends, pass or fail.

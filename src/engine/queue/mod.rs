@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
+pub mod amqp;
 pub mod embedded;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,8 +20,12 @@ pub enum QueueError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("{0}")]
     Store(#[from] crate::engine::store::StoreError),
-    #[error("unsupported queue URL {0} (expected sqlite://…)")]
+    #[error("unsupported queue URL {0} (expected sqlite://… or amqp://…)")]
     UnsupportedUrl(String),
+    #[error("bad queue URL {0}: {1}")]
+    BadUrl(String, String),
+    #[error("AMQP: {0}")]
+    Amqp(String),
 }
 
 pub type QueueResult<T> = Result<T, QueueError>;
@@ -90,6 +95,15 @@ pub trait Queue: Send + Sync + 'static {
     /// Remove every message of `queue` (drill clean-up).
     async fn purge_queue(&self, queue: &str) -> QueueResult<u64>;
 
+    /// Remove `queue` itself where queues are declared objects (a broker), else just
+    /// its messages: drills and chaos runs leave nothing behind.
+    async fn remove_queue(&self, queue: &str) -> QueueResult<u64> {
+        self.purge_queue(queue).await
+    }
+
+    /// Let go of the broker connection cleanly; whatever is still leased comes back.
+    async fn close(&self) {}
+
     fn redacted_url(&self) -> String;
 }
 
@@ -97,6 +111,8 @@ pub trait Queue: Send + Sync + 'static {
 pub async fn open(url: &str) -> QueueResult<Arc<dyn Queue>> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(embedded::EmbeddedQueue::open(url).await?))
+    } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
+        Ok(Arc::new(amqp::AmqpQueue::open(url).await?))
     } else {
         Err(QueueError::UnsupportedUrl(
             crate::engine::store::redact_url(url),

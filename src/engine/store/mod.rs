@@ -392,6 +392,16 @@ pub trait Store: Send + Sync + 'static {
 
     async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>>;
     async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>>;
+    /// The newest `limit` history rows outside drill devices (`DRILL-…`), optionally of
+    /// one event type, newest first: already-processed events a live drill re-publishes.
+    async fn recent_history(
+        &self,
+        event_type: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<HistoryRow>>;
+    /// Keys `consumer` recorded in `processed_messages` that start with `key_prefix`
+    /// (a device id prefix): what a chaos run checks against what it published.
+    async fn processed_keys(&self, consumer: &str, key_prefix: &str) -> StoreResult<Vec<String>>;
     async fn zone_exits(&self, device_id: &str) -> StoreResult<i64>;
     async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>>;
     /// Claims still `claimed` and older than `lease`: the sends in doubt.

@@ -575,19 +575,40 @@ impl Store for MysqlStore {
         .bind(device_id)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(HistoryRow {
-                    device_id: r.try_get("device_id")?,
-                    seq: r.try_get("seq")?,
-                    event_type: r.try_get("event_type")?,
-                    occurred_at: utc(r.try_get("occurred_at")?),
-                    received_at: utc(r.try_get("received_at")?),
-                    applied: r.try_get("applied")?,
-                    payload: r.try_get("payload")?,
-                })
-            })
-            .collect()
+        Ok(rows.iter().map(history_row).collect::<Result<_, _>>()?)
+    }
+
+    async fn recent_history(
+        &self,
+        event_type: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<HistoryRow>> {
+        let rows = sqlx::query(
+            "SELECT CAST(device_id AS CHAR) AS device_id, seq, event_type, occurred_at, received_at,
+                    applied, payload
+             FROM vehicle_history
+             WHERE device_id NOT LIKE 'DRILL-%' AND (? IS NULL OR event_type = ?)
+             ORDER BY received_at DESC, seq DESC LIMIT ?",
+        )
+        .bind(event_type)
+        .bind(event_type)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(history_row).collect::<Result<_, _>>()?)
+    }
+
+    async fn processed_keys(&self, consumer: &str, key_prefix: &str) -> StoreResult<Vec<String>> {
+        let len = i64::try_from(key_prefix.chars().count()).unwrap_or(i64::MAX);
+        Ok(sqlx::query_scalar(
+            "SELECT CAST(message_key AS CHAR) FROM processed_messages
+             WHERE consumer = ? AND LEFT(message_key, ?) = ? ORDER BY message_key",
+        )
+        .bind(consumer)
+        .bind(len)
+        .bind(key_prefix)
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
@@ -796,4 +817,17 @@ impl Store for MysqlStore {
         })
         .await
     }
+}
+
+/// One `vehicle_history` row as every history query selects it.
+fn history_row(r: &MySqlRow) -> Result<HistoryRow, sqlx::Error> {
+    Ok(HistoryRow {
+        device_id: r.try_get("device_id")?,
+        seq: r.try_get("seq")?,
+        event_type: r.try_get("event_type")?,
+        occurred_at: utc(r.try_get("occurred_at")?),
+        received_at: utc(r.try_get("received_at")?),
+        applied: r.try_get("applied")?,
+        payload: r.try_get("payload")?,
+    })
 }

@@ -71,6 +71,10 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Line::raw(""),
                 Line::raw("A drill runs against the watched database and queue in its own corner"),
                 Line::raw("(its own queue namespace and device id): live rows are never touched."),
+                Line::raw("Except live-redelivery: it re-publishes to the watched system itself,"),
+                Line::raw(
+                    "only with [drills] allow_live (or in the demo) and after a confirmation.",
+                ),
             ],
             Some(Err(e)) => vec![Line::styled(
                 format!("the drill could not run: {e}"),
@@ -167,10 +171,24 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     );
 
     if app.drills.confirming {
-        let popup = centered(area, 62, 7);
+        let live = app.drills.scenario() == Scenario::LiveRedelivery;
+        let popup = centered(area, 62, if live { 10 } else { 7 });
         frame.render_widget(Clear, popup);
-        frame.render_widget(
-            Paragraph::new(vec![
+        let mut text = if live {
+            vec![
+                Line::styled(
+                    "LIVE drill: this touches the watched system.",
+                    theme.crit.add_modifier(Modifier::BOLD),
+                ),
+                Line::raw(format!(
+                    "Re-publish {} already-processed messages to its own queues",
+                    Scenario::LiveRedelivery.default_times()
+                )),
+                Line::raw("and watch its /metrics: duplicate_dropped must rise by"),
+                Line::raw("exactly that, and no counter, state or SMS may move."),
+            ]
+        } else {
+            vec![
                 Line::raw(format!(
                     "Run {} in {} mode?",
                     app.drills.scenario(),
@@ -180,16 +198,26 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                     "It writes a drill_runs row and a drill marker, in its own namespace.",
                     theme.dim,
                 ),
-                Line::raw(""),
-                Line::from(vec![
-                    Span::styled(" y ", theme.key),
-                    Span::raw("run   "),
-                    Span::styled(" Esc ", theme.key),
-                    Span::raw("cancel"),
-                ]),
-            ])
-            .wrap(Wrap { trim: false })
-            .block(panel(" Confirm drill ", theme)),
+            ]
+        };
+        text.extend([
+            Line::raw(""),
+            Line::from(vec![
+                Span::styled(" y ", theme.key),
+                Span::raw(if live { "run it live   " } else { "run   " }),
+                Span::styled(" Esc ", theme.key),
+                Span::raw("cancel"),
+            ]),
+        ]);
+        frame.render_widget(
+            Paragraph::new(text).wrap(Wrap { trim: false }).block(panel(
+                if live {
+                    " Confirm LIVE drill "
+                } else {
+                    " Confirm drill "
+                },
+                theme,
+            )),
             popup,
         );
     }

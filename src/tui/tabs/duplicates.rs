@@ -10,7 +10,7 @@ use ratatui::widgets::{Axis, Chart, Dataset, GraphType, Paragraph};
 use ratatui::Frame;
 
 use crate::monitor::series::Point;
-use crate::monitor::ConsumerChart;
+use crate::monitor::{BrokerChart, ConsumerChart};
 use crate::tui::app::App;
 use crate::tui::format;
 use crate::tui::render::panel;
@@ -81,11 +81,16 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         .filter(|m| (now - m.at).num_seconds() <= span as i64 && m.at <= now)
         .collect();
 
-    let [chart_area, legend_area] = Layout::vertical([
+    let broker_rows = if snap.brokers.is_empty() { 0 } else { 10 };
+    let [chart_area, broker_area, legend_area] = Layout::vertical([
         Constraint::Min(8),
+        Constraint::Length(broker_rows),
         Constraint::Length(markers.len().clamp(1, 6) as u16 + 2),
     ])
     .areas(area);
+    if broker_rows > 0 {
+        render_broker(frame, broker_area, app, &charts, span, theme);
+    }
 
     // The data must outlive the chart widget.
     let series: Vec<(usize, String, Segments)> = charts
@@ -183,7 +188,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                     .style(theme.dim),
             )
             .legend_position(Some(ratatui::widgets::LegendPosition::TopLeft))
-            .hidden_legend_constraints((Constraint::Percentage(60), Constraint::Percentage(60))),
+            .hidden_legend_constraints((Constraint::Percentage(60), Constraint::Percentage(80))),
         chart_area,
     );
 
@@ -249,5 +254,109 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             theme,
         )),
         legend_area,
+    );
+}
+
+/// The broker's own redelivery rate (RabbitMQ's exporter) beside the consumers'
+/// duplicate_dropped rate, in messages per second: every broker redelivery should
+/// end as a dropped duplicate, so the two lines should move together.
+fn render_broker(
+    frame: &mut Frame,
+    area: Rect,
+    app: &App,
+    charts: &[(usize, &ConsumerChart)],
+    span: u64,
+    theme: &Theme,
+) {
+    let Some(snap) = &app.snapshot else {
+        return;
+    };
+    let now = snap.taken_at;
+    let x0 = -(span as f64);
+    let brokers: Vec<(&BrokerChart, Segments)> = snap
+        .broker_charts
+        .iter()
+        .map(|b| (b, segments(&b.redelivered_per_s, now, 1.0)))
+        .collect();
+    let dropped: Vec<(usize, String, Segments)> = charts
+        .iter()
+        .map(|(i, c)| {
+            (
+                *i,
+                c.consumer.clone(),
+                segments(&c.duplicates_per_s, now, 1.0),
+            )
+        })
+        .collect();
+    let peak = brokers
+        .iter()
+        .flat_map(|(_, s)| s.iter().flatten())
+        .chain(dropped.iter().flat_map(|(_, _, s)| s.iter().flatten()))
+        .map(|(_, y)| *y)
+        .fold(0.0f64, f64::max);
+    let y_max = (peak * 1.2).max(1.0);
+    let mut datasets = Vec::new();
+    for (b, segs) in &brokers {
+        for (k, seg) in segs.iter().enumerate() {
+            let mut d = Dataset::default()
+                .marker(Marker::Braille)
+                .graph_type(GraphType::Line)
+                .style(theme.warn)
+                .data(seg);
+            if k == 0 {
+                d = d.name(format!("{} redelivered/s", b.target));
+            }
+            datasets.push(d);
+        }
+    }
+    for (i, name, segs) in &dropped {
+        for (k, seg) in segs.iter().enumerate() {
+            let mut d = Dataset::default()
+                .marker(Marker::Braille)
+                .graph_type(GraphType::Line)
+                .style(theme.series(*i))
+                .data(seg);
+            if k == 0 {
+                d = d.name(format!("{name} dropped/s"));
+            }
+            datasets.push(d);
+        }
+    }
+    let status: Vec<String> = snap
+        .brokers
+        .iter()
+        .map(|b| {
+            if !b.up {
+                return format!("{}: down", b.target);
+            }
+            let n = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.0}"));
+            format!(
+                "{}: {} redelivered/s, ready {}, unacked {}",
+                b.target,
+                b.redelivered
+                    .per_second
+                    .map_or("?".to_string(), |v| format!("{v:.1}")),
+                n(b.messages_ready),
+                n(b.messages_unacked)
+            )
+        })
+        .collect();
+    let title = format!(
+        " Broker redeliveries vs duplicates dropped (msg/s) — {} ",
+        status.join(" · ")
+    );
+    frame.render_widget(
+        Chart::new(datasets)
+            .block(panel(title, theme))
+            .x_axis(Axis::default().bounds([x0, 0.0]).style(theme.dim))
+            .y_axis(
+                Axis::default()
+                    .bounds([0.0, y_max])
+                    .labels(vec![Span::raw("0"), Span::raw(format!("{y_max:.1}"))])
+                    .style(theme.dim),
+            )
+            .legend_position(Some(ratatui::widgets::LegendPosition::TopRight))
+            .hidden_legend_constraints((Constraint::Percentage(50), Constraint::Percentage(100))),
+        area,
     );
 }

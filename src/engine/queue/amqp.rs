@@ -1,0 +1,958 @@
+//! RabbitMQ (AMQP 0-9-1) behind the [`Queue`] trait, through the `lapin` crate.
+//!
+//! Topology, declared idempotently by whoever gets there first (publisher or consumer):
+//!
+//! - one durable **direct exchange** `{prefix}`; every consumer queue is bound to it with
+//!   its own name as routing key. The engine decides the fan-out (which consumers get a
+//!   message, so `publish --consumer X` and drills can target a subset) and publishes one
+//!   copy per target queue; another producer can publish to the same exchange.
+//! - one durable **queue per consumer** `{prefix}.{namespace}.{consumer}`, a *quorum*
+//!   queue where the broker has them (classic durable otherwise), with the dead-letter
+//!   exchange `{prefix}.dlx` (fanout → queue `{prefix}.dead-letters`) and a
+//!   `x-delivery-limit` far above the runner's `max_deliveries`: the runner dead-letters
+//!   poison messages into the `dead_letters` table itself; the broker's limit is the safety
+//!   net for a message the runner cannot even record (its database is down).
+//!
+//! Delivery: a consumer channel per queue with `basic.qos(prefetch)` + `basic.consume`
+//! (the broker pushes; `basic.get` would cost one round trip per message), drained into
+//! [`Queue::lease`]. Unacked deliveries come back when the channel or connection closes —
+//! a process death, the field report's mechanism — with the broker's `redelivered` flag,
+//! and on quorum queues an `x-delivery-count` header. AMQP has no visibility timeout: a
+//! lease that outlives its `visibility` is given back here with `basic.nack(requeue)` the
+//! next time the queue is leased, which keeps the trait's semantics (in-process drills
+//! crash a worker without closing the connection). A stale ack after that is refused
+//! locally (`Ok(false)`) instead of being sent with an unknown tag, which would close the
+//! channel.
+//!
+//! Publishing: persistent messages, `mandatory`, publisher confirms awaited for the whole
+//! batch. A batch that fails (broker restart) is retried on a new connection: a message
+//! may then be published twice, never lost — the consumers' dedup drops the copy.
+//!
+//! Reconnection: every operation goes through the current connection; any channel or
+//! connection error drops it and the next call opens a new one. Deliveries leased on the
+//! old connection cannot be acked any more (`Ok(false)`): the broker requeued them when the
+//! connection died and redelivers them, flagged, and the dedup makes that harmless.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::{FutureExt, StreamExt};
+use lapin::options::{
+    BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+
+use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
+use crate::engine::store::redact_url;
+
+/// Default `basic.qos` prefetch per consumer channel.
+pub const DEFAULT_PREFETCH: u16 = 32;
+/// The broker-side safety net (quorum queues only), well above any `max_deliveries`.
+pub const BROKER_DELIVERY_LIMIT: i64 = 100;
+/// How long an empty lease waits for the broker to push something.
+const LEASE_WAIT: Duration = Duration::from_millis(100);
+/// A delivery given back with `basic.nack(requeue)` is counted in flight this long: the
+/// broker requeues it asynchronously (through Raft on a quorum queue), so for a moment
+/// it is neither ready nor ours, and `depth` must not call the queue empty.
+const RETURN_GRACE: Duration = Duration::from_secs(1);
+/// How long a publish keeps retrying through reconnections before giving up.
+const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Which kind of queue to declare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueKind {
+    Quorum,
+    Classic,
+}
+
+/// Options read from (and removed from) the `amqp://` URL's query string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmqpOptions {
+    /// `?prefetch=N`
+    pub prefetch: u16,
+    /// `?queue_type=quorum|classic`
+    pub kind: QueueKind,
+    /// `?prefix=NAME`: the exchange and queue-name prefix.
+    pub prefix: String,
+}
+
+impl Default for AmqpOptions {
+    fn default() -> Self {
+        AmqpOptions {
+            prefetch: DEFAULT_PREFETCH,
+            kind: QueueKind::Quorum,
+            prefix: "idemwatch".into(),
+        }
+    }
+}
+
+/// Split our own query parameters off an `amqp://` URL; the rest goes to lapin.
+pub fn parse_url(raw: &str) -> QueueResult<(String, AmqpOptions)> {
+    let mut url =
+        url::Url::parse(raw).map_err(|e| QueueError::BadUrl(redact_url(raw), e.to_string()))?;
+    let mut opts = AmqpOptions::default();
+    let mut rest = Vec::new();
+    for (k, v) in url.query_pairs() {
+        match k.as_ref() {
+            "prefetch" => {
+                opts.prefetch =
+                    v.parse().ok().filter(|p| *p > 0).ok_or_else(|| {
+                        QueueError::BadUrl(redact_url(raw), format!("prefetch={v}"))
+                    })?
+            }
+            "queue_type" => {
+                opts.kind = match v.as_ref() {
+                    "quorum" => QueueKind::Quorum,
+                    "classic" => QueueKind::Classic,
+                    other => {
+                        return Err(QueueError::BadUrl(
+                            redact_url(raw),
+                            format!("queue_type={other} (quorum or classic)"),
+                        ))
+                    }
+                }
+            }
+            "prefix" if !v.is_empty() => opts.prefix = sanitize(&v),
+            _ => rest.push((k.into_owned(), v.into_owned())),
+        }
+    }
+    if rest.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(rest);
+    }
+    Ok((url.to_string(), opts))
+}
+
+/// Keep queue names to what every RabbitMQ tool handles without escaping.
+fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| match c {
+            '/' => '.',
+            c if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') => c,
+            _ => '_',
+        })
+        .collect();
+    s.chars().take(200).collect()
+}
+
+/// One delivery between `lease` and `ack`/`nack`.
+struct InFlight {
+    queue: String,
+    acker: Acker,
+    deadline: Instant,
+}
+
+/// The consumer side of one queue on one connection.
+struct QueueConsumer {
+    channel: Channel,
+    consumer: Mutex<lapin::Consumer>,
+    /// Deliveries pushed by the broker, not leased yet (drained from the stream when
+    /// counting depth).
+    buffered: Mutex<VecDeque<lapin::message::Delivery>>,
+}
+
+/// One live connection and what was declared and opened on it.
+struct Link {
+    generation: u64,
+    connection: Connection,
+    publisher: Mutex<Option<Channel>>,
+    declared: Mutex<HashSet<String>>,
+    consumers: Mutex<HashMap<String, Arc<QueueConsumer>>>,
+}
+
+/// A [`Queue`] on a RabbitMQ broker.
+pub struct AmqpQueue {
+    url: String,
+    lapin_url: String,
+    opts: AmqpOptions,
+    link: Mutex<Option<Arc<Link>>>,
+    generation: AtomicU64,
+    inflight: std::sync::Mutex<HashMap<String, InFlight>>,
+    /// Per queue: when each delivery given back recently stops counting (`RETURN_GRACE`).
+    returning: std::sync::Mutex<HashMap<String, Vec<Instant>>>,
+    /// Connections opened so far (1 = never reconnected); tests and logs read it.
+    connects: AtomicU64,
+}
+
+impl std::fmt::Debug for AmqpQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpQueue")
+            .field("url", &redact_url(&self.url))
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+fn amqp_err(e: lapin::Error) -> QueueError {
+    QueueError::Amqp(e.to_string())
+}
+
+/// Every broker round trip is bounded: when a connection dies under an operation in
+/// flight (a broker restart), lapin may never resolve it, and one worker would wait
+/// forever on its ack.
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn rpc<T>(
+    what: &str,
+    fut: impl std::future::Future<Output = lapin::Result<T>>,
+) -> QueueResult<T> {
+    match tokio::time::timeout(RPC_TIMEOUT, fut).await {
+        Ok(r) => r.map_err(amqp_err),
+        Err(_) => Err(QueueError::Amqp(format!(
+            "{what}: no answer from the broker within {RPC_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// A goodbye that must not hang on a dead connection.
+async fn quietly(fut: impl std::future::Future<Output = lapin::Result<()>>) {
+    let _ = tokio::time::timeout(RPC_TIMEOUT, fut).await;
+}
+
+fn short(s: &str) -> ShortString {
+    ShortString::from(s)
+}
+
+impl AmqpQueue {
+    /// Parse the URL and connect once, so a wrong address or password fails now.
+    pub async fn open(url: &str) -> QueueResult<Self> {
+        let (lapin_url, opts) = parse_url(url)?;
+        let q = AmqpQueue {
+            url: url.to_string(),
+            lapin_url,
+            opts,
+            link: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            inflight: std::sync::Mutex::new(HashMap::new()),
+            returning: std::sync::Mutex::new(HashMap::new()),
+            connects: AtomicU64::new(0),
+        };
+        q.link().await?;
+        Ok(q)
+    }
+
+    pub fn options(&self) -> &AmqpOptions {
+        &self.opts
+    }
+
+    /// How many connections this queue opened (reconnections + 1).
+    pub fn connections_opened(&self) -> u64 {
+        self.connects.load(Ordering::Relaxed)
+    }
+
+    /// The broker-side name of an engine queue (`ns/consumer` → `prefix.ns.consumer`).
+    pub fn broker_queue_name(&self, queue: &str) -> String {
+        format!("{}.{}", self.opts.prefix, sanitize(queue))
+    }
+
+    fn exchange(&self) -> String {
+        self.opts.prefix.clone()
+    }
+
+    fn dead_letter_exchange(&self) -> String {
+        format!("{}.dlx", self.opts.prefix)
+    }
+
+    /// The queue holding what the broker dead-lettered (past `x-delivery-limit`).
+    pub fn dead_letter_queue(&self) -> String {
+        format!("{}.dead-letters", self.opts.prefix)
+    }
+
+    /// The current connection, or a new one (with the shared topology declared).
+    async fn link(&self) -> QueueResult<Arc<Link>> {
+        let mut guard = self.link.lock().await;
+        if let Some(link) = guard.as_ref() {
+            if link.connection.status().connected() {
+                return Ok(link.clone());
+            }
+            tracing::warn!(queue = %redact_url(&self.url), "AMQP connection lost: reconnecting");
+        }
+        *guard = None;
+        // The name shows in the broker's connection list and management UI, and lets an
+        // operator (or a test) find and close one process's connection.
+        let props = ConnectionProperties::default()
+            .with_connection_name(format!("idemwatch pid={}", std::process::id()).into());
+        let connection = rpc("connect", Connection::connect(&self.lapin_url, props))
+            .await
+            .map_err(|e| {
+                QueueError::Amqp(format!("cannot connect to {}: {e}", redact_url(&self.url)))
+            })?;
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        self.connects.fetch_add(1, Ordering::Relaxed);
+        let link = Arc::new(Link {
+            generation,
+            connection,
+            publisher: Mutex::new(None),
+            declared: Mutex::new(HashSet::new()),
+            consumers: Mutex::new(HashMap::new()),
+        });
+        self.declare_shared(&link).await?;
+        // Leases of older connections are void: the broker requeued them.
+        self.lock_inflight()
+            .retain(|token, _| token.starts_with(&format!("{generation}:")));
+        *guard = Some(link.clone());
+        Ok(link)
+    }
+
+    /// Forget the current connection after an error, so the next call reconnects.
+    async fn drop_link(&self, generation: u64) {
+        let mut guard = self.link.lock().await;
+        if guard.as_ref().is_some_and(|l| l.generation == generation) {
+            if let Some(link) = guard.take() {
+                quietly(link.connection.close(320, short("idemwatch: reconnecting"))).await;
+            }
+        }
+    }
+
+    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, InFlight>> {
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn declare_shared(&self, link: &Link) -> QueueResult<()> {
+        let ch = rpc("broker", link.connection.create_channel()).await?;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        rpc(
+            "broker",
+            ch.exchange_declare(
+                short(&self.exchange()),
+                lapin::ExchangeKind::Direct,
+                durable,
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        rpc(
+            "broker",
+            ch.exchange_declare(
+                short(&self.dead_letter_exchange()),
+                lapin::ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        let dlq = self.dead_letter_queue();
+        self.declare_queue_on(link, &dlq, false).await?;
+        rpc(
+            "broker",
+            ch.queue_bind(
+                short(&dlq),
+                short(&self.dead_letter_exchange()),
+                short(""),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        quietly(ch.close(200, short("declared"))).await;
+        Ok(())
+    }
+
+    /// Declare a durable queue: quorum if asked and possible, else classic; an existing
+    /// queue with other arguments is used as it is.
+    async fn declare_queue_on(
+        &self,
+        link: &Link,
+        broker_name: &str,
+        dead_lettered: bool,
+    ) -> QueueResult<()> {
+        let mut base = FieldTable::default();
+        if dead_lettered {
+            base.insert(
+                short("x-dead-letter-exchange"),
+                AMQPValue::LongString(self.dead_letter_exchange().into()),
+            );
+        }
+        let mut quorum = base.clone();
+        quorum.insert(
+            short("x-queue-type"),
+            AMQPValue::LongString("quorum".into()),
+        );
+        if dead_lettered {
+            quorum.insert(
+                short("x-delivery-limit"),
+                AMQPValue::LongLongInt(BROKER_DELIVERY_LIMIT),
+            );
+        }
+        let mut attempts = Vec::new();
+        if self.opts.kind == QueueKind::Quorum {
+            attempts.push(quorum);
+        }
+        attempts.push(base);
+        let durable = QueueDeclareOptions::durable();
+        let mut last = None;
+        for args in attempts {
+            // A refused declaration closes its channel: one channel per attempt.
+            let ch = rpc("broker", link.connection.create_channel()).await?;
+            match tokio::time::timeout(
+                RPC_TIMEOUT,
+                ch.queue_declare(short(broker_name), durable, args),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
+                    lapin::ChannelState::Error,
+                    "queue.declare timed out",
+                )))
+            }) {
+                Ok(_) => {
+                    quietly(ch.close(200, short("declared"))).await;
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::info!(queue = broker_name, error = %e, "queue declaration refused, trying the next kind");
+                    last = Some(e);
+                }
+            }
+        }
+        // It exists with arguments of its own (declared by an older version or by hand).
+        let ch = rpc("broker", link.connection.create_channel()).await?;
+        match rpc(
+            "queue.declare",
+            ch.queue_declare(
+                short(broker_name),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            ),
+        )
+        .await
+        {
+            Ok(_) => {
+                quietly(ch.close(200, short("declared"))).await;
+                Ok(())
+            }
+            Err(_) => Err(amqp_err(last.unwrap_or_else(|| {
+                lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
+                    lapin::ChannelState::Error,
+                    "queue.declare",
+                ))
+            }))),
+        }
+    }
+
+    /// Declare and bind an engine queue once per connection.
+    async fn ensure_queue(&self, link: &Link, queue: &str) -> QueueResult<String> {
+        let name = self.broker_queue_name(queue);
+        if link.declared.lock().await.contains(&name) {
+            return Ok(name);
+        }
+        self.declare_queue_on(link, &name, true).await?;
+        let ch = rpc("broker", link.connection.create_channel()).await?;
+        rpc(
+            "broker",
+            ch.queue_bind(
+                short(&name),
+                short(&self.exchange()),
+                short(&name),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        quietly(ch.close(200, short("bound"))).await;
+        link.declared.lock().await.insert(name.clone());
+        Ok(name)
+    }
+
+    async fn consumer(&self, link: &Link, queue: &str) -> QueueResult<Arc<QueueConsumer>> {
+        if let Some(c) = link.consumers.lock().await.get(queue) {
+            if c.channel.status().connected() {
+                return Ok(c.clone());
+            }
+        }
+        let name = self.ensure_queue(link, queue).await?;
+        let channel = rpc("broker", link.connection.create_channel()).await?;
+        rpc(
+            "broker",
+            channel.basic_qos(self.opts.prefetch, BasicQosOptions::default()),
+        )
+        .await?;
+        let consumer = rpc(
+            "basic.consume",
+            channel.basic_consume(
+                short(&name),
+                short(&format!(
+                    "idemwatch-{}-{}",
+                    std::process::id(),
+                    link.generation
+                )),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        let c = Arc::new(QueueConsumer {
+            channel,
+            consumer: Mutex::new(consumer),
+            buffered: Mutex::new(VecDeque::new()),
+        });
+        link.consumers
+            .lock()
+            .await
+            .insert(queue.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Give back leases older than their visibility timeout (see the module doc).
+    async fn return_expired(&self, queue: &str) {
+        let now = Instant::now();
+        let expired: Vec<InFlight> = {
+            let mut map = self.lock_inflight();
+            let tokens: Vec<String> = map
+                .iter()
+                .filter(|(_, f)| f.queue == queue && f.deadline <= now)
+                .map(|(t, _)| t.clone())
+                .collect();
+            tokens.iter().filter_map(|t| map.remove(t)).collect()
+        };
+        for f in expired {
+            tracing::info!(
+                queue,
+                "lease expired: giving the delivery back to the broker"
+            );
+            self.give_back(&f).await;
+        }
+    }
+
+    /// `basic.nack(requeue)`, remembered for `RETURN_GRACE` (see there).
+    async fn give_back(&self, f: &InFlight) {
+        if matches!(rpc("basic.nack", f.acker.nack(requeue())).await, Ok(true)) {
+            self.returning
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(f.queue.clone())
+                .or_default()
+                .push(Instant::now() + RETURN_GRACE);
+        }
+    }
+
+    fn returning_count(&self, queue: &str) -> u64 {
+        let now = Instant::now();
+        let mut map = self.returning.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get_mut(queue) {
+            Some(v) => {
+                v.retain(|t| *t > now);
+                v.len() as u64
+            }
+            None => 0,
+        }
+    }
+
+    /// Pull whatever the broker already pushed into the consumer's buffer.
+    async fn drain_ready(&self, c: &QueueConsumer) -> QueueResult<()> {
+        let mut stream = c.consumer.lock().await;
+        let mut buf = c.buffered.lock().await;
+        while let Some(next) = stream.next().now_or_never() {
+            match next {
+                Some(Ok(d)) => buf.push_back(d),
+                Some(Err(e)) => return Err(amqp_err(e)),
+                None => return Err(QueueError::Amqp("consumer cancelled by the broker".into())),
+            }
+        }
+        Ok(())
+    }
+
+    async fn lease_on(
+        &self,
+        link: &Link,
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+    ) -> QueueResult<Vec<Delivery>> {
+        self.return_expired(queue).await;
+        let c = self.consumer(link, queue).await?;
+        let mut taken = Vec::new();
+        {
+            let mut stream = c.consumer.lock().await;
+            let mut buf = c.buffered.lock().await;
+            if buf.is_empty() {
+                drop(buf);
+                match tokio::time::timeout(LEASE_WAIT, stream.next()).await {
+                    Ok(Some(Ok(d))) => c.buffered.lock().await.push_back(d),
+                    Ok(Some(Err(e))) => return Err(amqp_err(e)),
+                    Ok(None) => {
+                        return Err(QueueError::Amqp("consumer cancelled by the broker".into()))
+                    }
+                    Err(_) => return Ok(Vec::new()),
+                }
+                buf = c.buffered.lock().await;
+            }
+            while buf.len() < max {
+                match stream.next().now_or_never() {
+                    Some(Some(Ok(d))) => buf.push_back(d),
+                    Some(Some(Err(e))) => return Err(amqp_err(e)),
+                    Some(None) => break,
+                    None => break,
+                }
+            }
+            while taken.len() < max {
+                match buf.pop_front() {
+                    Some(d) => taken.push(d),
+                    None => break,
+                }
+            }
+        }
+        let deadline = Instant::now() + visibility;
+        let channel_id = c.channel.id();
+        let mut out = Vec::with_capacity(taken.len());
+        let mut map = self.lock_inflight();
+        for d in taken {
+            let token = format!("{}:{}:{}", link.generation, channel_id, d.delivery_tag);
+            let delivery_count = delivery_count(&d);
+            map.insert(
+                token.clone(),
+                InFlight {
+                    queue: queue.to_string(),
+                    acker: d.acker.clone(),
+                    deadline,
+                },
+            );
+            out.push(Delivery {
+                id: i64::try_from(d.delivery_tag).unwrap_or(i64::MAX),
+                queue: queue.to_string(),
+                body: d.data,
+                delivery_count,
+                redelivered: d.redelivered,
+                lease_token: token,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn publish_on(
+        &self,
+        link: &Link,
+        queues: &[String],
+        bodies: &[Vec<u8>],
+    ) -> QueueResult<()> {
+        let mut names = Vec::with_capacity(queues.len());
+        for q in queues {
+            names.push(self.ensure_queue(link, q).await?);
+        }
+        let mut guard = link.publisher.lock().await;
+        let channel = match guard.as_ref() {
+            Some(ch) if ch.status().connected() => ch.clone(),
+            _ => {
+                let ch = rpc("broker", link.connection.create_channel()).await?;
+                rpc("broker", ch.confirm_select(ConfirmSelectOptions::default())).await?;
+                *guard = Some(ch.clone());
+                ch
+            }
+        };
+        let exchange = self.exchange();
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type(short("application/json"));
+        let mut confirms = Vec::with_capacity(bodies.len() * names.len());
+        for body in bodies {
+            for name in &names {
+                confirms.push(
+                    rpc(
+                        "broker",
+                        channel.basic_publish(
+                            short(&exchange),
+                            short(name),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                ..BasicPublishOptions::default()
+                            },
+                            body,
+                            props.clone(),
+                        ),
+                    )
+                    .await?,
+                );
+            }
+        }
+        for confirm in confirms {
+            let c = rpc("publisher confirm", confirm).await?;
+            if !c.is_ack() {
+                return Err(QueueError::Amqp(
+                    "the broker refused a message (publisher nack)".into(),
+                ));
+            }
+            if c.take_message().is_some() {
+                return Err(QueueError::Amqp(
+                    "a message was returned as unroutable".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue depth as the broker counts it (`message_count` of a passive declare, ready
+    /// only) plus what this connection holds: pushed but not leased, and leased.
+    async fn depth_on(&self, link: &Link, queue: &str) -> QueueResult<QueueDepth> {
+        self.return_expired(queue).await;
+        let name = self.ensure_queue(link, queue).await?;
+        let existing = link.consumers.lock().await.get(queue).cloned();
+        // On the consumer's own channel: every delivery the broker dispatched before it
+        // counted is ahead of the declare-ok on the wire, so none is missed in between.
+        let (channel, temporary) = match &existing {
+            Some(c) if c.channel.status().connected() => (c.channel.clone(), false),
+            _ => (rpc("broker", link.connection.create_channel()).await?, true),
+        };
+        let declared = rpc(
+            "broker",
+            channel.queue_declare(
+                short(&name),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        if temporary {
+            quietly(channel.close(200, short("counted"))).await;
+        }
+        let mut buffered = 0;
+        if let Some(c) = &existing {
+            self.drain_ready(c).await?;
+            buffered = c.buffered.lock().await.len() as u64;
+        }
+        let leased = self
+            .lock_inflight()
+            .values()
+            .filter(|f| f.queue == queue)
+            .count() as u64;
+        Ok(QueueDepth {
+            ready: u64::from(declared.message_count()),
+            in_flight: buffered + leased + self.returning_count(queue),
+        })
+    }
+
+    /// Run `op` on the current connection; on failure drop it (the next call reconnects).
+    async fn with_link<T, F, Fut>(&self, op: F) -> QueueResult<T>
+    where
+        F: FnOnce(Arc<Link>) -> Fut,
+        Fut: std::future::Future<Output = QueueResult<T>>,
+    {
+        let link = self.link().await?;
+        let generation = link.generation;
+        match op(link).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                self.drop_link(generation).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Remove a queue from the broker (drill and chaos clean-up).
+    pub async fn delete(&self, queue: &str) -> QueueResult<u64> {
+        let name = self.broker_queue_name(queue);
+        self.with_link(|link| async move {
+            if let Some(c) = link.consumers.lock().await.remove(queue) {
+                quietly(c.channel.close(200, short("queue deleted"))).await;
+            }
+            link.declared.lock().await.remove(&name);
+            self.lock_inflight().retain(|_, f| f.queue != queue);
+            let ch = rpc("broker", link.connection.create_channel()).await?;
+            let n = rpc(
+                "broker",
+                ch.queue_delete(short(&name), QueueDeleteOptions::default()),
+            )
+            .await?;
+            quietly(ch.close(200, short("deleted"))).await;
+            Ok(u64::from(n))
+        })
+        .await
+    }
+
+    /// Remove this prefix's exchanges and dead-letter queue (a test's or a trial's own
+    /// prefix; never call it on a prefix other processes use).
+    pub async fn remove_topology(&self) -> QueueResult<()> {
+        self.with_link(|link| async move {
+            let ch = rpc("broker", link.connection.create_channel()).await?;
+            rpc(
+                "broker",
+                ch.queue_delete(
+                    short(&self.dead_letter_queue()),
+                    QueueDeleteOptions::default(),
+                ),
+            )
+            .await?;
+            for ex in [self.exchange(), self.dead_letter_exchange()] {
+                rpc("broker", ch.exchange_delete(short(&ex), Default::default())).await?;
+            }
+            quietly(ch.close(200, short("removed"))).await;
+            Ok(())
+        })
+        .await?;
+        self.close().await;
+        Ok(())
+    }
+
+    /// Close the connection cleanly: what is still leased goes back to the broker.
+    pub async fn close(&self) {
+        if let Some(link) = self.link.lock().await.take() {
+            quietly(link.connection.close(200, short("idemwatch: bye"))).await;
+        }
+    }
+}
+
+fn requeue() -> BasicNackOptions {
+    BasicNackOptions {
+        multiple: false,
+        requeue: true,
+    }
+}
+
+/// 1 on a first delivery. Quorum queues count returns in `x-delivery-count`; classic
+/// queues only say whether a delivery is a redelivery.
+fn delivery_count(d: &lapin::message::Delivery) -> u32 {
+    let header = d
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-delivery-count").cloned());
+    let returned = match header {
+        Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).ok(),
+        Some(AMQPValue::LongInt(n)) => u32::try_from(n).ok(),
+        Some(AMQPValue::LongUInt(n)) => Some(n),
+        Some(AMQPValue::ShortInt(n)) => u32::try_from(n).ok(),
+        Some(AMQPValue::ShortUInt(n)) => Some(u32::from(n)),
+        Some(AMQPValue::ShortShortUInt(n)) => Some(u32::from(n)),
+        Some(AMQPValue::ShortShortInt(n)) => u32::try_from(n).ok(),
+        _ => None,
+    };
+    match returned {
+        Some(n) => n.saturating_add(1),
+        None if d.redelivered => 2,
+        None => 1,
+    }
+}
+
+#[async_trait]
+impl Queue for AmqpQueue {
+    async fn publish(&self, queues: &[String], bodies: &[Vec<u8>]) -> QueueResult<()> {
+        if queues.is_empty() || bodies.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(200);
+        loop {
+            match self
+                .with_link(|link| async move { self.publish_on(&link, queues, bodies).await })
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if started.elapsed() < PUBLISH_RETRY_FOR => {
+                    tracing::warn!(error = %e, "publish failed: retrying on a new connection (copies are dropped by the consumers' dedup)");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn lease(
+        &self,
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+    ) -> QueueResult<Vec<Delivery>> {
+        self.with_link(
+            |link| async move { self.lease_on(&link, queue, max.max(1), visibility).await },
+        )
+        .await
+    }
+
+    async fn ack(&self, delivery: &Delivery) -> QueueResult<bool> {
+        let Some(f) = self.lock_inflight().remove(&delivery.lease_token) else {
+            return Ok(false);
+        };
+        rpc("basic.ack", f.acker.ack(Default::default())).await
+    }
+
+    async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
+        if delay.is_zero() {
+            let Some(f) = self.lock_inflight().remove(&delivery.lease_token) else {
+                return Ok(());
+            };
+            self.give_back(&f).await;
+            return Ok(());
+        }
+        // AMQP has no delayed requeue: hold the delivery (still unacked, so it comes back
+        // anyway if this process dies meanwhile) and give it back once `delay` is over,
+        // the way an expired lease is given back.
+        if let Some(f) = self.lock_inflight().get_mut(&delivery.lease_token) {
+            f.deadline = Instant::now() + delay;
+        }
+        Ok(())
+    }
+
+    async fn depth(&self, queue: &str) -> QueueResult<QueueDepth> {
+        self.with_link(|link| async move { self.depth_on(&link, queue).await })
+            .await
+    }
+
+    async fn purge_queue(&self, queue: &str) -> QueueResult<u64> {
+        let name = self.broker_queue_name(queue);
+        self.with_link(|link| async move {
+            let ch = rpc("broker", link.connection.create_channel()).await?;
+            let n = rpc(
+                "broker",
+                ch.queue_purge(short(&name), QueuePurgeOptions::default()),
+            )
+            .await?;
+            quietly(ch.close(200, short("purged"))).await;
+            Ok(u64::from(n))
+        })
+        .await
+    }
+
+    async fn remove_queue(&self, queue: &str) -> QueueResult<u64> {
+        self.delete(queue).await
+    }
+
+    async fn close(&self) {
+        AmqpQueue::close(self).await
+    }
+
+    fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_query_parameters_are_split_off() {
+        let (rest, o) = parse_url(
+            "amqp://guest:pw@127.0.0.1:5672/%2f?prefetch=8&queue_type=classic&heartbeat=10",
+        )
+        .unwrap();
+        assert_eq!(rest, "amqp://guest:pw@127.0.0.1:5672/%2f?heartbeat=10");
+        assert_eq!(o.prefetch, 8);
+        assert_eq!(o.kind, QueueKind::Classic);
+        let (rest, o) = parse_url("amqp://127.0.0.1/%2f").unwrap();
+        assert_eq!(rest, "amqp://127.0.0.1/%2f");
+        assert_eq!(o, AmqpOptions::default());
+        let err = parse_url("amqp://u:secret@h/%2f?prefetch=0").unwrap_err();
+        assert!(!err.to_string().contains("secret"));
+    }
+
+    #[test]
+    fn drill_namespaces_become_plain_queue_names() {
+        assert_eq!(
+            sanitize("drill-12-ab/zone-exit-sms"),
+            "drill-12-ab.zone-exit-sms"
+        );
+        assert_eq!(sanitize("a b*c"), "a_b_c");
+    }
+}

@@ -1,0 +1,401 @@
+//! RabbitMQ as the queue: the broker's own redelivery, process kills, a connection
+//! cut mid-run, and the chaos run (several `serve` processes SIGKILLed at random).
+//! Needs a broker (`IDEMWATCH_AMQP_URL`); skipped without one unless CI requires it.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::amqp::{amqp_url, force_close_connections_of, namespace};
+use common::backends::{Kind, TestDb};
+use common::{run_cli, TempEnv};
+use idemwatch::engine::consumers::{trip_counter, zone_exit_sms};
+use idemwatch::engine::crash::CrashPlan;
+use idemwatch::engine::envelope::EventType;
+use idemwatch::engine::queue::{self, amqp::AmqpQueue, Queue};
+use idemwatch::engine::runner::RunnerSettings;
+use idemwatch::engine::{Engine, EngineConfig};
+use idemwatch::sim::fleet::{FleetConfig, FleetSim};
+use idemwatch::sim::sandbox_provider;
+use tokio::sync::watch;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacked_delivery_comes_back_with_the_brokers_redelivered_flag() {
+    let Some(url) = amqp_url().await else { return };
+    let q = AmqpQueue::open(&url).await.unwrap();
+    let ns = namespace("lease");
+    let (a, b) = (format!("{ns}/a"), format!("{ns}/b"));
+    q.publish(&[a.clone(), b.clone()], &[b"m1".to_vec()])
+        .await
+        .unwrap();
+    let first = q.lease(&a, 10, Duration::from_millis(200)).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert!(!first[0].redelivered);
+    assert_eq!(first[0].delivery_count, 1);
+    assert_eq!(q.depth(&a).await.unwrap().in_flight, 1);
+    assert_eq!(
+        q.depth(&b).await.unwrap().ready,
+        1,
+        "fan-out: b keeps its copy"
+    );
+    // Not acked within the visibility timeout: given back, and the broker flags it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut again = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while again.is_empty() && Instant::now() < deadline {
+        again = q.lease(&a, 10, Duration::from_secs(30)).await.unwrap();
+    }
+    assert_eq!(again.len(), 1);
+    assert!(again[0].redelivered, "the broker's redelivered flag");
+    assert_eq!(again[0].delivery_count, 2, "quorum x-delivery-count + 1");
+    assert_eq!(again[0].body, b"m1");
+    assert!(!q.ack(&first[0]).await.unwrap(), "a stale lease cannot ack");
+    assert!(q.ack(&again[0]).await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !q.depth(&a).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "queue a never drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for name in [&a, &b] {
+        q.remove_queue(name).await.unwrap();
+    }
+    q.close().await;
+}
+
+/// The field report, for real: each consumer incarnation is a process that aborts
+/// after its commit and before its ack; RabbitMQ redelivers to the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_before_ack_with_process_kills_on_rabbitmq_and_postgres() {
+    let Some(url) = amqp_url().await else { return };
+    let Some(db) = TestDb::new(Kind::Postgres).await else {
+        return;
+    };
+    for (mode, sms) in [("idempotent", 1), ("naive", 7)] {
+        let (code, stdout, stderr) = run_cli(
+            &db.env,
+            &[
+                "drill",
+                "crash-before-ack",
+                "--times",
+                "7",
+                "--kill-process",
+                "--mode",
+                mode,
+                "--queue",
+                &url,
+                "--db",
+                &db.url,
+                "--json",
+            ],
+        );
+        let r: serde_json::Value =
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+        assert_eq!(code, 0, "{r}");
+        assert_eq!(r["sms_sent"], sms, "{mode}: {r}");
+        assert_eq!(r["deliveries"], 7, "{r}");
+        assert_eq!(r["details"]["redelivered_seen"], 6, "broker flagged: {r}");
+        assert!(
+            !stdout.contains("guest:guest"),
+            "the password is never printed"
+        );
+    }
+    db.cleanup().await;
+}
+
+/// Every connection of this process is closed by the broker twice while events with
+/// duplicates are published and consumed: the queue reconnects, and in the end every
+/// distinct zone exit was counted once and sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_connection_force_closed_mid_run_loses_and_doubles_nothing() {
+    let Some(url) = amqp_url().await else { return };
+    let env = TempEnv::new();
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(&env.db_url(), &url, &sandbox.url(), &sandbox.url());
+    cfg.namespace = Some(namespace("reconnect"));
+    cfg.runner = RunnerSettings {
+        idle_poll: Duration::from_millis(20),
+        ..RunnerSettings::default()
+    };
+    let engine = Arc::new(Engine::open(&cfg).await.unwrap());
+    let prefix = format!("RECONNECT-{:04x}-", rand::random::<u16>());
+    let messages = FleetSim::new(FleetConfig {
+        vehicles: 10,
+        seed: 11,
+        redelivery_rate: 0.1,
+        late_rate: 0.01,
+        device_prefix: prefix.clone(),
+        ..FleetConfig::default()
+    })
+    .take_n(1500);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let runner = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.run(2, Arc::new(CrashPlan::none()), stop_rx).await })
+    };
+    let bodies: Vec<Vec<u8>> = messages.iter().map(|m| m.raw.clone()).collect();
+    let mut closed = 0;
+    for (i, chunk) in bodies.chunks(100).enumerate() {
+        engine
+            .publish(chunk)
+            .await
+            .expect("publish survives a reconnect");
+        if i == 4 || i == 10 {
+            let pid = std::process::id();
+            closed += tokio::task::spawn_blocking(move || force_close_connections_of(pid))
+                .await
+                .unwrap();
+        }
+    }
+    assert!(closed >= 2, "the broker closed our connections ({closed})");
+    let names: Vec<String> = engine
+        .consumer_names()
+        .iter()
+        .map(|c| engine.queue_name(c))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut empty_in_a_row = 0;
+    while empty_in_a_row < 3 {
+        assert!(Instant::now() < deadline, "queues never drained");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut empty = true;
+        for n in &names {
+            empty &= engine.queue.depth(n).await.is_ok_and(|d| d.is_empty());
+        }
+        empty_in_a_row = if empty { empty_in_a_row + 1 } else { 0 };
+    }
+    let _ = stop_tx.send(true);
+    runner.await.unwrap().unwrap();
+
+    let summary = engine.summary();
+    assert!(
+        summary.total.redelivered > 0,
+        "deliveries held when the connection died came back flagged: {summary:?}"
+    );
+    assert_exactly_once(engine.store.as_ref(), &sandbox, &messages, &prefix).await;
+    for n in &names {
+        engine.queue.remove_queue(n).await.unwrap();
+    }
+}
+
+/// Exactly once, checked against what was published: trip_counters = distinct zone
+/// exits, every zone exit processed by both consumers and nothing else, one SMS per
+/// distinct zone exit, every vehicle's state = its newest event.
+async fn assert_exactly_once(
+    store: &dyn idemwatch::engine::store::Store,
+    sandbox: &sandbox_provider::SandboxHandle,
+    messages: &[idemwatch::sim::fleet::SimMessage],
+    prefix: &str,
+) {
+    let exits: HashSet<String> = messages
+        .iter()
+        .filter(|m| m.envelope.event_type == EventType::ZoneExit)
+        .map(|m| m.envelope.key().to_string())
+        .collect();
+    let mut newest: HashMap<&str, u64> = HashMap::new();
+    for m in messages {
+        let e = newest.entry(m.envelope.device_id.as_str()).or_default();
+        *e = (*e).max(m.envelope.seq);
+    }
+    let mut counted = 0;
+    for (device, seq) in &newest {
+        counted += store.zone_exits(device).await.unwrap();
+        let state = store.vehicle_state(device).await.unwrap().unwrap();
+        assert_eq!(state.last_seq as u64, *seq, "{device}");
+    }
+    assert_eq!(
+        counted as usize,
+        exits.len(),
+        "trip_counters = distinct zone exits"
+    );
+    for consumer in [trip_counter::NAME, zone_exit_sms::NAME] {
+        let keys: HashSet<String> = store
+            .processed_keys(consumer, prefix)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(
+            keys, exits,
+            "{consumer}: every zone exit processed, nothing else"
+        );
+    }
+    let sms: Vec<_> = sandbox
+        .state()
+        .sent_sms()
+        .into_iter()
+        .filter(|s| s.text.contains(prefix))
+        .collect();
+    let texts: HashSet<&str> = sms.iter().map(|s| s.text.as_str()).collect();
+    assert_eq!(sms.len(), exits.len(), "one SMS per distinct zone exit");
+    assert_eq!(texts.len(), sms.len(), "no SMS twice");
+}
+
+/// The broker itself stops (`rabbitmqctl stop_app`) and comes back while two `serve`
+/// processes consume and a producer publishes: they reconnect, nothing is lost (the
+/// queues are durable, publishes confirmed or retried), nothing is doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_restart_mid_run_loses_and_doubles_nothing() {
+    let Some(url) = amqp_url().await else { return };
+    let Some(db) = TestDb::new(Kind::Postgres).await else {
+        return;
+    };
+    let queue_url = format!("{url}?prefix=idw_restart_{}", std::process::id());
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let serve = |port_log: &str| {
+        common::KillOnDrop(
+            std::process::Command::new(common::idemwatch_bin())
+                .args(["serve", "--listen", "127.0.0.1:0", "--db", &db.url])
+                .args(["--queue", &queue_url, "--sms-url", &sandbox.url()])
+                .env("IDEMWATCH_LOG_FILE", db.env.path(port_log))
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start serve"),
+        )
+    };
+    let _a = serve("a.log");
+    let _b = serve("b.log");
+    let prefix = format!("RESTART-{:04x}-", rand::random::<u16>());
+    let messages = FleetSim::new(FleetConfig {
+        vehicles: 10,
+        seed: 12,
+        redelivery_rate: 0.1,
+        device_prefix: prefix.clone(),
+        ..FleetConfig::default()
+    })
+    .take_n(1200);
+    let mut cfg = EngineConfig::new(&db.url, &queue_url, &sandbox.url(), &sandbox.url());
+    cfg.runner.idle_poll = Duration::from_millis(50);
+    let engine = Engine::open(&cfg).await.unwrap();
+    let bodies: Vec<Vec<u8>> = messages.iter().map(|m| m.raw.clone()).collect();
+    for (i, chunk) in bodies.chunks(100).enumerate() {
+        engine
+            .publish(chunk)
+            .await
+            .expect("publish survives the restart");
+        if i == 5 {
+            tokio::task::spawn_blocking(|| {
+                let ctl = |arg: &str| {
+                    let ok = std::process::Command::new("rabbitmqctl")
+                        .arg(arg)
+                        .stdout(std::process::Stdio::null())
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    assert!(ok, "rabbitmqctl {arg}");
+                };
+                ctl("stop_app");
+                std::thread::sleep(Duration::from_secs(3));
+                ctl("start_app");
+            })
+            .await
+            .unwrap();
+        }
+    }
+    // The services drain the queues (ready and unacked, as the broker counts them).
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut quiet = 0;
+    while quiet < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the services never drained the queues"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut ready = 0;
+        for c in engine.consumer_names() {
+            ready += engine
+                .queue
+                .depth(&engine.queue_name(c))
+                .await
+                .map_or(1, |d| d.ready);
+        }
+        let mut keys = usize::MAX;
+        for c in [trip_counter::NAME, zone_exit_sms::NAME] {
+            let n = engine
+                .store
+                .processed_keys(c, &prefix)
+                .await
+                .map_or(0, |k| k.len());
+            keys = keys.min(n);
+        }
+        let sms = sandbox
+            .state()
+            .sent_sms()
+            .iter()
+            .filter(|s| s.text.contains(&prefix))
+            .count();
+        keys = keys.min(sms);
+        let expected = messages
+            .iter()
+            .filter(|m| m.envelope.event_type == EventType::ZoneExit)
+            .map(|m| m.envelope.key().to_string())
+            .collect::<HashSet<_>>()
+            .len();
+        quiet = if ready == 0 && keys == expected {
+            quiet + 1
+        } else {
+            0
+        };
+    }
+    // Let the last SMS land, then check everything.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_exactly_once(engine.store.as_ref(), &sandbox, &messages, &prefix).await;
+    let q = AmqpQueue::open(&queue_url).await.unwrap();
+    for c in engine.consumer_names() {
+        let _ = q.remove_queue(&engine.queue_name(c)).await;
+    }
+    q.remove_topology().await.unwrap();
+    db.cleanup().await;
+}
+
+/// The chaos run, short: 3 `serve` processes, one SIGKILLed every second, over
+/// RabbitMQ and PostgreSQL, 2,000 messages with ~10 % duplicates and late events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_run_with_process_kills_ends_exactly_once() {
+    let Some(url) = amqp_url().await else { return };
+    let Some(db) = TestDb::new(Kind::Postgres).await else {
+        return;
+    };
+    let (code, stdout, stderr) = run_cli(
+        &db.env,
+        &[
+            "chaos",
+            "--instances",
+            "3",
+            "--events",
+            "2000",
+            "--dup-rate",
+            "0.1",
+            "--kill-every",
+            "1s",
+            "--seed",
+            "2026",
+            "--timeout",
+            "3m",
+            "--queue",
+            &url,
+            "--db",
+            &db.url,
+            "--json",
+        ],
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["verdict"], "pass", "{r:#}");
+    assert!(r["kills"].as_u64().unwrap() >= 3, "{r}");
+    assert!(r["duplicates_published"].as_u64().unwrap() > 100, "{r}");
+    assert_eq!(r["trip_counter_total"], r["distinct_zone_exits"]);
+    assert_eq!(r["sms_sent"], r["distinct_zone_exits"]);
+    assert_eq!(r["vehicles_state_ok"], r["vehicles"]);
+    // The queues of the run are gone from the broker.
+    let q = queue::open(&url).await.unwrap();
+    q.close().await;
+    db.cleanup().await;
+}
