@@ -260,8 +260,8 @@ async fn broker_restart_mid_run_loses_and_doubles_nothing() {
                 .expect("start serve"),
         )
     };
-    let _a = serve("a.log");
-    let _b = serve("b.log");
+    let mut a = serve("a.log");
+    let mut b = serve("b.log");
     let prefix = format!("RESTART-{:04x}-", rand::random::<u16>());
     let messages = FleetSim::new(FleetConfig {
         vehicles: 10,
@@ -346,6 +346,9 @@ async fn broker_restart_mid_run_loses_and_doubles_nothing() {
     // Let the last SMS land, then check everything.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_exactly_once(engine.store.as_ref(), &sandbox, &messages, &prefix).await;
+    // Stopped first: a live consumer would declare its queue again.
+    a.stop();
+    b.stop();
     let q = AmqpQueue::open(&queue_url).await.unwrap();
     for c in engine.consumer_names() {
         let _ = q.remove_queue(&engine.queue_name(c)).await;
