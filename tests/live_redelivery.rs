@@ -44,7 +44,7 @@ fn serve(env: &TempEnv, db: &str, queue: &str, sms: &str, mode: &str) -> (KillOn
         .expect("serve banner");
     let url = line
         .split_whitespace()
-        .map(|w| w.trim_end_matches(';'))
+        .map(|w| w.trim_end_matches([';', ',']))
         .find(|w| w.starts_with("http://") && w.ends_with("/metrics"))
         .unwrap_or_else(|| panic!("no metrics URL in {line:?}"))
         .to_string();
