@@ -14,6 +14,7 @@ pub mod config;
 pub mod demo;
 pub mod drills;
 pub mod engine;
+pub mod exposition;
 pub mod monitor;
 pub mod sim;
 pub mod tui;

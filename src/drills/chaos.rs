@@ -784,7 +784,7 @@ async fn broker_redeliveries(url: &str) -> Option<f64> {
         .text()
         .await
         .ok()?;
-    let exposition = crate::monitor::prometheus::parse(&text).ok()?;
+    let exposition = crate::exposition::parse(&text).ok()?;
     let mut sum = None;
     for s in exposition.named("rabbitmq_global_messages_redelivered_total") {
         *sum.get_or_insert(0.0) += s.value;

@@ -9,8 +9,8 @@
 //! dashboard). The copies are tagged as drill traffic by their `message_id`
 //! (`drill-live-<run>-<n>`), which the fingerprint ignores.
 //!
-//! The watched endpoint is read with the monitor's Prometheus parser: a pure text
-//! parser, the one place this drill reaches to the right of the layering, by design.
+//! The watched endpoint is read with `crate::exposition`, the Prometheus text parser
+//! that sits below both drills and monitor, so no layer arrow runs backwards.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use crate::engine::envelope::{Envelope, EventType};
 use crate::engine::metrics::Metrics;
 use crate::engine::store::{HistoryRow, VehicleState};
 use crate::engine::{Engine, EngineConfig};
-use crate::monitor::prometheus;
+use crate::exposition as prometheus;
 
 /// What the operator set for a live drill.
 #[derive(Debug, Clone)]

@@ -20,7 +20,9 @@ use crate::config::Config;
 pub mod alerts;
 pub mod db;
 pub mod markers;
-pub mod prometheus;
+/// The Prometheus text parser and scraper live below every layer that reads an
+/// exposition (the monitor here, the live drill): one parser, no backwards arrow.
+pub use crate::exposition as prometheus;
 pub mod series;
 pub mod targets;
 pub mod vehicles;
