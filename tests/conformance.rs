@@ -9,14 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backends::{Kind, TestDb};
+use idemwatch::drills::twice::{self, Observation};
 use idemwatch::drills::{self, DrillOptions, DrillReport, Scenario, Verdict};
 use idemwatch::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
 use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::envelope::{Envelope, EventType, Fingerprint, MessageKey};
 use idemwatch::engine::runner::RunnerSettings;
-use idemwatch::engine::store::{
-    self, BusinessWrite, ClaimOutcome, DedupOutcome, MarkerKind, StateDigest,
-};
+use idemwatch::engine::store::{self, BusinessWrite, ClaimOutcome, DedupOutcome, MarkerKind};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::fleet::{FleetConfig, FleetSim};
 use idemwatch::sim::sandbox_provider::{self, SandboxClient};
@@ -163,54 +162,18 @@ async fn seen_set_mode_has_its_documented_window(db: &TestDb) {
 
 // ---- the "twice" property --------------------------------------------------------
 
-/// Everything observable after a run, minus wall-clock columns.
-#[derive(Debug, PartialEq)]
-struct Observed {
-    digest: StateDigest,
-    sms: Vec<(String, String, Option<String>)>,
-    webhooks: Vec<String>,
-    processed: Vec<(String, u64, u64, u64)>,
-}
-
-async fn observe(kind: Kind, messages: &[Vec<u8>]) -> Observed {
+/// One run on a fresh database of `kind`, observed by the library's own twice check.
+async fn observe(kind: Kind, messages: &[Vec<u8>]) -> Observation {
     let db = TestDb::new(kind).await.expect("backend reachable");
-    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
-        .await
-        .unwrap();
-    let cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
-    let engine = Engine::open(&cfg).await.unwrap();
-    engine.publish(messages).await.unwrap();
-    let summary = engine
-        .run_until_idle(Arc::new(CrashPlan::none()), None)
-        .await
-        .unwrap();
-    let client = SandboxClient::new(sandbox.url()).unwrap();
-    let mut sms: Vec<_> = client
-        .sent_sms()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| (s.to, s.text, s.idempotency_key))
-        .collect();
-    sms.sort();
-    let mut webhooks: Vec<_> = client
-        .sent_erp()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|w| w.body.to_string())
-        .collect();
-    webhooks.sort();
-    let observed = Observed {
-        digest: engine.store.digest().await.unwrap(),
-        sms,
-        webhooks,
-        processed: summary
-            .consumers
-            .iter()
-            .map(|(n, c)| (n.clone(), c.processed, c.out_of_order, c.side_effects_sent))
-            .collect(),
-    };
+    let observed = twice::observe(
+        &db.url,
+        &db.queue_url(),
+        &[],
+        ConsumerMode::Idempotent,
+        messages,
+    )
+    .await
+    .expect("run observed");
     db.cleanup().await;
     observed
 }
