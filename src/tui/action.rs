@@ -46,10 +46,8 @@ pub enum Action {
     },
     ScrollUp,
     ScrollDown,
-    Resize {
-        width: u16,
-        height: u16,
-    },
+    /// The terminal changed size: redraw.
+    Resize,
     /// A new poll from the monitor.
     Snapshot(Arc<Snapshot>),
     DrillProgress(String),

@@ -129,11 +129,9 @@ pub struct App {
     pub drills: DrillsView,
     pub tables_scroll: u16,
     pub inventory: Option<Vec<TwiceCheck>>,
-    pub inventory_mode: ConsumerMode,
     /// One line of feedback (marker added, drill refused…).
     pub status: Option<String>,
     pub should_quit: bool,
-    pub size: (u16, u16),
 }
 
 impl App {
@@ -156,10 +154,8 @@ impl App {
             drills: DrillsView::default(),
             tables_scroll: 0,
             inventory: None,
-            inventory_mode: ConsumerMode::Idempotent,
             status: None,
             should_quit: false,
-            size: (80, 24),
         }
     }
 
@@ -284,7 +280,8 @@ impl App {
                     }
                 }
             }
-            Action::Resize { width, height } => self.size = (width, height),
+            // Nothing to keep: the next frame lays itself out for the new size.
+            Action::Resize => {}
             Action::Snapshot(snapshot) => {
                 if self.frozen {
                     self.missed_while_frozen += 1;

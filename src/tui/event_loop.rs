@@ -30,9 +30,6 @@ pub async fn run(terminal: &mut DefaultTerminal, opts: TuiOptions) -> Result<(),
     let theme = opts.theme;
     let mut app = App::new(chrono::Utc::now(), opts.demo.is_some(), opts.banner.clone());
     app.drills_allowed = opts.demo.is_some() || opts.config.drills.allow_live;
-    if let Ok(size) = terminal.size() {
-        app.size = (size.width, size.height);
-    }
 
     // The Inventory's "twice" check runs once, on a scratch database.
     let twice_tx = tx.clone();
@@ -95,7 +92,7 @@ fn translate(event: Event, app: &App) -> Option<Action> {
             MouseEventKind::ScrollDown => Some(Action::ScrollDown),
             _ => None,
         },
-        Event::Resize(width, height) => Some(Action::Resize { width, height }),
+        Event::Resize(..) => Some(Action::Resize),
         _ => None,
     }
 }

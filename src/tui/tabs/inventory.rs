@@ -44,7 +44,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             Row::new([
                 Cell::from(name.to_string()),
                 Cell::from(risk.as_str()),
-                Cell::from(app.inventory_mode.as_str()),
+                Cell::from(check.map(|c| c.mode.as_str()).unwrap_or("idempotent")),
                 Cell::from(mechanism(risk)),
                 verdict,
                 Cell::from(detail),
