@@ -32,6 +32,9 @@ on_every_backend!(
     handling_duplicates_equals_handling_once,
     racing_workers_never_double_an_effect,
     one_key_many_concurrent_transactions_one_winner,
+    a_batch_is_decided_as_if_one_by_one,
+    racing_batches_never_double_an_effect,
+    a_pipelined_worker_that_dies_loses_and_doubles_nothing,
     bad_input_is_dead_lettered_with_raw_bytes,
     retention_purge_runs_in_batches_and_keeps_open_claims,
     an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes,
@@ -425,6 +428,179 @@ async fn one_key_many_concurrent_transactions_one_winner(db: &TestDb) {
             .unwrap(),
         DedupOutcome::KeyConflict { .. }
     ));
+}
+
+// ---- batches and the pipelined runner ------------------------------------------
+
+fn counted(key: &str, device: &str) -> store::Recordable {
+    let env = zone_exit(device, key.len() as u64);
+    store::Recordable {
+        key: MessageKey::from_stored(key.to_string()),
+        fingerprint: env.fingerprint(),
+        write: BusinessWrite::CountZoneExit {
+            device_id: device.into(),
+        },
+    }
+}
+
+async fn a_batch_is_decided_as_if_one_by_one(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    let c = "trip-counter";
+    // Already stored: one with the same fingerprint, one with another.
+    let before = [counted("k-old", "34-B-1"), counted("k-clash", "34-B-1")];
+    store.record_batch(c, &before).await.unwrap();
+    let mut clash = counted("k-clash", "34-B-2");
+    clash.fingerprint = Fingerprint::of(&serde_json::Map::new(), &chrono::Utc::now());
+    let mut twin_clash = counted("k-new-a", "34-B-2");
+    twin_clash.fingerprint = clash.fingerprint.clone();
+    let batch = vec![
+        counted("k-new-b", "34-B-2"),
+        counted("k-old", "34-B-2"),
+        counted("k-new-a", "34-B-3"),
+        clash,
+        counted("k-new-b", "34-B-2"),
+        twin_clash,
+        counted("k-new-c", "34-B-3"),
+    ];
+    let conflict = |with: &store::Recordable| DedupOutcome::KeyConflict {
+        stored: with.fingerprint.clone(),
+    };
+    let got = store.record_batch(c, &batch).await.unwrap();
+    assert_eq!(
+        got,
+        vec![
+            DedupOutcome::Applied,
+            DedupOutcome::Duplicate,
+            DedupOutcome::Applied,
+            conflict(&before[1]),
+            DedupOutcome::Duplicate,
+            conflict(&batch[2]),
+            DedupOutcome::Applied,
+        ]
+    );
+    // Applied items counted once each, merged per device; nothing else moved.
+    assert_eq!(store.zone_exits("34-B-1").await.unwrap(), 2);
+    assert_eq!(store.zone_exits("34-B-2").await.unwrap(), 1);
+    assert_eq!(store.zone_exits("34-B-3").await.unwrap(), 2);
+    let mut keys = store.processed_keys(c, "k-").await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["k-clash", "k-new-a", "k-new-b", "k-new-c", "k-old"]);
+    // A batch bigger than one statement's rows.
+    let big: Vec<_> = (0..1200)
+        .map(|i| counted(&format!("k-big-{}", i % 1100), &format!("34-G-{}", i % 3)))
+        .collect();
+    let got = store.record_batch(c, &big).await.unwrap();
+    let applied = got.iter().filter(|o| **o == DedupOutcome::Applied).count();
+    assert_eq!((applied, got.len() - applied), (1100, 100));
+    let mut total = 0;
+    for d in 0..3 {
+        total += store.zone_exits(&format!("34-G-{d}")).await.unwrap();
+    }
+    assert_eq!(total, 1100);
+}
+
+async fn racing_batches_never_double_an_effect(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    let keys = 90usize;
+    let start = Arc::new(tokio::sync::Barrier::new(8));
+    // Eight writers, started together, each with an overlapping window of keys in its
+    // own order.
+    let tasks: Vec<_> = (0..8usize)
+        .map(|w| {
+            let (store, start) = (store.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                let mut mine: Vec<usize> = (0..60).map(|i| (w * 5 + i * 7) % keys).collect();
+                if w % 2 == 1 {
+                    mine.reverse();
+                }
+                let mut outcomes = Vec::new();
+                for chunk in mine.chunks(20) {
+                    let items: Vec<_> = chunk
+                        .iter()
+                        .map(|k| counted(&format!("race-{k:03}"), &format!("34-RB-{}", k % 5)))
+                        .collect();
+                    outcomes.extend(store.record_batch("trip-counter", &items).await.unwrap());
+                }
+                (mine, outcomes)
+            })
+        })
+        .collect();
+    let mut applied = HashSet::new();
+    let mut offered = HashSet::new();
+    for t in tasks {
+        let (mine, outcomes) = t.await.unwrap();
+        for (k, o) in mine.into_iter().zip(outcomes) {
+            offered.insert(k);
+            match o {
+                DedupOutcome::Applied => assert!(applied.insert(k), "key {k} applied twice"),
+                DedupOutcome::Duplicate => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(applied, offered, "every offered key applied exactly once");
+    let mut total = 0;
+    for d in 0..5 {
+        total += store.zone_exits(&format!("34-RB-{d}")).await.unwrap();
+    }
+    assert_eq!(total as usize, offered.len());
+}
+
+async fn a_pipelined_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
+    let mut cfg = EngineConfig::new(
+        &db.url,
+        &db.queue_url(),
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+    );
+    cfg.consumers = vec![trip_counter::NAME.into()];
+    cfg.runner = RunnerSettings {
+        lease_batch: 5,
+        visibility_timeout: Duration::from_millis(400),
+        idle_poll: Duration::from_millis(5),
+        pipeline: true,
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    // 20 deliveries of 15 keys: the last 5 repeat the first 5.
+    let bodies: Vec<Vec<u8>> = (0..20u64)
+        .map(|i| zone_exit("34-PL-1", i % 15).to_json_line().into_bytes())
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    // The first incarnation commits its first batch and dies before acking it, with
+    // the second batch already leased ahead.
+    let dies = engine
+        .worker(
+            trip_counter::NAME,
+            Arc::new(CrashPlan::at(
+                idemwatch::engine::crash::CrashPoint::AfterCommitBeforeAck,
+                1,
+                idemwatch::engine::crash::CrashStyle::Unwind,
+            )),
+            None,
+        )
+        .unwrap();
+    assert!(dies.run_until_idle().await.is_err());
+    assert_eq!(engine.store.zone_exits("34-PL-1").await.unwrap(), 5);
+    let lives = engine
+        .worker(trip_counter::NAME, Arc::new(CrashPlan::none()), None)
+        .unwrap();
+    lives.run_until_idle().await.unwrap();
+    assert_eq!(engine.store.zone_exits("34-PL-1").await.unwrap(), 15);
+    let c = &engine.summary().consumers[trip_counter::NAME];
+    // Both batches in hand come back: the committed one as duplicates.
+    assert_eq!(
+        (c.processed, c.duplicate_dropped, c.redelivered),
+        (15, 10, 10),
+        "{c:?}"
+    );
+    let depth = engine
+        .queue
+        .depth(&engine.queue_name(trip_counter::NAME))
+        .await
+        .unwrap();
+    assert!(depth.is_empty(), "{depth:?}");
 }
 
 // ---- bad input and retention ------------------------------------------------------

@@ -152,6 +152,7 @@ impl Rig {
             retry_delay: DRILL_RETRY,
             max_retry_delay: DRILL_CLAIM_LEASE,
             idle_poll: Duration::from_millis(20),
+            pipeline: true,
         };
         cfg
     }

@@ -39,6 +39,10 @@ pub struct RunnerSettings {
     pub max_retry_delay: Duration,
     /// Sleep between polls of an empty queue.
     pub idle_poll: Duration,
+    /// Overlap the queue with the database: while one batch commits, ack the batch
+    /// before it and lease the next one. Off, each batch is leased only once the one
+    /// before it is acked (drills use that to keep their delivery traces exact).
+    pub pipeline: bool,
 }
 
 impl Default for RunnerSettings {
@@ -51,6 +55,7 @@ impl Default for RunnerSettings {
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
             idle_poll: Duration::from_millis(100),
+            pipeline: true,
         }
     }
 }
@@ -78,7 +83,8 @@ pub struct DeliveryEvent {
     pub effect: Option<String>,
     pub took_over_in_doubt: bool,
     pub reason: Option<String>,
-    /// From the lease of its batch to the ack decision, in microseconds.
+    /// From the lease of its batch to its ack decision, in microseconds (a batch
+    /// leased ahead counts its wait).
     #[serde(default)]
     pub latency_us: u64,
 }
@@ -86,6 +92,21 @@ pub struct DeliveryEvent {
 /// Receives every delivery's outcome, synchronously, before the ack: a process that
 /// then dies at the ack crash point has already reported what it did.
 pub type EventSink = Arc<dyn Fn(DeliveryEvent) + Send + Sync>;
+
+/// A leased batch and when its lease was taken (latency counts from there).
+struct Leased {
+    deliveries: Vec<Delivery>,
+    at: Instant,
+}
+
+impl Leased {
+    fn none() -> Self {
+        Leased {
+            deliveries: Vec::new(),
+            at: Instant::now(),
+        }
+    }
+}
 
 /// One worker consuming one consumer's queue.
 pub struct Worker {
@@ -127,23 +148,23 @@ impl Worker {
         self.consumer.name()
     }
 
-    /// Lease one batch and process it. `Ok(n)` is the number of deliveries leased;
-    /// `Err(Crashed)` means this incarnation died at an armed crash point.
-    pub async fn poll_once(&self) -> Result<usize, Crashed> {
+    /// Lease a batch: up to `lease_batch` deliveries, waiting up to `batch_max_wait`
+    /// for it to fill once the first one is in.
+    async fn lease_batch(&self) -> Leased {
         let size = self.settings.lease_batch.max(1);
-        let mut batch = self.lease(size).await;
-        if !batch.is_empty() && batch.len() < size && !self.settings.batch_max_wait.is_zero() {
-            let deadline = Instant::now() + self.settings.batch_max_wait;
-            while batch.len() < size && Instant::now() < deadline {
+        let at = Instant::now();
+        let mut deliveries = self.lease(size).await;
+        if !deliveries.is_empty()
+            && deliveries.len() < size
+            && !self.settings.batch_max_wait.is_zero()
+        {
+            let deadline = at + self.settings.batch_max_wait;
+            while deliveries.len() < size && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                batch.extend(self.lease(size - batch.len()).await);
+                deliveries.extend(self.lease(size - deliveries.len()).await);
             }
         }
-        let n = batch.len();
-        if n > 0 {
-            self.process(batch).await?;
-        }
-        Ok(n)
+        Leased { deliveries, at }
     }
 
     async fn lease(&self, max: usize) -> Vec<Delivery> {
@@ -161,42 +182,108 @@ impl Worker {
         }
     }
 
+    async fn ack(&self, deliveries: Vec<Delivery>) {
+        if deliveries.is_empty() {
+            return;
+        }
+        if let Err(e) = self.queue.ack_batch(&deliveries).await {
+            tracing::warn!(error = %e, "ack failed: the deliveries will come back");
+        }
+    }
+
     /// Run until the queue is empty (nothing ready, nothing in flight).
     pub async fn run_until_idle(&self) -> Result<(), Crashed> {
+        self.drive(None).await
+    }
+
+    /// Run until `shutdown` turns true. Stops between batches, never inside one:
+    /// the batch in hand is handled and acked first.
+    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), Crashed> {
+        self.drive(Some(&mut shutdown)).await
+    }
+
+    /// The deliver loop. Pipelined (the default), each turn handles batch N while,
+    /// alongside, batch N-1 (committed by the previous turn) is acked and batch N+1
+    /// leased: the queue's round trips overlap the database's commit instead of
+    /// adding to it. An ack still only ever follows its batch's commit; a process
+    /// that dies leaves its leased-ahead batch to come back after the visibility
+    /// timeout, like a broker's prefetch.
+    async fn drive(&self, mut shutdown: Option<&mut watch::Receiver<bool>>) -> Result<(), Crashed> {
+        let stopping =
+            |s: &Option<&mut watch::Receiver<bool>>| s.as_ref().is_some_and(|s| *s.borrow());
+        let mut unacked: Vec<Delivery> = Vec::new();
+        let mut next = if stopping(&shutdown) {
+            Leased::none()
+        } else {
+            self.lease_batch().await
+        };
         loop {
-            if self.poll_once().await? > 0 {
+            if next.deliveries.is_empty() {
+                self.ack(std::mem::take(&mut unacked)).await;
+                if self.idle(&mut shutdown).await {
+                    return Ok(());
+                }
+                next = self.lease_batch().await;
                 continue;
             }
-            match self.queue.depth(&self.queue_name).await {
-                Ok(d) if d.is_empty() => return Ok(()),
+            let current = std::mem::replace(&mut next, Leased::none());
+            let previous = std::mem::take(&mut unacked);
+            let ahead = self.settings.pipeline && !stopping(&shutdown);
+            let (handled, leased) = tokio::join!(self.handle(current), async {
+                self.ack(previous).await;
+                if ahead {
+                    self.lease_batch().await
+                } else {
+                    Leased::none()
+                }
+            });
+            unacked = handled?;
+            next = leased;
+            if !ahead {
+                self.ack(std::mem::take(&mut unacked)).await;
+                if !stopping(&shutdown) {
+                    next = self.lease_batch().await;
+                }
+            }
+        }
+    }
+
+    /// Nothing leased: `true` to stop (the queue is drained, or shutdown was asked),
+    /// else wait a little before the next lease.
+    async fn idle(&self, shutdown: &mut Option<&mut watch::Receiver<bool>>) -> bool {
+        match shutdown {
+            Some(rx) => {
+                if *rx.borrow() {
+                    return true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(self.settings.idle_poll) => {}
+                    _ = rx.changed() => {}
+                }
+                *rx.borrow()
+            }
+            None => match self.queue.depth(&self.queue_name).await {
+                Ok(d) if d.is_empty() => true,
                 Ok(_) => {
-                    tokio::time::sleep(self.settings.idle_poll.min(Duration::from_millis(25))).await
+                    tokio::time::sleep(self.settings.idle_poll.min(Duration::from_millis(25)))
+                        .await;
+                    false
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "queue depth failed");
                     tokio::time::sleep(self.settings.idle_poll).await;
+                    false
                 }
-            }
+            },
         }
-    }
-
-    /// Run until `shutdown` turns true. Stops between deliveries, never inside one.
-    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), Crashed> {
-        while !*shutdown.borrow() {
-            if self.poll_once().await? == 0 {
-                tokio::select! {
-                    _ = tokio::time::sleep(self.settings.idle_poll) => {}
-                    _ = shutdown.changed() => {}
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Handle one leased batch: settle what needs no handler (bad input, other event
-    /// types), hand the rest to the consumer in one call, count, then ack together.
-    async fn process(&self, batch: Vec<Delivery>) -> Result<(), Crashed> {
+    /// types), hand the rest to the consumer in one call, count. Returns the
+    /// deliveries to ack, once past the after-commit crash point.
+    async fn handle(&self, leased: Leased) -> Result<Vec<Delivery>, Crashed> {
         let started = Instant::now();
+        let batch = leased.deliveries;
         let consumer = self.consumer.name();
         let mut settled: Vec<(Delivery, DeliveryEvent, bool)> = Vec::with_capacity(batch.len());
         let mut pending: Vec<(Delivery, DeliveryEvent, Envelope)> = Vec::new();
@@ -237,11 +324,12 @@ impl Worker {
             }
         }
         let elapsed = started.elapsed();
+        let latency = leased.at.elapsed();
         let mut to_ack = Vec::with_capacity(settled.len());
         for (delivery, mut event, ack) in settled {
             self.metrics
                 .observe_handler(consumer, elapsed.as_secs_f64());
-            event.latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+            event.latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
             if let Some(sink) = &self.events {
                 sink(event);
             }
@@ -251,11 +339,8 @@ impl Worker {
         }
         if !to_ack.is_empty() {
             self.crash.reach(CrashPoint::AfterCommitBeforeAck)?;
-            if let Err(e) = self.queue.ack_batch(&to_ack).await {
-                tracing::warn!(error = %e, "ack failed: the deliveries will come back");
-            }
         }
-        Ok(())
+        Ok(to_ack)
     }
 
     /// Parse and route one delivery. `Ok(env)`: for the consumer to handle;

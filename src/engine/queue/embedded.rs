@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use sqlx::sqlite::SqliteSynchronous;
-use sqlx::{Row, SqlitePool};
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{Delivery, Queue, QueueDepth, QueueResult};
 use crate::engine::store::redact_url;
@@ -30,6 +30,19 @@ pub struct EmbeddedQueue {
     pool: SqlitePool,
     deliveries: SqlitePool,
     url: String,
+}
+
+/// Ids per acking DELETE.
+const ACK_CHUNK: usize = 500;
+
+/// Delete the rows of one lease: only while the lease is still ours.
+fn delete_leased<'a>(token: &'a str, ids: &'a [i64]) -> QueryBuilder<'a, Sqlite> {
+    let mut q = QueryBuilder::new("DELETE FROM queue_messages WHERE lease_token = ");
+    q.push_bind(token).push(" AND id IN ");
+    q.push_tuples(ids, |mut t, id| {
+        t.push_bind(*id);
+    });
+    q
 }
 
 fn now_ms() -> i64 {
@@ -130,15 +143,28 @@ impl Queue for EmbeddedQueue {
     }
 
     async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
+        // One DELETE per lease (a batch is usually one lease), each row still proven
+        // by its lease token; one transaction when there are several.
+        let mut leases: Vec<(&str, Vec<i64>)> = Vec::new();
+        for d in deliveries {
+            match leases.iter_mut().find(|(t, _)| *t == d.lease_token) {
+                Some((_, ids)) => ids.push(d.id),
+                None => leases.push((&d.lease_token, vec![d.id])),
+            }
+        }
+        if let [(token, ids)] = leases.as_slice() {
+            if ids.len() <= ACK_CHUNK {
+                let mut q = delete_leased(token, ids);
+                return Ok(q.build().execute(&self.deliveries).await?.rows_affected() as usize);
+            }
+        }
         let mut tx = self.deliveries.begin_with("BEGIN IMMEDIATE").await?;
         let mut acked = 0;
-        for d in deliveries {
-            acked += sqlx::query("DELETE FROM queue_messages WHERE id = ? AND lease_token = ?")
-                .bind(d.id)
-                .bind(&d.lease_token)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected() as usize;
+        for (token, ids) in &leases {
+            for chunk in ids.chunks(ACK_CHUNK) {
+                let mut q = delete_leased(token, chunk);
+                acked += q.build().execute(&mut *tx).await?.rows_affected() as usize;
+            }
         }
         tx.commit().await?;
         Ok(acked)

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
+mod batch;
 pub mod edge;
 mod edge_mysql;
 mod edge_postgres;
@@ -37,8 +38,11 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// What the dedup insert decided. Always decided from the rows the unique-key insert
-/// affected, never from a prior SELECT.
+pub(crate) use batch::{DedupBatch, ROWS_PER_STATEMENT};
+
+/// What the dedup insert decided. "First" is always decided by the unique-key insert
+/// (the rows it returned or affected), never by a prior SELECT saying a key is absent;
+/// a read may only say a key is already there (dedup rows are insert-only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DedupOutcome {
     /// First time this key: the dedup row and the business rows committed together.
@@ -258,7 +262,8 @@ pub trait Store: Send + Sync + 'static {
     /// constraint (`ON CONFLICT DO NOTHING` and kin), so two racing deliveries cannot
     /// both win, a duplicate neither raises an error nor aborts the transaction, and
     /// a key twice in one batch is a duplicate the second time, exactly as across
-    /// batches. One outcome per item, in order.
+    /// batches. One outcome per item, in order. Backends write a batch with a few
+    /// multi-row statements, not two per message (see `batch.rs`).
     async fn record_batch(
         &self,
         consumer: &str,

@@ -9,13 +9,14 @@
 //! InnoDB may pick a deadlock victim when several transactions insert the same new
 //! key at once; such a transaction is retried whole.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
-use sqlx::{MySqlPool, Row};
+use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
 
 use super::*;
 use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
@@ -91,7 +92,84 @@ impl MysqlStore {
         &self.pool
     }
 
+    /// Several distinct keys: look up which are already stored (a plain read, no
+    /// locks, so concurrent batches do not deadlock on gap locks), insert the others
+    /// with one multi-row `INSERT IGNORE`, and trust that only if the insert wrote
+    /// every one of them. MySQL has no `RETURNING`: when a racing transaction
+    /// committed one of those keys in between, the affected count is short, this
+    /// transaction is rolled back and the batch is decided row by row instead
+    /// ([`Self::record_rows_tx`]), from each insert's own affected count.
     async fn record_batch_tx(
+        &self,
+        consumer: &str,
+        items: &[Recordable],
+    ) -> StoreResult<Vec<DedupOutcome>> {
+        let batch = DedupBatch::new(items);
+        if batch.distinct().len() < 2 {
+            return self.record_rows_tx(consumer, items).await;
+        }
+        let now = naive(Utc::now());
+        let mut tx = self.pool.begin().await?;
+        let mut stored = HashMap::new();
+        for chunk in batch.distinct().chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<MySql>::new(
+                "SELECT CAST(message_key AS CHAR), payload_hash FROM processed_messages
+                 WHERE consumer = ",
+            );
+            q.push_bind(consumer).push(" AND message_key IN ");
+            q.push_tuples(chunk, |mut t, item| {
+                t.push_bind(item.key.as_str());
+            });
+            let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
+            stored.extend(rows);
+        }
+        let fresh: Vec<&Recordable> = batch
+            .distinct()
+            .iter()
+            .copied()
+            .filter(|item| !stored.contains_key(item.key.as_str()))
+            .collect();
+        for chunk in fresh.chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<MySql>::new(
+                "INSERT IGNORE INTO processed_messages
+                   (consumer, message_key, payload_hash, processed_at) ",
+            );
+            q.push_values(chunk, |mut row, item| {
+                row.push_bind(consumer)
+                    .push_bind(item.key.as_str())
+                    .push_bind(item.fingerprint.as_str())
+                    .push_bind(now);
+            });
+            let written = q.build().execute(&mut *tx).await?.rows_affected();
+            if written != chunk.len() as u64 {
+                tx.rollback().await?;
+                tracing::debug!(
+                    consumer,
+                    "a racing batch wrote one of these keys: row by row"
+                );
+                return self.record_rows_tx(consumer, items).await;
+            }
+        }
+        let inserted: HashSet<String> = fresh
+            .iter()
+            .map(|item| item.key.as_str().to_string())
+            .collect();
+        let outcomes = batch.outcomes(&inserted, &stored)?;
+        for chunk in batch.zone_exits(&outcomes).chunks(ROWS_PER_STATEMENT) {
+            let mut q =
+                QueryBuilder::<MySql>::new("INSERT INTO trip_counters (device_id, zone_exits) ");
+            q.push_values(chunk, |mut row, (device, n)| {
+                row.push_bind(*device).push_bind(*n);
+            });
+            q.push(" ON DUPLICATE KEY UPDATE zone_exits = zone_exits + VALUES(zone_exits)");
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    /// One insert per item, each decided by its own affected-row count.
+    async fn record_rows_tx(
         &self,
         consumer: &str,
         items: &[Recordable],

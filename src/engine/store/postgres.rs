@@ -6,6 +6,7 @@
 //! `ON CONFLICT (device_id) DO UPDATE … WHERE excluded.last_seq > vehicle_state.last_seq`,
 //! which reports 0 rows when the guard refuses.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -126,16 +127,54 @@ impl Store for PostgresStore {
         consumer: &str,
         items: &[Recordable],
     ) -> StoreResult<Vec<DedupOutcome>> {
+        let batch = DedupBatch::new(items);
         let mut tx = self.pool.begin().await?;
-        let mut outcomes = Vec::with_capacity(items.len());
-        for item in items {
-            if insert_dedup(&mut tx, consumer, &item.key, &item.fingerprint).await? {
-                apply_write(&mut tx, &item.write).await?;
-                outcomes.push(DedupOutcome::Applied);
-            } else {
-                let stored = stored_hash(&mut tx, consumer, &item.key).await?;
-                outcomes.push(duplicate_or_conflict(stored, &item.fingerprint));
-            }
+        let (keys, fingerprints): (Vec<&str>, Vec<&str>) = batch
+            .distinct()
+            .iter()
+            .map(|item| (item.key.as_str(), item.fingerprint.as_str()))
+            .unzip();
+        let inserted: HashSet<String> = sqlx::query_scalar(
+            "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
+             SELECT $1, k, f, now() FROM UNNEST($2::text[], $3::text[]) AS t (k, f)
+             ON CONFLICT DO NOTHING RETURNING message_key",
+        )
+        .bind(consumer)
+        .bind(&keys)
+        .bind(&fingerprints)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
+        let others = batch.not_inserted(&inserted);
+        let stored: HashMap<String, String> = if others.is_empty() {
+            HashMap::new()
+        } else {
+            sqlx::query_as(
+                "SELECT message_key, payload_hash FROM processed_messages
+                 WHERE consumer = $1 AND message_key = ANY($2)",
+            )
+            .bind(consumer)
+            .bind(&others)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect()
+        };
+        let outcomes = batch.outcomes(&inserted, &stored)?;
+        let (devices, counts): (Vec<&str>, Vec<i64>) =
+            batch.zone_exits(&outcomes).into_iter().unzip();
+        if !devices.is_empty() {
+            sqlx::query(
+                "INSERT INTO trip_counters (device_id, zone_exits)
+                 SELECT * FROM UNNEST($1::text[], $2::bigint[])
+                 ON CONFLICT (device_id) DO UPDATE
+                 SET zone_exits = trip_counters.zone_exits + EXCLUDED.zone_exits",
+            )
+            .bind(&devices)
+            .bind(&counts)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(outcomes)

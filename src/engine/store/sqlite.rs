@@ -4,13 +4,14 @@
 //! so it takes the write lock up front: a transaction that reads before it writes
 //! (the claim takeover) can then never fail with a busy snapshot under WAL.
 
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::*;
 use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
@@ -118,34 +119,49 @@ impl Store for SqliteStore {
         consumer: &str,
         items: &[Recordable],
     ) -> StoreResult<Vec<DedupOutcome>> {
+        let batch = DedupBatch::new(items);
         let now = ts(Utc::now());
         let mut tx = self.begin().await?;
-        let mut outcomes = Vec::with_capacity(items.len());
-        for item in items {
-            let inserted = sqlx::query(
-                "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
-                 VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            )
-            .bind(consumer)
-            .bind(item.key.as_str())
-            .bind(item.fingerprint.as_str())
-            .bind(&now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if inserted == 1 {
-                apply_write(&mut tx, &item.write).await?;
-                outcomes.push(DedupOutcome::Applied);
-                continue;
-            }
-            let stored: String = sqlx::query_scalar(
-                "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
-            )
-            .bind(consumer)
-            .bind(item.key.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
-            outcomes.push(duplicate_or_conflict(stored, &item.fingerprint));
+        let mut inserted = HashSet::new();
+        for chunk in batch.distinct().chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at) ",
+            );
+            q.push_values(chunk, |mut row, item| {
+                row.push_bind(consumer)
+                    .push_bind(item.key.as_str())
+                    .push_bind(item.fingerprint.as_str())
+                    .push_bind(&now);
+            });
+            q.push(" ON CONFLICT DO NOTHING RETURNING message_key");
+            let keys: Vec<String> = q.build_query_scalar().fetch_all(&mut *tx).await?;
+            inserted.extend(keys);
+        }
+        let mut stored = HashMap::new();
+        let others = batch.not_inserted(&inserted);
+        for chunk in others.chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "SELECT message_key, payload_hash FROM processed_messages WHERE consumer = ",
+            );
+            q.push_bind(consumer).push(" AND message_key IN ");
+            q.push_tuples(chunk, |mut t, key| {
+                t.push_bind(*key);
+            });
+            let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
+            stored.extend(rows);
+        }
+        let outcomes = batch.outcomes(&inserted, &stored)?;
+        for chunk in batch.zone_exits(&outcomes).chunks(ROWS_PER_STATEMENT) {
+            let mut q =
+                QueryBuilder::<Sqlite>::new("INSERT INTO trip_counters (device_id, zone_exits) ");
+            q.push_values(chunk, |mut row, (device, n)| {
+                row.push_bind(*device).push_bind(*n);
+            });
+            q.push(
+                " ON CONFLICT (device_id) DO UPDATE
+                  SET zone_exits = trip_counters.zone_exits + excluded.zone_exits",
+            );
+            q.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(outcomes)
