@@ -28,9 +28,12 @@ fn bench_engine_counts_the_same_effects_both_ways() {
             "0.1",
             "--batch",
             "10",
+            "--runs",
+            "2",
             "--json",
         ],
     );
+    assert_eq!(r["runs"].as_array().map(Vec::len), Some(2), "{r}");
     assert_eq!(r["raw"]["applied"], r["engine"]["applied"], "{r}");
     assert_eq!(r["raw"]["duplicates"], r["engine"]["duplicates"], "{r}");
     assert_eq!(

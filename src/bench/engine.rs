@@ -40,6 +40,8 @@ pub struct EngineBenchPlan {
     pub batch: usize,
     pub workers: usize,
     pub seed: u64,
+    /// Raw/engine pairs to run; the report gives the median pair.
+    pub runs: usize,
 }
 
 /// One measured run.
@@ -56,6 +58,14 @@ pub struct RunFigures {
     pub duplicates: u64,
 }
 
+/// One raw run and the engine run paired with it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunPair {
+    pub raw_messages_per_second: f64,
+    pub engine_messages_per_second: f64,
+    pub ratio: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineBenchReport {
     pub db: String,
@@ -65,10 +75,18 @@ pub struct EngineBenchReport {
     pub dup_rate: f64,
     pub batch: usize,
     pub workers: usize,
+    /// The engine's queue (the embedded one in a scratch file unless `--queue`).
+    pub queue: String,
+    /// Whether the runner overlaps the queue with the database (it does by default).
+    pub pipeline: bool,
+    /// The pair whose ratio is the median of all pairs.
     pub raw: RunFigures,
     pub engine: RunFigures,
-    /// engine messages/s ÷ raw messages/s.
+    /// engine messages/s ÷ raw messages/s: the median over the pairs.
     pub ratio: f64,
+    /// Every pair, in the order run (raw first in even pairs, engine first in odd ones,
+    /// so a drift of the machine does not favour one side).
+    pub runs: Vec<RunPair>,
 }
 
 fn err(e: impl std::fmt::Display) -> BenchError {
@@ -245,18 +263,42 @@ async fn engine(
     ))
 }
 
-/// Run the raw baseline, then the engine, on the same database.
+/// Run `runs` pairs of the raw baseline and the engine on the same database, each
+/// pair on fresh keys, and report the median pair.
 pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError> {
-    if plan.messages == 0 || !(0.0..1.0).contains(&plan.dup_rate) {
+    if plan.messages == 0 || !(0.0..1.0).contains(&plan.dup_rate) || plan.runs == 0 {
         return Err(BenchError::Usage(
-            "--messages must be > 0 and --dup-rate in [0, 1)".into(),
+            "--messages and --runs must be > 0 and --dup-rate in [0, 1)".into(),
         ));
     }
-    let scratch = tempfile::tempdir().map_err(err)?;
-    let tag = format!("BENCH{:06x}", rand::random::<u32>() & 0xff_ffff);
-    let bodies = messages(plan, &tag);
-    let raw = raw(plan, &bodies).await?;
-    let engine = engine(plan, &bodies, scratch.path()).await?;
+    let mut pairs = Vec::with_capacity(plan.runs);
+    for i in 0..plan.runs {
+        let scratch = tempfile::tempdir().map_err(err)?;
+        let tag = format!("BENCH{:06x}", rand::random::<u32>() & 0xff_ffff);
+        let bodies = messages(plan, &tag);
+        let (raw, engine) = if i % 2 == 0 {
+            let raw = raw(plan, &bodies).await?;
+            (raw, engine(plan, &bodies, scratch.path()).await?)
+        } else {
+            let engine = engine(plan, &bodies, scratch.path()).await?;
+            (raw(plan, &bodies).await?, engine)
+        };
+        pairs.push((raw, engine));
+    }
+    let ratio = |(raw, engine): &(RunFigures, RunFigures)| {
+        engine.messages_per_second / raw.messages_per_second.max(1e-9)
+    };
+    let runs: Vec<RunPair> = pairs
+        .iter()
+        .map(|p| RunPair {
+            raw_messages_per_second: p.0.messages_per_second,
+            engine_messages_per_second: p.1.messages_per_second,
+            ratio: ratio(p),
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    order.sort_by(|&a, &b| ratio(&pairs[a]).total_cmp(&ratio(&pairs[b])));
+    let (raw, engine) = pairs.swap_remove(order[order.len() / 2]);
     let store = store::open(&plan.db_url).await.map_err(err)?;
     let backend = format!("{:?}", store.backend()).to_lowercase();
     let durability = match store.backend() {
@@ -267,16 +309,28 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         }
     }
     .to_string();
+    let queue = match &plan.queue_url {
+        Some(url) => store::redact_url(url),
+        None => "embedded SQLite queue in a scratch file".into(),
+    };
+    let queue_durability = if plan.queue_url.is_none() {
+        "; embedded queue: publishes FULL, leases/acks NORMAL"
+    } else {
+        ""
+    };
     Ok(EngineBenchReport {
         db: store.redacted_url(),
         backend,
-        durability: format!("{durability}; embedded queue: publishes FULL, leases/acks NORMAL"),
+        durability: format!("{durability}{queue_durability}"),
         messages: plan.messages,
         dup_rate: plan.dup_rate,
         batch: plan.batch,
         workers: plan.workers,
-        ratio: engine.messages_per_second / raw.messages_per_second.max(1e-9),
+        queue,
+        pipeline: RunnerSettings::default().pipeline,
+        ratio: ratio(&(raw.clone(), engine.clone())),
         raw,
         engine,
+        runs,
     })
 }

@@ -84,6 +84,9 @@ pub struct EngineArgs {
     pub workers: usize,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Raw/engine pairs to run (each on fresh keys); the median pair is reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -220,6 +223,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 batch: a.batch,
                 workers: a.workers,
                 seed: a.seed,
+                runs: a.runs,
             };
             let r = bench::engine::run(&plan).await.map_err(err)?;
             if a.json {
@@ -241,7 +245,15 @@ pub async fn run(args: BenchArgs) -> CliResult {
                         f.messages_per_second, f.p50_ms, f.p99_ms, f.applied, f.duplicates, f.seconds
                     );
                 }
-                println!("  engine/raw = {:.2}", r.ratio);
+                let all: Vec<String> = r.runs.iter().map(|p| format!("{:.2}", p.ratio)).collect();
+                println!(
+                    "  engine/raw = {:.2} (median of {} pairs: {}); queue: {}, pipeline {}",
+                    r.ratio,
+                    r.runs.len(),
+                    all.join(", "),
+                    r.queue,
+                    if r.pipeline { "on" } else { "off" }
+                );
             }
             Ok(EXIT_OK)
         }

@@ -286,7 +286,8 @@ impl Worker {
         let batch = leased.deliveries;
         let consumer = self.consumer.name();
         let mut settled: Vec<(Delivery, DeliveryEvent, bool)> = Vec::with_capacity(batch.len());
-        let mut pending: Vec<(Delivery, DeliveryEvent, Envelope)> = Vec::new();
+        let mut pending: Vec<(Delivery, DeliveryEvent)> = Vec::new();
+        let mut envs: Vec<Envelope> = Vec::new();
         for delivery in batch {
             let mut event = DeliveryEvent {
                 consumer: consumer.to_string(),
@@ -303,12 +304,14 @@ impl Worker {
                 self.metrics.redelivered(consumer);
             }
             match self.classify(&delivery, &mut event).await {
-                Ok(env) => pending.push((delivery, event, env)),
+                Ok(env) => {
+                    pending.push((delivery, event));
+                    envs.push(env);
+                }
                 Err(ack) => settled.push((delivery, event, ack)),
             }
         }
         if !pending.is_empty() {
-            let envs: Vec<Envelope> = pending.iter().map(|(_, _, env)| env.clone()).collect();
             let outcomes = match self.consumer.handle_batch(&envs, &self.crash).await {
                 Ok(o) => o,
                 Err(HandleError::Crashed(c)) => return Err(c),
@@ -318,7 +321,7 @@ impl Worker {
                 }
             };
             self.crash.reach(CrashPoint::AfterHandle)?;
-            for ((delivery, mut event, _), outcome) in pending.into_iter().zip(outcomes) {
+            for ((delivery, mut event), outcome) in pending.into_iter().zip(outcomes) {
                 let ack = self.settle(&delivery, outcome, &mut event).await;
                 settled.push((delivery, event, ack));
             }
