@@ -44,6 +44,38 @@ fn bench_engine_counts_the_same_effects_both_ways() {
 }
 
 #[test]
+fn bench_engine_reports_how_throughput_scales_with_the_batch() {
+    let env = TempEnv::new();
+    let db = env.db_url();
+    let r = json(
+        &env,
+        &[
+            "bench",
+            "engine",
+            "--db",
+            &db,
+            "--messages",
+            "60",
+            "--batch",
+            "5,1",
+            "--runs",
+            "1",
+            "--json",
+        ],
+    );
+    let batches: Vec<u64> = r["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(batches, [1, 5], "{r}");
+    assert_eq!(r["scaling"][0]["from_batch"], 1);
+    assert_eq!(r["scaling"][0]["to_batch"], 5);
+    assert!(r["scaling"][0]["engine"].as_f64().unwrap() > 0.0, "{r}");
+}
+
+#[test]
 fn bench_scrape_parses_every_sample() {
     let env = TempEnv::new();
     let r = json(

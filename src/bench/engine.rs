@@ -263,6 +263,57 @@ async fn engine(
     ))
 }
 
+/// Several batch sizes in one process: how throughput scales with the batch.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingReport {
+    pub batches: Vec<EngineBenchReport>,
+    /// Each larger batch against the first (smallest) one.
+    pub scaling: Vec<Scaling>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Scaling {
+    pub from_batch: usize,
+    pub to_batch: usize,
+    /// Engine messages/s at `to_batch` ÷ at `from_batch`.
+    pub engine: f64,
+    /// The same for the raw baseline.
+    pub raw: f64,
+}
+
+/// [`run`] for each batch size in turn (smallest first), with the scaling between them.
+pub async fn run_sizes(
+    plan: &EngineBenchPlan,
+    sizes: &[usize],
+) -> Result<ScalingReport, BenchError> {
+    let mut sizes = sizes.to_vec();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut batches = Vec::with_capacity(sizes.len());
+    for batch in sizes {
+        batches.push(
+            run(&EngineBenchPlan {
+                batch,
+                ..plan.clone()
+            })
+            .await?,
+        );
+    }
+    let scaling = match batches.split_first() {
+        Some((first, rest)) => rest
+            .iter()
+            .map(|r| Scaling {
+                from_batch: first.batch,
+                to_batch: r.batch,
+                engine: r.engine.messages_per_second / first.engine.messages_per_second.max(1e-9),
+                raw: r.raw.messages_per_second / first.raw.messages_per_second.max(1e-9),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(ScalingReport { batches, scaling })
+}
+
 /// Run `runs` pairs of the raw baseline and the engine on the same database, each
 /// pair on fresh keys, and report the median pair.
 pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError> {

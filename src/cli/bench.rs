@@ -76,9 +76,10 @@ pub struct EngineArgs {
     /// Fraction of messages that are redeliveries.
     #[arg(long, default_value_t = 0.01)]
     pub dup_rate: f64,
-    /// Messages per transaction (and per lease / ack).
-    #[arg(long, default_value_t = 100)]
-    pub batch: usize,
+    /// Messages per transaction (and per lease / ack). Several sizes (`1,100`) are
+    /// measured one after the other, with how throughput scales between them.
+    #[arg(long, default_value = "100", value_delimiter = ',')]
+    pub batch: Vec<usize>,
     /// Concurrent workers (engine) and connections (raw).
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
@@ -174,6 +175,34 @@ fn err(e: bench::BenchError) -> CliError {
     }
 }
 
+fn print_engine_report(r: &bench::engine::EngineBenchReport) {
+    println!(
+        "{} on {} ({}), {} messages, {:.1}% duplicates, batch {}, {} worker(s)",
+        r.backend,
+        r.db,
+        r.durability,
+        r.messages,
+        r.dup_rate * 100.0,
+        r.batch,
+        r.workers
+    );
+    for (name, f) in [("raw", &r.raw), ("engine", &r.engine)] {
+        println!(
+            "  {name:<6} {:>9.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  ({} applied, {} duplicates, {:.2}s)",
+            f.messages_per_second, f.p50_ms, f.p99_ms, f.applied, f.duplicates, f.seconds
+        );
+    }
+    let all: Vec<String> = r.runs.iter().map(|p| format!("{:.2}", p.ratio)).collect();
+    println!(
+        "  engine/raw = {:.2} (median of {} pairs: {}); queue: {}, pipeline {}",
+        r.ratio,
+        r.runs.len(),
+        all.join(", "),
+        r.queue,
+        if r.pipeline { "on" } else { "off" }
+    );
+}
+
 fn say(message: &str) {
     eprintln!("{message}");
 }
@@ -220,40 +249,33 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 queue_url: a.queue.clone(),
                 messages: a.messages,
                 dup_rate: a.dup_rate,
-                batch: a.batch,
+                batch: a.batch.first().copied().unwrap_or(100),
                 workers: a.workers,
                 seed: a.seed,
                 runs: a.runs,
             };
+            if a.batch.len() > 1 {
+                let r = bench::engine::run_sizes(&plan, &a.batch)
+                    .await
+                    .map_err(err)?;
+                if a.json {
+                    print_json(&r);
+                } else {
+                    r.batches.iter().for_each(print_engine_report);
+                    for s in &r.scaling {
+                        println!(
+                            "batch {} vs batch {}: engine x{:.1}, raw x{:.1}",
+                            s.to_batch, s.from_batch, s.engine, s.raw
+                        );
+                    }
+                }
+                return Ok(EXIT_OK);
+            }
             let r = bench::engine::run(&plan).await.map_err(err)?;
             if a.json {
                 print_json(&r);
             } else {
-                println!(
-                    "{} on {} ({}), {} messages, {:.1}% duplicates, batch {}, {} worker(s)",
-                    r.backend,
-                    r.db,
-                    r.durability,
-                    r.messages,
-                    r.dup_rate * 100.0,
-                    r.batch,
-                    r.workers
-                );
-                for (name, f) in [("raw", &r.raw), ("engine", &r.engine)] {
-                    println!(
-                        "  {name:<6} {:>9.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  ({} applied, {} duplicates, {:.2}s)",
-                        f.messages_per_second, f.p50_ms, f.p99_ms, f.applied, f.duplicates, f.seconds
-                    );
-                }
-                let all: Vec<String> = r.runs.iter().map(|p| format!("{:.2}", p.ratio)).collect();
-                println!(
-                    "  engine/raw = {:.2} (median of {} pairs: {}); queue: {}, pipeline {}",
-                    r.ratio,
-                    r.runs.len(),
-                    all.join(", "),
-                    r.queue,
-                    if r.pipeline { "on" } else { "off" }
-                );
+                print_engine_report(&r);
             }
             Ok(EXIT_OK)
         }

@@ -14,7 +14,7 @@ use super::consumers::{Consumer, HandleError, Outcome};
 use super::crash::{CrashPlan, CrashPoint, Crashed};
 use super::envelope::{Envelope, RejectReason};
 use super::metrics::{EffectResult, Metrics};
-use super::queue::{Delivery, Queue};
+use super::queue::{Delivery, Queue, QueueResult};
 use super::store::Store;
 
 /// Knobs of the deliver/ack loop.
@@ -148,12 +148,25 @@ impl Worker {
         self.consumer.name()
     }
 
-    /// Lease a batch: up to `lease_batch` deliveries, waiting up to `batch_max_wait`
-    /// for it to fill once the first one is in.
-    async fn lease_batch(&self) -> Leased {
+    /// Ack `done` (a committed batch, possibly empty), then lease a batch: up to
+    /// `lease_batch` deliveries, waiting up to `batch_max_wait` for it to fill once
+    /// the first one is in.
+    async fn ack_then_lease(&self, done: Vec<Delivery>) -> Leased {
         let size = self.settings.lease_batch.max(1);
         let at = Instant::now();
-        let mut deliveries = self.lease(size).await;
+        let (acked, leased) = self
+            .queue
+            .ack_then_lease(
+                &done,
+                &self.queue_name,
+                size,
+                self.settings.visibility_timeout,
+            )
+            .await;
+        if let Err(e) = acked {
+            tracing::warn!(error = %e, "ack failed: the deliveries will come back");
+        }
+        let mut deliveries = self.leased_or_warn(leased).await;
         if !deliveries.is_empty()
             && deliveries.len() < size
             && !self.settings.batch_max_wait.is_zero()
@@ -161,18 +174,22 @@ impl Worker {
             let deadline = at + self.settings.batch_max_wait;
             while deliveries.len() < size && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                deliveries.extend(self.lease(size - deliveries.len()).await);
+                let more = self
+                    .queue
+                    .lease(
+                        &self.queue_name,
+                        size - deliveries.len(),
+                        self.settings.visibility_timeout,
+                    )
+                    .await;
+                deliveries.extend(self.leased_or_warn(more).await);
             }
         }
         Leased { deliveries, at }
     }
 
-    async fn lease(&self, max: usize) -> Vec<Delivery> {
-        match self
-            .queue
-            .lease(&self.queue_name, max, self.settings.visibility_timeout)
-            .await
-        {
+    async fn leased_or_warn(&self, leased: QueueResult<Vec<Delivery>>) -> Vec<Delivery> {
+        match leased {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(queue = %self.queue_name, error = %e, "lease failed");
@@ -215,7 +232,7 @@ impl Worker {
         let mut next = if stopping(&shutdown) {
             Leased::none()
         } else {
-            self.lease_batch().await
+            self.ack_then_lease(Vec::new()).await
         };
         loop {
             if next.deliveries.is_empty() {
@@ -223,26 +240,28 @@ impl Worker {
                 if self.idle(&mut shutdown).await {
                     return Ok(());
                 }
-                next = self.lease_batch().await;
+                next = self.ack_then_lease(Vec::new()).await;
                 continue;
             }
             let current = std::mem::replace(&mut next, Leased::none());
             let previous = std::mem::take(&mut unacked);
             let ahead = self.settings.pipeline && !stopping(&shutdown);
             let (handled, leased) = tokio::join!(self.handle(current), async {
-                self.ack(previous).await;
                 if ahead {
-                    self.lease_batch().await
+                    self.ack_then_lease(previous).await
                 } else {
+                    self.ack(previous).await;
                     Leased::none()
                 }
             });
             unacked = handled?;
             next = leased;
             if !ahead {
-                self.ack(std::mem::take(&mut unacked)).await;
-                if !stopping(&shutdown) {
-                    next = self.lease_batch().await;
+                let done = std::mem::take(&mut unacked);
+                if stopping(&shutdown) {
+                    self.ack(done).await;
+                } else {
+                    next = self.ack_then_lease(done).await;
                 }
             }
         }

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use sqlx::sqlite::SqliteSynchronous;
+use sqlx::sqlite::{SqliteRow, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
-use super::{Delivery, Queue, QueueDepth, QueueResult};
+use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
 use crate::engine::store::sqlite::connect_sqlite;
 
@@ -43,6 +43,62 @@ fn delete_leased<'a>(token: &'a str, ids: &'a [i64]) -> QueryBuilder<'a, Sqlite>
         t.push_bind(*id);
     });
     q
+}
+
+/// One lease: a token and a visibility deadline for up to `max` rows.
+struct Lease {
+    token: String,
+    now: i64,
+    until: i64,
+    max: i64,
+}
+
+impl Lease {
+    fn new(max: usize, visibility: Duration) -> Self {
+        let now = now_ms();
+        Lease {
+            token: format!("{:016x}", rand::random::<u64>()),
+            now,
+            until: now.saturating_add(millis(visibility)),
+            max: i64::try_from(max).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// One statement: select the visible rows and hide them. SQLite runs it under the
+    /// write lock, so two workers never lease the same row.
+    fn push<'a>(&'a self, q: &mut QueryBuilder<'a, Sqlite>, queue: &'a str) {
+        q.push("UPDATE queue_messages SET visible_at = ")
+            .push_bind(self.until)
+            .push(", delivery_count = delivery_count + 1, lease_token = ")
+            .push_bind(&self.token)
+            .push(" WHERE id IN (SELECT id FROM queue_messages WHERE queue = ")
+            .push_bind(queue)
+            .push(" AND visible_at <= ")
+            .push_bind(self.now)
+            .push(" ORDER BY visible_at, id LIMIT ")
+            .push_bind(self.max)
+            .push(") RETURNING id, body, delivery_count");
+    }
+
+    fn deliveries(&self, queue: &str, rows: &[SqliteRow]) -> Result<Vec<Delivery>, sqlx::Error> {
+        let mut deliveries = rows
+            .iter()
+            .map(|r| {
+                let count: i64 = r.try_get("delivery_count")?;
+                let count = u32::try_from(count).unwrap_or(u32::MAX);
+                Ok(Delivery {
+                    id: r.try_get("id")?,
+                    queue: queue.to_string(),
+                    body: r.try_get("body")?,
+                    delivery_count: count,
+                    redelivered: count > 1,
+                    lease_token: self.token.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        deliveries.sort_by_key(|d| d.id);
+        Ok(deliveries)
+    }
 }
 
 fn now_ms() -> i64 {
@@ -95,41 +151,48 @@ impl Queue for EmbeddedQueue {
         max: usize,
         visibility: Duration,
     ) -> QueueResult<Vec<Delivery>> {
-        let now = now_ms();
-        let token = format!("{:016x}", rand::random::<u64>());
-        // One statement: select the visible rows and hide them. SQLite runs it under
-        // the write lock, so two workers never lease the same row.
-        let rows = sqlx::query(
-            "UPDATE queue_messages
-             SET visible_at = ?, delivery_count = delivery_count + 1, lease_token = ?
-             WHERE id IN (SELECT id FROM queue_messages
-                          WHERE queue = ? AND visible_at <= ? ORDER BY visible_at, id LIMIT ?)
-             RETURNING id, queue, body, delivery_count",
-        )
-        .bind(now.saturating_add(millis(visibility)))
-        .bind(&token)
-        .bind(queue)
-        .bind(now)
-        .bind(i64::try_from(max).unwrap_or(i64::MAX))
-        .fetch_all(&self.deliveries)
-        .await?;
-        let mut deliveries = rows
-            .iter()
-            .map(|r| {
-                let count: i64 = r.try_get("delivery_count")?;
-                let count = u32::try_from(count).unwrap_or(u32::MAX);
-                Ok(Delivery {
-                    id: r.try_get("id")?,
-                    queue: r.try_get("queue")?,
-                    body: r.try_get("body")?,
-                    delivery_count: count,
-                    redelivered: count > 1,
-                    lease_token: token.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        deliveries.sort_by_key(|d| d.id);
-        Ok(deliveries)
+        let lease = Lease::new(max, visibility);
+        let mut q = QueryBuilder::new("");
+        lease.push(&mut q, queue);
+        let rows = q.build().fetch_all(&self.deliveries).await?;
+        Ok(lease.deliveries(queue, &rows)?)
+    }
+
+    async fn ack_then_lease(
+        &self,
+        done: &[Delivery],
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+    ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
+        // The usual case, one lease acked: both statements in one call to SQLite's
+        // thread (each still its own transaction), not two.
+        let token = done.first().map(|d| d.lease_token.as_str());
+        let one_lease =
+            done.len() <= ACK_CHUNK && done.iter().all(|d| Some(d.lease_token.as_str()) == token);
+        let (Some(token), true) = (token, one_lease) else {
+            let acked = self.ack_batch(done).await.map(|_| ());
+            return (acked, self.lease(queue, max, visibility).await);
+        };
+        let ids: Vec<i64> = done.iter().map(|d| d.id).collect();
+        let lease = Lease::new(max, visibility);
+        let mut q = delete_leased(token, &ids);
+        q.push("; ");
+        lease.push(&mut q, queue);
+        match q.build().fetch_all(&self.deliveries).await {
+            Ok(rows) => match lease.deliveries(queue, &rows) {
+                Ok(d) => (Ok(()), Ok(d)),
+                Err(e) => (Ok(()), Err(e.into())),
+            },
+            // The DELETE failed, or the UPDATE after it: the ack may or may not have
+            // happened (a redelivery the dedup absorbs) and nothing was leased.
+            Err(e) => (
+                Err(QueueError::Other(format!(
+                    "ack (with the next lease) failed: {e}"
+                ))),
+                Err(e.into()),
+            ),
+        }
     }
 
     async fn ack(&self, delivery: &Delivery) -> QueueResult<bool> {
@@ -245,6 +308,48 @@ mod tests {
         assert!(!q.ack(&first[0]).await.unwrap());
         assert!(q.ack(&again[0]).await.unwrap());
         assert!(q.depth("a").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn ack_then_lease_acks_only_held_leases_and_leases_the_next() {
+        let (_dir, q) = queue().await;
+        let bodies: Vec<Vec<u8>> = (0..7).map(|i| format!("m{i}").into_bytes()).collect();
+        q.publish(&["a".into()], &bodies).await.unwrap();
+        let vis = Duration::from_secs(30);
+        let first = q.lease("a", 3, vis).await.unwrap();
+        let (acked, second) = q.ack_then_lease(&first, "a", 3, vis).await;
+        acked.unwrap();
+        let second = second.unwrap();
+        let body = |d: &Delivery| String::from_utf8(d.body.clone()).unwrap();
+        assert_eq!(
+            second.iter().map(body).collect::<Vec<_>>(),
+            ["m3", "m4", "m5"]
+        );
+        assert_eq!(
+            q.depth("a").await.unwrap().in_flight,
+            3,
+            "the first three are gone"
+        );
+        // A stale lease acks nothing; the lease part still runs.
+        let mut stale = second.clone();
+        for d in &mut stale {
+            d.lease_token = "not-ours".into();
+        }
+        let (acked, third) = q.ack_then_lease(&stale, "a", 3, vis).await;
+        acked.unwrap();
+        assert_eq!(third.unwrap().iter().map(body).collect::<Vec<_>>(), ["m6"]);
+        assert_eq!(q.depth("a").await.unwrap().in_flight, 4);
+        // Two leases at once go through the general path.
+        q.publish(&["a".into()], &[b"m7".to_vec(), b"m8".to_vec()])
+            .await
+            .unwrap();
+        let mut two = q.lease("a", 1, vis).await.unwrap();
+        two.extend(q.lease("a", 1, vis).await.unwrap());
+        assert_ne!(two[0].lease_token, two[1].lease_token);
+        let (acked, none) = q.ack_then_lease(&two, "a", 3, vis).await;
+        acked.unwrap();
+        assert!(none.unwrap().is_empty());
+        assert_eq!(q.depth("a").await.unwrap().in_flight, 4, "m7 and m8 acked");
     }
 
     #[tokio::test]

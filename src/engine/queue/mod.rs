@@ -26,6 +26,8 @@ pub enum QueueError {
     BadUrl(String, String),
     #[error("AMQP: {0}")]
     Amqp(String),
+    #[error("{0}")]
+    Other(String),
 }
 
 pub type QueueResult<T> = Result<T, QueueError>;
@@ -85,6 +87,24 @@ pub trait Queue: Send + Sync + 'static {
             }
         }
         Ok(acked)
+    }
+
+    /// Ack `done` (a batch whose commit is done), then lease up to `max` of `queue`:
+    /// the pipelined runner's queue step. One round trip where the queue can manage
+    /// it; by default the two calls. Results apart: an ack that failed still leases.
+    async fn ack_then_lease(
+        &self,
+        done: &[Delivery],
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+    ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
+        let acked = if done.is_empty() {
+            Ok(())
+        } else {
+            self.ack_batch(done).await.map(|_| ())
+        };
+        (acked, self.lease(queue, max, visibility).await)
     }
 
     /// Give the message back now (or after `delay`) without counting it done.
