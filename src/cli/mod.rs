@@ -120,6 +120,23 @@ pub struct EngineArgs {
     /// Run only these consumers (repeatable; default: all four).
     #[arg(long = "consumer", value_name = "NAME")]
     pub consumers: Vec<String>,
+    /// Deliveries leased and handled together: a transactional consumer commits the
+    /// batch in one transaction and the queue acks it in one round trip.
+    #[arg(
+        long = "batch",
+        alias = "lease-batch",
+        default_value_t = 16,
+        value_name = "N"
+    )]
+    pub lease_batch: usize,
+    /// Once a batch's first delivery is in, how long to wait for it to fill (0: take
+    /// what is there). Bounds the latency batching adds.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s", value_name = "DURATION")]
+    pub batch_max_wait: Duration,
+    /// Lease the next batch only once the current one is acked (by default the queue
+    /// work overlaps the database commit).
+    #[arg(long)]
+    pub no_pipeline: bool,
 
     // Tuning and drill plumbing: hidden from --help, used by drills' child processes.
     #[arg(long, hide = true)]
@@ -130,8 +147,6 @@ pub struct EngineArgs {
     pub claim_lease_ms: u64,
     #[arg(long, hide = true, default_value_t = 1_000)]
     pub retry_ms: u64,
-    #[arg(long, hide = true, default_value_t = 16)]
-    pub lease_batch: usize,
     #[arg(long, hide = true, default_value_t = 10)]
     pub max_deliveries: u32,
     #[arg(long, hide = true, value_parser = clap::value_parser!(CrashPoint))]
@@ -163,6 +178,8 @@ impl EngineArgs {
             visibility_timeout: Duration::from_millis(self.visibility_ms),
             max_deliveries: self.max_deliveries,
             lease_batch: self.lease_batch.max(1),
+            batch_max_wait: self.batch_max_wait,
+            pipeline: !self.no_pipeline,
             retry_delay: Duration::from_millis(self.retry_ms),
             max_retry_delay: Duration::from_millis(self.claim_lease_ms),
             ..RunnerSettings::default()
