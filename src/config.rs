@@ -285,6 +285,9 @@ pub struct MetricNames {
     pub process_start_time: String,
     /// Requests at an HTTP edge with Idempotency-Key (labels: route, outcome).
     pub http_requests: String,
+    /// A gauge at 1 whose `durability` label says how the engine commits
+    /// (`durable` / `relaxed`).
+    pub engine_info: String,
     /// The label that names the consumer on every per-consumer metric.
     pub consumer_label: String,
     pub reason_label: String,
@@ -303,6 +306,7 @@ impl Default for MetricNames {
             claims_in_doubt: "idem_side_effect_claims_in_doubt".into(),
             process_start_time: "process_start_time_seconds".into(),
             http_requests: "idem_http_requests_total".into(),
+            engine_info: "idem_engine_info".into(),
             consumer_label: "consumer".into(),
             reason_label: "reason".into(),
             result_label: "result".into(),

@@ -11,28 +11,17 @@ fn json(env: &TempEnv, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
-#[test]
-fn bench_engine_counts_the_same_effects_both_ways() {
+/// `bench engine --json` on a fresh SQLite database, with `args`.
+fn bench_engine(args: &[&str]) -> serde_json::Value {
     let env = TempEnv::new();
     let db = env.db_url();
-    let r = json(
-        &env,
-        &[
-            "bench",
-            "engine",
-            "--db",
-            &db,
-            "--messages",
-            "300",
-            "--dup-rate",
-            "0.1",
-            "--batch",
-            "10",
-            "--runs",
-            "2",
-            "--json",
-        ],
-    );
+    let head = ["bench", "engine", "--db", &db, "--batch", "10", "--json"];
+    json(&env, &[&head[..], args].concat())
+}
+
+#[test]
+fn bench_engine_counts_the_same_effects_both_ways() {
+    let r = bench_engine(&["--messages", "300", "--dup-rate", "0.1", "--runs", "2"]);
     assert_eq!(r["runs"].as_array().map(Vec::len), Some(2), "{r}");
     assert_eq!(r["raw"]["applied"], r["engine"]["applied"], "{r}");
     assert_eq!(r["raw"]["duplicates"], r["engine"]["duplicates"], "{r}");
@@ -73,6 +62,17 @@ fn bench_engine_reports_how_throughput_scales_with_the_batch() {
     assert_eq!(r["scaling"][0]["from_batch"], 1);
     assert_eq!(r["scaling"][0]["to_batch"], 5);
     assert!(r["scaling"][0]["engine"].as_f64().unwrap() > 0.0, "{r}");
+}
+
+#[test]
+fn bench_engine_relaxed_reports_its_durability() {
+    let r = bench_engine(&["--messages", "50", "--runs", "1", "--durability", "relaxed"]);
+    let durability = r["durability"].as_str().unwrap_or_default();
+    assert!(
+        durability.starts_with("relaxed: SQLite WAL, synchronous=NORMAL"),
+        "{r}"
+    );
+    assert_eq!(r["raw"]["applied"], r["engine"]["applied"], "{r}");
 }
 
 #[test]

@@ -20,60 +20,41 @@ fn required() -> bool {
     std::env::var("IDEMWATCH_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
 }
 
-#[test]
-fn serve_exposes_spec_metrics_that_promtool_accepts() {
-    let env = TempEnv::new();
-    let lines = concat!(
-        r#"{"device_id":"34-ABC-123","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}"#,
-        "\n",
-        r#"{"device_id":"34-ABC-123","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}"#,
-        "\n",
-        "garbage\n"
-    );
-    let file = env.path("in.jsonl");
-    std::fs::write(&file, lines).unwrap();
-    assert_eq!(run_cli(&env, &["publish", file.to_str().unwrap()]).0, 0);
-
+/// `idemwatch serve` on a free port over the env's database and queue; killed on drop.
+fn serve(env: &TempEnv, extra: &[&str]) -> (KillOnDrop, String) {
     let port = free_port();
     let child = Command::new(idemwatch_bin())
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--db", &env.db_url(), "--queue", &env.queue_url()])
+        .args(extra)
         .env("IDEMWATCH_LOG_FILE", env.path("serve.log"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _guard = KillOnDrop(child);
-    let url = format!("http://127.0.0.1:{port}/metrics");
+    (
+        KillOnDrop(child),
+        format!("http://127.0.0.1:{port}/metrics"),
+    )
+}
+
+/// Scrape until the exposition contains `line` (20 s at most).
+fn scrape_until(url: &str, line: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let body = loop {
-        if let Ok(resp) = reqwest::blocking::get(&url) {
+    loop {
+        if let Ok(resp) = reqwest::blocking::get(url) {
             let body = resp.text().unwrap();
-            if body.contains(r#"idem_duplicate_dropped_total{consumer="trip-counter"} 1"#) {
-                break body;
+            if body.contains(line) {
+                return body;
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "serve never processed the published messages"
-        );
+        assert!(Instant::now() < deadline, "serve never exposed {line}");
         std::thread::sleep(Duration::from_millis(100));
-    };
-    for name in [
-        "idem_messages_processed_total",
-        "idem_duplicate_dropped_total",
-        "idem_messages_redelivered_total",
-        "idem_out_of_order_total",
-        r#"idem_dead_lettered_total{consumer="trip-counter",reason="malformed_json"} 1"#,
-        r#"idem_side_effects_total{consumer="zone-exit-sms",result="sent"} 1"#,
-        r#"idem_side_effects_total{consumer="zone-exit-sms",result="suppressed"} 1"#,
-        "idem_side_effect_claims_in_doubt",
-        "idem_handler_duration_seconds_bucket",
-        "process_start_time_seconds",
-    ] {
-        assert!(body.contains(name), "missing {name}:\n{body}");
     }
+}
 
+/// `promtool check metrics` passes (skipped without promtool unless required).
+fn promtool_accepts(body: &str) {
     let promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -101,6 +82,53 @@ fn serve_exposes_spec_metrics_that_promtool_accepts() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn relaxed_serve_says_so_in_its_metrics() {
+    let env = TempEnv::new();
+    let (_guard, url) = serve(&env, &["--durability", "relaxed"]);
+    let body = scrape_until(&url, r#"idem_engine_info{durability="relaxed"} 1"#);
+    assert!(!body.contains(r#"durability="durable""#), "{body}");
+    assert!(body.contains("# TYPE idem_engine_info gauge"), "{body}");
+    promtool_accepts(&body);
+}
+
+#[test]
+fn serve_exposes_spec_metrics_that_promtool_accepts() {
+    let env = TempEnv::new();
+    let lines = concat!(
+        r#"{"device_id":"34-ABC-123","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}"#,
+        "\n",
+        r#"{"device_id":"34-ABC-123","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}"#,
+        "\n",
+        "garbage\n"
+    );
+    let file = env.path("in.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    assert_eq!(run_cli(&env, &["publish", file.to_str().unwrap()]).0, 0);
+
+    let (_guard, url) = serve(&env, &[]);
+    let body = scrape_until(
+        &url,
+        r#"idem_duplicate_dropped_total{consumer="trip-counter"} 1"#,
+    );
+    for name in [
+        "idem_messages_processed_total",
+        "idem_duplicate_dropped_total",
+        "idem_messages_redelivered_total",
+        "idem_out_of_order_total",
+        r#"idem_dead_lettered_total{consumer="trip-counter",reason="malformed_json"} 1"#,
+        r#"idem_side_effects_total{consumer="zone-exit-sms",result="sent"} 1"#,
+        r#"idem_side_effects_total{consumer="zone-exit-sms",result="suppressed"} 1"#,
+        "idem_side_effect_claims_in_doubt",
+        "idem_handler_duration_seconds_bucket",
+        "process_start_time_seconds",
+        r#"idem_engine_info{durability="durable"} 1"#,
+    ] {
+        assert!(body.contains(name), "missing {name}:\n{body}");
+    }
+    promtool_accepts(&body);
 
     // A Prometheus server asking for OpenMetrics gets it.
     let om = reqwest::blocking::Client::new()

@@ -11,7 +11,8 @@ use axum::routing::get;
 use axum::Router;
 use idemwatch::config::{Config, ScrapeTarget};
 use idemwatch::engine::metrics::Metrics;
-use idemwatch::monitor::alerts::AlertKind;
+use idemwatch::engine::store::Durability;
+use idemwatch::monitor::alerts::{AlertKind, Severity};
 use idemwatch::monitor::db::SourceStatus;
 use idemwatch::monitor::markers::MarkerSource;
 use idemwatch::monitor::{Monitor, MonitorCommand, Snapshot};
@@ -218,4 +219,46 @@ async fn http_edge_replays_and_conflicts_are_read_per_route() {
     assert_eq!(outcomes["replayed"].total, 4.0);
     assert!(outcomes["replayed"].per_second.unwrap() > 0.0);
     assert_eq!(outcomes["conflict"].total, 1.0);
+}
+
+#[tokio::test]
+async fn a_relaxed_engine_is_flagged_per_target_and_in_the_json() {
+    let metrics = Arc::new(Metrics::new());
+    metrics.register_consumer(CONSUMER);
+    let (addr, server) = serve(metrics.clone(), "127.0.0.1:0".parse().unwrap()).await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+    let durable = monitor.poll().await;
+    assert_eq!(durable.targets[0].durability, Some(Durability::Durable));
+    assert!(!durable
+        .alerts
+        .iter()
+        .any(|a| matches!(a.kind, AlertKind::RelaxedDurability { .. })));
+
+    metrics.set_durability(Durability::Relaxed);
+    let relaxed = monitor.poll().await;
+    assert_eq!(relaxed.targets[0].durability, Some(Durability::Relaxed));
+    let alert = relaxed
+        .alerts
+        .iter()
+        .find(|a| {
+            a.kind
+                == AlertKind::RelaxedDurability {
+                    target: "sms".into(),
+                }
+        })
+        .expect("a relaxed-durability alert");
+    assert_eq!(
+        alert.message,
+        "sms runs with relaxed durability: a power cut can undo its last commits"
+    );
+    assert_eq!(alert.severity, Severity::Warning);
+    let doc = serde_json::to_value(&relaxed).unwrap();
+    assert_eq!(doc["targets"][0]["durability"], "relaxed", "{doc}");
+    assert_eq!(doc["alerts"][0]["kind"], "relaxed_durability", "{doc}");
+
+    // Down: the last reported durability stays, so does the warning.
+    server.abort();
+    let _ = server.await;
+    let down = monitor.poll().await;
+    assert_eq!(down.targets[0].durability, Some(Durability::Relaxed));
 }

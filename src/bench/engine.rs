@@ -23,7 +23,7 @@ use crate::engine::consumers::trip_counter;
 use crate::engine::crash::CrashPlan;
 use crate::engine::envelope::Envelope;
 use crate::engine::runner::{EventSink, RunnerSettings};
-use crate::engine::store::{self, BusinessWrite, Recordable};
+use crate::engine::store::{self, BusinessWrite, Durability, Recordable};
 use crate::engine::{Engine, EngineConfig};
 
 use super::BenchError;
@@ -42,6 +42,8 @@ pub struct EngineBenchPlan {
     pub seed: u64,
     /// Raw/engine pairs to run; the report gives the median pair.
     pub runs: usize,
+    /// The business database's commit durability, the same for raw and engine.
+    pub durability: Durability,
 }
 
 /// One measured run.
@@ -70,6 +72,8 @@ pub struct RunPair {
 pub struct EngineBenchReport {
     pub db: String,
     pub backend: String,
+    /// `durable: …` or `relaxed: …` with what that means on this backend: the raw
+    /// baseline and the engine both ran with it.
     pub durability: String,
     pub messages: usize,
     pub dup_rate: f64,
@@ -145,9 +149,19 @@ fn figures(
     }
 }
 
+/// The business store with the plan's durability (what the engine opens too).
+async fn open_store(plan: &EngineBenchPlan) -> Result<Arc<dyn store::Store>, BenchError> {
+    Ok(
+        store::open_with_edge_durability(&plan.db_url, plan.durability)
+            .await
+            .map_err(err)?
+            .store,
+    )
+}
+
 /// The raw baseline: the pattern's transactions, nothing else.
 async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, BenchError> {
-    let store = store::open(&plan.db_url).await.map_err(err)?;
+    let store = open_store(plan).await?;
     let items: Vec<Recordable> = bodies
         .iter()
         .map(|b| {
@@ -218,6 +232,7 @@ async fn engine(
         "http://127.0.0.1:9",
     );
     cfg.consumers = vec![trip_counter::NAME.into()];
+    cfg.durability = plan.durability;
     cfg.namespace = Some(format!("bench-{}", rand::random::<u32>()));
     cfg.runner = RunnerSettings {
         lease_batch: plan.batch.max(1),
@@ -322,6 +337,9 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
             "--messages and --runs must be > 0 and --dup-rate in [0, 1)".into(),
         ));
     }
+    plan.durability
+        .check_url(&plan.db_url)
+        .map_err(|e| BenchError::Usage(e.to_string()))?;
     let mut pairs = Vec::with_capacity(plan.runs);
     for i in 0..plan.runs {
         let scratch = tempfile::tempdir().map_err(err)?;
@@ -350,16 +368,25 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
     let mut order: Vec<usize> = (0..pairs.len()).collect();
     order.sort_by(|&a, &b| ratio(&pairs[a]).total_cmp(&ratio(&pairs[b])));
     let (raw, engine) = pairs.swap_remove(order[order.len() / 2]);
-    let store = store::open(&plan.db_url).await.map_err(err)?;
+    let store = open_store(plan).await?;
     let backend = format!("{:?}", store.backend()).to_lowercase();
-    let durability = match store.backend() {
-        store::Backend::Sqlite => "SQLite WAL, synchronous=FULL (fsync per commit)",
-        store::Backend::Postgres => "PostgreSQL server defaults (synchronous_commit as configured)",
-        store::Backend::Mysql => {
+    let durability = match (store.backend(), store.durability()) {
+        (store::Backend::Sqlite, Durability::Durable) => {
+            "SQLite WAL, synchronous=FULL (fsync per commit)"
+        }
+        (store::Backend::Sqlite, Durability::Relaxed) => {
+            "SQLite WAL, synchronous=NORMAL (fsync at checkpoints only)"
+        }
+        (store::Backend::Postgres, Durability::Durable) => {
+            "PostgreSQL server defaults (synchronous_commit as configured)"
+        }
+        (store::Backend::Postgres, Durability::Relaxed) => {
+            "PostgreSQL synchronous_commit=off in the bench's sessions"
+        }
+        (store::Backend::Mysql, _) => {
             "MariaDB/MySQL server defaults (innodb_flush_log_at_trx_commit as configured)"
         }
-    }
-    .to_string();
+    };
     let queue = match &plan.queue_url {
         Some(url) => store::redact_url(url),
         None => "embedded SQLite queue in a scratch file".into(),
@@ -372,7 +399,10 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
     Ok(EngineBenchReport {
         db: store.redacted_url(),
         backend,
-        durability: format!("{durability}{queue_durability}"),
+        durability: format!(
+            "{}: {durability}{queue_durability}",
+            store.durability().as_str()
+        ),
         messages: plan.messages,
         dup_rate: plan.dup_rate,
         batch: plan.batch,

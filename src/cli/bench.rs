@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 
-use super::{print_json, CliError, CliResult, EXIT_OK};
+use super::{print_json, CliError, CliResult, DurabilityArg, EXIT_OK};
 use idemwatch::bench::{self, partitions, LoadPlan};
 use idemwatch::engine::retention::PurgePlan;
 
@@ -88,6 +88,9 @@ pub struct EngineArgs {
     /// Raw/engine pairs to run (each on fresh keys); the median pair is reported.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    // Both the raw baseline and the engine commit with it.
+    #[command(flatten)]
+    pub durability: DurabilityArg,
     #[arg(long)]
     pub json: bool,
 }
@@ -253,6 +256,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 workers: a.workers,
                 seed: a.seed,
                 runs: a.runs,
+                durability: a.durability.durability,
             };
             if a.batch.len() > 1 {
                 let r = bench::engine::run_sizes(&plan, &a.batch)

@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::{print_json, CliError, CliResult, EngineArgs, EXIT_OK};
+use super::{open_engine, print_json, CliError, CliResult, DurabilityArg, EngineArgs, EXIT_OK};
 use idemwatch::engine::crash::{CrashPlan, CrashStyle};
 use idemwatch::engine::runner::EventSink;
-use idemwatch::engine::Engine;
 
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
@@ -18,6 +17,8 @@ pub struct ConsumeArgs {
     pub until_idle: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub durability: DurabilityArg,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
@@ -28,8 +29,9 @@ pub struct ConsumeArgs {
 
 pub async fn run(args: ConsumeArgs) -> CliResult {
     let (sms, webhook, _sandbox) = args.engine.provider_urls().await?;
-    let cfg = args.engine.engine_config(&sms, &webhook);
-    let engine = Engine::open(&cfg).await.map_err(CliError::unavailable)?;
+    let mut cfg = args.engine.engine_config(&sms, &webhook);
+    cfg.durability = args.durability.durability;
+    let engine = open_engine(&cfg).await?;
     let crash = Arc::new(match args.engine.crash_at {
         Some(point) => CrashPlan::at(
             point,

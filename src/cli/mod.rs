@@ -9,7 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use idemwatch::engine::consumers::ConsumerMode;
 use idemwatch::engine::crash::CrashPoint;
 use idemwatch::engine::runner::RunnerSettings;
-use idemwatch::engine::{default_db_url, default_queue_url, EngineConfig};
+use idemwatch::engine::store::{Durability, StoreError};
+use idemwatch::engine::{default_db_url, default_queue_url, Engine, EngineConfig, EngineError};
 use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
 
 pub mod bench;
@@ -205,6 +206,25 @@ impl EngineArgs {
         let webhook = self.webhook_url.clone().unwrap_or_else(|| sms.clone());
         Ok((sms, webhook, handle))
     }
+}
+
+/// `--durability`, for the commands that run consumers (`serve`, `consume`, `bench
+/// engine`). Not on drills: they prove idempotency, which durability does not change.
+#[derive(Debug, Clone, Args)]
+pub struct DurabilityArg {
+    /// How the business database commits. relaxed is opt-in, refused on MySQL/MariaDB,
+    /// and shown in /metrics (idem_engine_info) and on the dashboard.
+    #[arg(long, value_enum, default_value_t = Durability::Durable)]
+    pub durability: Durability,
+}
+
+/// Open the engine `cfg` names: a durability its backend refuses is bad usage (exit
+/// 2), any other failure an environment we could not reach (exit 3).
+pub async fn open_engine(cfg: &EngineConfig) -> Result<Engine, CliError> {
+    Engine::open(cfg).await.map_err(|e| match e {
+        EngineError::Store(StoreError::DurabilityUnsupported(m)) => CliError::usage(m),
+        other => CliError::unavailable(other),
+    })
 }
 
 /// Print a value as one JSON document on stdout.

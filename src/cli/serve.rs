@@ -7,9 +7,8 @@ use std::time::Duration;
 use clap::Args;
 use tokio::sync::watch;
 
-use super::{CliError, CliResult, EngineArgs, EXIT_OK};
+use super::{open_engine, CliError, CliResult, DurabilityArg, EngineArgs, EXIT_OK};
 use idemwatch::engine::crash::CrashPlan;
-use idemwatch::engine::Engine;
 use idemwatch::engine::{exporter, http_api};
 
 #[derive(Debug, Args)]
@@ -28,6 +27,8 @@ pub struct ServeArgs {
     pub idempotency_ttl: std::time::Duration,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub durability: DurabilityArg,
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -54,16 +55,18 @@ pub async fn shutdown_signal() {
 
 pub async fn run(args: ServeArgs) -> CliResult {
     let (sms, webhook, _sandbox) = args.engine.provider_urls().await?;
-    let cfg = args.engine.engine_config(&sms, &webhook);
-    let engine = Arc::new(Engine::open(&cfg).await.map_err(CliError::unavailable)?);
+    let mut cfg = args.engine.engine_config(&sms, &webhook);
+    cfg.durability = args.durability.durability;
+    let engine = Arc::new(open_engine(&cfg).await?);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| CliError::unavailable(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr = listener.local_addr().map_err(CliError::unavailable)?;
     eprintln!(
-        "idemwatch serve: consumers {:?} ({}) on {} / {}; metrics on http://{addr}/metrics, write API on http://{addr}/v1/…; SMS to {sms}",
+        "idemwatch serve: consumers {:?} ({}, {} durability) on {} / {}; metrics on http://{addr}/metrics, write API on http://{addr}/v1/…; SMS to {sms}",
         engine.consumer_names(),
         cfg.mode.as_str(),
+        engine.store.durability().as_str(),
         engine.store.redacted_url(),
         engine.queue.redacted_url(),
     );

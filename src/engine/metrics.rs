@@ -18,6 +18,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use super::envelope::RejectReason;
+use super::store::Durability;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConsumerLabel {
@@ -34,6 +35,11 @@ struct DeadLetterLabel {
 struct HttpLabel {
     route: String,
     outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EngineInfoLabel {
+    durability: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -104,6 +110,7 @@ pub struct Metrics {
     claims_in_doubt: Family<ConsumerLabel, Gauge>,
     handler_duration: Family<ConsumerLabel, Histogram>,
     http_requests: Family<HttpLabel, Counter>,
+    engine_info: Family<EngineInfoLabel, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -178,6 +185,15 @@ impl Metrics {
             "Write requests at the HTTP edge by route and outcome (executed, replayed, conflict, mismatch, missing_key, unauthorized, error)",
             http_requests.clone(),
         );
+        // A gauge rather than OpenMetrics' `info` type: the classic text format (and
+        // `promtool check metrics`) has no such type, and a gauge at 1 is the
+        // Prometheus convention for `_info`.
+        let engine_info = Family::<EngineInfoLabel, Gauge>::default();
+        registry.register(
+            "idem_engine_info",
+            "How this engine runs (durability: durable, or relaxed where a power cut can undo the last commits); always 1",
+            engine_info.clone(),
+        );
         let start: Gauge<f64, AtomicU64> = Gauge::default();
         start.set(
             SystemTime::now()
@@ -190,7 +206,7 @@ impl Metrics {
             "Start time of the process since unix epoch in seconds",
             start,
         );
-        Metrics {
+        let metrics = Metrics {
             registry,
             processed,
             duplicate_dropped,
@@ -201,7 +217,21 @@ impl Metrics {
             claims_in_doubt,
             handler_duration,
             http_requests,
-        }
+            engine_info,
+        };
+        metrics.set_durability(Durability::default());
+        metrics
+    }
+
+    /// `idem_engine_info{durability=…} 1`: exactly one series, the durability the
+    /// engine's store runs with, so a dashboard can show a relaxed engine.
+    pub fn set_durability(&self, durability: Durability) {
+        self.engine_info.clear();
+        self.engine_info
+            .get_or_create(&EngineInfoLabel {
+                durability: durability.as_str().to_string(),
+            })
+            .set(1);
     }
 
     /// Make every consumer's series visible at zero, so a scraper sees the consumer
@@ -457,6 +487,7 @@ mod tests {
             "idem_side_effect_claims_in_doubt{consumer=\"trip-counter\"} 0",
             "idem_handler_duration_seconds_bucket",
             "process_start_time_seconds ",
+            "idem_engine_info{durability=\"durable\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
@@ -465,6 +496,14 @@ mod tests {
         assert!(classic.contains("# HELP idem_duplicate_dropped_total Redelivered"));
         assert!(classic.contains("# TYPE idem_handler_duration_seconds histogram\n"));
         assert!(!classic.contains("# EOF"));
+        assert!(classic.contains("# TYPE idem_engine_info gauge\n"));
+        m.set_durability(Durability::Relaxed);
+        let text = m.encode();
+        assert!(text.contains("idem_engine_info{durability=\"relaxed\"} 1"));
+        assert!(
+            !text.contains("durability=\"durable\""),
+            "one series only:\n{text}"
+        );
         let c = m.counts("trip-counter");
         assert_eq!(
             (c.processed, c.duplicate_dropped, c.dead_lettered),

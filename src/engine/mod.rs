@@ -58,6 +58,8 @@ pub struct EngineConfig {
     pub namespace: Option<String>,
     pub runner: RunnerSettings,
     pub claim_lease: Duration,
+    /// How the business database commits ([`store::Durability`]; durable unless asked).
+    pub durability: store::Durability,
 }
 
 impl EngineConfig {
@@ -72,6 +74,7 @@ impl EngineConfig {
             namespace: None,
             runner: RunnerSettings::default(),
             claim_lease: Duration::from_secs(60),
+            durability: store::Durability::Durable,
         }
     }
 }
@@ -119,7 +122,7 @@ pub struct Engine {
 impl Engine {
     /// Open the store and queue the config names and build the consumers.
     pub async fn open(cfg: &EngineConfig) -> Result<Engine, EngineError> {
-        let stores = store::open_with_edge(&cfg.db_url).await?;
+        let stores = store::open_with_edge_durability(&cfg.db_url, cfg.durability).await?;
         let queue = queue::open(&cfg.queue_url).await?;
         let mut engine = Engine::from_parts(stores.store, queue, Arc::new(Metrics::new()), cfg)?;
         engine.edge = Some(stores.edge);
@@ -127,7 +130,8 @@ impl Engine {
     }
 
     /// Build an engine over already-open parts (drills share one store and queue
-    /// between several engines).
+    /// between several engines). The metrics report the durability the store was
+    /// opened with, whatever `cfg.durability` says: the store is what commits.
     pub fn from_parts(
         store: Arc<dyn Store>,
         queue: Arc<dyn Queue>,
@@ -158,6 +162,7 @@ impl Engine {
         for c in &consumers {
             metrics.register_consumer(c.name());
         }
+        metrics.set_durability(store.durability());
         Ok(Engine {
             store,
             edge: None,

@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::db::{DbStats, SourceStatus};
 use super::targets::{ConsumerStatus, TargetStatus};
 use super::vehicles::VehicleAnomaly;
+use crate::engine::store::Durability;
 
 /// Above this duplicate rate (1%) something is redelivering far more than the
 /// 0.01% of a normal day or the 0.4% of a deploy day.
@@ -50,6 +51,11 @@ pub enum AlertKind {
         oldest_age_seconds: i64,
         retention_seconds: i64,
     },
+    /// The engine commits with relaxed durability: a power cut can undo commits
+    /// whose messages were already acked.
+    RelaxedDurability {
+        target: String,
+    },
     DuplicateRateHigh {
         target: String,
         consumer: String,
@@ -86,6 +92,18 @@ pub fn evaluate(
                 kind: AlertKind::TargetDown {
                     target: t.name.clone(),
                     error: error.clone(),
+                },
+            });
+        }
+        if t.durability == Some(Durability::Relaxed) {
+            out.push(Alert {
+                severity: Severity::Warning,
+                message: format!(
+                    "{} runs with relaxed durability: a power cut can undo its last commits",
+                    t.name
+                ),
+                kind: AlertKind::RelaxedDurability {
+                    target: t.name.clone(),
                 },
             });
         }

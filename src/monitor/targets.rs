@@ -12,6 +12,7 @@ use super::markers::{restart_marker, TimelineMarker};
 use super::prometheus::{Exposition, ScrapeResult};
 use super::series::{duplicate_ratio, CounterRate, RestartDetector, Series};
 use crate::config::MetricNames;
+use crate::engine::store::Durability;
 
 /// How long the duplicate counter may stay flat under traffic before the parachute
 /// alert ("the dedup path is never exercised").
@@ -57,6 +58,10 @@ pub struct TargetStatus {
     pub samples: usize,
     pub process_start_time: Option<f64>,
     pub last_restart: Option<DateTime<Utc>>,
+    /// How the engine behind this target commits, from its `idem_engine_info`; None
+    /// for an exporter that does not say (not idemwatch, or an older one). A target
+    /// that goes down keeps the last value it reported.
+    pub durability: Option<Durability>,
     /// The HTTP edge's requests by route, then outcome (executed, replayed,
     /// conflict, mismatch, missing_key…): replays and conflicts are the edge's
     /// duplicate_dropped. Empty for a target without a write API.
@@ -166,6 +171,7 @@ impl TargetTracker {
                 samples: 0,
                 process_start_time: None,
                 last_restart: None,
+                durability: None,
                 http: BTreeMap::new(),
             },
             counters: HashMap::new(),
@@ -380,6 +386,10 @@ impl TargetTracker {
             );
         }
         self.status.http = http;
+        self.status.durability = exposition
+            .named(&names.engine_info)
+            .filter(|s| s.value > 0.0)
+            .find_map(|s| s.label("durability").and_then(Durability::parse));
         let in_doubt: BTreeMap<String, f64> = exposition
             .named(&names.claims_in_doubt)
             .map(|s| (consumer_of(s, names, &target).to_string(), s.value))

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
+use crate::engine::store::Durability;
 use crate::monitor::alerts::{Alert, AlertKind, Severity};
 use crate::monitor::db::{
     ConsumerInserts, CountMethod, DbStats, DeadLetterGroup, DedupStats, DrillRunSummary,
@@ -130,6 +131,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             samples: 131,
             process_start_time: Some(1_700_000_000.0),
             last_restart: Some(now() - Duration::seconds(95)),
+            durability: Some(Durability::Durable),
             http: BTreeMap::from([(
                 "/v1/trips/{device}/notes".to_string(),
                 BTreeMap::from([

@@ -14,24 +14,30 @@ use super::theme::Theme;
 use crate::drills::twice::TwiceCheck;
 use crate::drills::{DrillReport, Scenario, Verdict};
 use crate::engine::consumers::{self, ConsumerMode};
+use crate::engine::store::Durability;
+use crate::monitor::{alerts, Snapshot};
 
 fn app() -> App {
+    app_with(fixtures::snapshot(fixtures::now()))
+}
+
+fn app_with(snapshot: Snapshot) -> App {
     let mut app = App::new(
         fixtures::now(),
         true,
         Some(" DEMO · embedded engine on SQLite in /tmp/demo · D deploys now ".into()),
     );
-    app.update(Action::Snapshot(Arc::new(fixtures::snapshot(
-        fixtures::now(),
-    ))));
+    app.update(Action::Snapshot(Arc::new(snapshot)));
     app
 }
 
 fn draw(app: &App) -> TestBackend {
+    draw_with(app, &Theme::no_color())
+}
+
+fn draw_with(app: &App, theme: &Theme) -> TestBackend {
     let mut terminal = Terminal::new(TestBackend::new(120, 34)).expect("test terminal");
-    terminal
-        .draw(|f| render(f, app, &Theme::no_color()))
-        .expect("draw");
+    terminal.draw(|f| render(f, app, theme)).expect("draw");
     terminal.backend().clone()
 }
 
@@ -44,6 +50,42 @@ fn on(tab: Tab) -> App {
 #[test]
 fn overview() {
     insta::assert_snapshot!(draw(&on(Tab::Overview)));
+}
+
+#[test]
+fn overview_flags_a_relaxed_target_in_the_warning_style() {
+    let mut snap = fixtures::snapshot(fixtures::now());
+    snap.targets[0].durability = Some(Durability::Relaxed);
+    // The alert comes from the monitor's own rule, not from the fixture.
+    snap.alerts
+        .extend(alerts::evaluate(&snap.targets, &[], None));
+    let a = app_with(snap);
+    let screen = draw(&a);
+    let text = screen.to_string();
+    assert!(
+        text.contains("demo-engine up  relaxed durability"),
+        "{text}"
+    );
+    assert!(
+        text.contains("WARN demo-engine runs with relaxed durability: a power cut can"),
+        "{text}"
+    );
+    insta::assert_snapshot!(screen);
+
+    let theme = Theme::default_colors();
+    let coloured = draw_with(&a, &theme);
+    let buffer = coloured.buffer();
+    let width = buffer.area.width;
+    let (x, y) = (0..buffer.area.height)
+        .find_map(|y| {
+            let row: String = (0..width).map(|x| buffer[(x, y)].symbol()).collect();
+            row.find("up  relaxed durability")
+                .map(|byte| (row[..byte].chars().count() as u16 + 4, y))
+        })
+        .expect("the target row names its durability");
+    for dx in 0.."relaxed durability".len() as u16 {
+        assert_eq!(buffer[(x + dx, y)].style().fg, theme.warn.fg, "cell {dx}");
+    }
 }
 
 #[test]

@@ -32,6 +32,10 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("unsupported database URL {0} (expected sqlite://, postgres:// or mysql://)")]
     UnsupportedUrl(String),
+    /// A durability the backend cannot give without changing what is not ours: bad
+    /// usage, refused before any connection is made.
+    #[error("{0}")]
+    DurabilityUnsupported(String),
     #[error("{0}")]
     Other(String),
 }
@@ -234,6 +238,60 @@ pub struct DrillRun {
     pub report: Option<serde_json::Value>,
 }
 
+/// How hard a commit is pushed to disk before the engine acks the message.
+///
+/// `Durable` (the default) survives a power cut: SQLite `synchronous=FULL`, the
+/// servers' own commit settings. `Relaxed` trades that for commit latency: SQLite
+/// WAL `synchronous=NORMAL`, PostgreSQL `synchronous_commit = off`. A process crash
+/// loses nothing either way; a power cut (or OS crash) can undo the last commits
+/// of a relaxed store while their messages are already acked, so their effects are
+/// gone without a redelivery. Never the default, always visible (`idem_engine_info`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Every commit on disk before the ack (SQLite FULL; the server's own settings).
+    #[default]
+    Durable,
+    /// SQLite NORMAL, PostgreSQL synchronous_commit=off: a power cut can undo the
+    /// last commits.
+    Relaxed,
+}
+
+impl Durability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Durable => "durable",
+            Durability::Relaxed => "relaxed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "durable" => Some(Durability::Durable),
+            "relaxed" => Some(Durability::Relaxed),
+            _ => None,
+        }
+    }
+
+    /// Whether the backend a `--db` URL names can run with this durability.
+    ///
+    /// MySQL/MariaDB's knob, `innodb_flush_log_at_trx_commit`, is a server-global
+    /// setting: changing it would relax every other client of the server, so relaxed
+    /// is refused there rather than silently running durable under a relaxed label.
+    pub fn check_url(self, url: &str) -> StoreResult<()> {
+        if self == Durability::Relaxed && is_mysql_url(url) {
+            return Err(StoreError::DurabilityUnsupported(format!(
+                "relaxed durability is refused on MySQL/MariaDB ({}): its equivalent, \
+                 innodb_flush_log_at_trx_commit, is a server-global setting that idemwatch \
+                 must not change for every client of the server; run durable, or set it on \
+                 the server yourself",
+                redact_url(url)
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Which database a [`Store`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -251,6 +309,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// The URL with any password replaced by `***`.
     fn redacted_url(&self) -> String;
+
+    /// The commit durability this store's connections were opened with.
+    fn durability(&self) -> Durability;
 
     // ---- transactional mode -------------------------------------------------
 
@@ -553,7 +614,7 @@ pub(crate) fn vehicle_duplicate_or_conflict(
     }
 }
 
-/// Open the store a `--db` URL names and bring its schema up to date.
+/// Open the store a `--db` URL names and bring its schema up to date (durable).
 pub async fn open(url: &str) -> StoreResult<Arc<dyn Store>> {
     Ok(open_with_edge(url).await?.store)
 }
@@ -574,17 +635,28 @@ fn both<S: Store + edge::EdgeStore>(s: S) -> Stores {
     }
 }
 
-/// Open the store a `--db` URL names, with its HTTP-edge side.
+/// Open the store a `--db` URL names, with its HTTP-edge side (durable).
 pub async fn open_with_edge(url: &str) -> StoreResult<Stores> {
+    open_with_edge_durability(url, Durability::Durable).await
+}
+
+/// [`open_with_edge`] with a chosen [`Durability`]; a durability the backend
+/// refuses fails before any connection is made.
+pub async fn open_with_edge_durability(url: &str, durability: Durability) -> StoreResult<Stores> {
+    durability.check_url(url)?;
     if url.starts_with("sqlite:") {
-        Ok(both(sqlite::SqliteStore::open(url).await?))
+        Ok(both(sqlite::SqliteStore::open(url, durability).await?))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(both(postgres::PostgresStore::open(url).await?))
-    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        Ok(both(postgres::PostgresStore::open(url, durability).await?))
+    } else if is_mysql_url(url) {
         Ok(both(mysql::MysqlStore::open(url).await?))
     } else {
         Err(StoreError::UnsupportedUrl(redact_url(url)))
     }
+}
+
+fn is_mysql_url(url: &str) -> bool {
+    url.starts_with("mysql://") || url.starts_with("mariadb://")
 }
 
 /// Replace the password of a URL with `***` (SPEC §6: secrets are never printed).

@@ -444,6 +444,12 @@ impl Store for MysqlStore {
         redact_url(&self.url)
     }
 
+    /// Always durable as far as idemwatch goes: the flush policy is the server's
+    /// (`innodb_flush_log_at_trx_commit`), see [`Durability::check_url`].
+    fn durability(&self) -> Durability {
+        Durability::Durable
+    }
+
     async fn record_batch(
         &self,
         consumer: &str,

@@ -23,21 +23,36 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/p
 pub struct PostgresStore {
     pool: PgPool,
     url: String,
+    durability: Durability,
 }
 
 impl PostgresStore {
-    pub async fn open(url: &str) -> StoreResult<Self> {
+    /// Durable: the server's own commit settings. Relaxed: `synchronous_commit = off`
+    /// in this pool's sessions only — a commit returns before its WAL is flushed, so a
+    /// server power cut can undo the last commits (never corrupt them); other clients
+    /// of the server are untouched.
+    pub async fn open(url: &str, durability: Durability) -> StoreResult<Self> {
         let opts: PgConnectOptions = url.parse()?;
         let opts = opts.log_statements(tracing::log::LevelFilter::Trace);
-        let pool = PgPoolOptions::new()
+        let mut pool = PgPoolOptions::new()
             .max_connections(16)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(opts)
-            .await?;
+            .acquire_timeout(Duration::from_secs(30));
+        if durability == Durability::Relaxed {
+            pool = pool.after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET synchronous_commit = off")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            });
+        }
+        let pool = pool.connect_with(opts).await?;
         MIGRATOR.run(&pool).await?;
         Ok(PostgresStore {
             pool,
             url: url.to_string(),
+            durability,
         })
     }
 
@@ -120,6 +135,10 @@ impl Store for PostgresStore {
 
     fn redacted_url(&self) -> String {
         redact_url(&self.url)
+    }
+
+    fn durability(&self) -> Durability {
+        self.durability
     }
 
     async fn record_batch(

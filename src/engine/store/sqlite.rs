@@ -23,6 +23,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/s
 pub struct SqliteStore {
     pool: SqlitePool,
     url: String,
+    durability: Durability,
 }
 
 /// Pool options shared by the store and the embedded queue: WAL, a generous busy
@@ -54,12 +55,20 @@ pub(crate) async fn connect_sqlite(
 }
 
 impl SqliteStore {
-    pub async fn open(url: &str) -> StoreResult<Self> {
-        let pool = connect_sqlite(url, 8, SqliteSynchronous::Full).await?;
+    /// Durable: `synchronous=FULL`, the WAL is fsynced at every commit. Relaxed:
+    /// `NORMAL`, fsynced at checkpoints only, so a power cut can undo the last
+    /// commits (a process crash cannot: the WAL is already in the OS).
+    pub async fn open(url: &str, durability: Durability) -> StoreResult<Self> {
+        let synchronous = match durability {
+            Durability::Durable => SqliteSynchronous::Full,
+            Durability::Relaxed => SqliteSynchronous::Normal,
+        };
+        let pool = connect_sqlite(url, 8, synchronous).await?;
         MIGRATOR.run(&pool).await?;
         Ok(SqliteStore {
             pool,
             url: url.to_string(),
+            durability,
         })
     }
 
@@ -112,6 +121,10 @@ impl Store for SqliteStore {
 
     fn redacted_url(&self) -> String {
         redact_url(&self.url)
+    }
+
+    fn durability(&self) -> Durability {
+        self.durability
     }
 
     async fn record_batch(

@@ -5,6 +5,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
+use crate::engine::store::Durability;
 use crate::monitor::alerts::Severity;
 use crate::monitor::db::SourceStatus;
 use crate::tui::app::App;
@@ -141,10 +142,15 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             SourceStatus::Up => ("up".to_string(), theme.ok),
             SourceStatus::Down { error } => (format!("DOWN: {error}"), theme.crit),
         };
-        lines.push(Line::from(vec![
+        let mut row = vec![
             Span::styled(format!("{} ", t.name), theme.title),
             Span::styled(state, style),
-        ]));
+        ];
+        if t.durability == Some(Durability::Relaxed) {
+            row.push(Span::raw("  "));
+            row.push(Span::styled("relaxed durability", theme.warn));
+        }
+        lines.push(Line::from(row));
         lines.push(Line::styled(
             format!(
                 "  {}  {} samples in {} ms",
