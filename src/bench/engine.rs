@@ -26,7 +26,7 @@ use crate::engine::runner::{EventSink, RunnerSettings};
 use crate::engine::store::{self, BusinessWrite, Durability, Recordable};
 use crate::engine::{Engine, EngineConfig};
 
-use super::BenchError;
+use super::{cpu_seconds, BenchError};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -42,6 +42,8 @@ pub struct EngineBenchPlan {
     pub seed: u64,
     /// Raw/engine pairs to run; the report gives the median pair.
     pub runs: usize,
+    /// The runner's pipelining (on by default, as in `serve`).
+    pub pipeline: bool,
     /// The business database's commit durability, the same for raw and engine.
     pub durability: Durability,
 }
@@ -52,6 +54,9 @@ pub struct RunFigures {
     pub messages: usize,
     pub seconds: f64,
     pub messages_per_second: f64,
+    /// CPU (user + system) of this process per message: the engine's own work. A
+    /// database server's CPU is not in it.
+    pub cpu_us_per_message: f64,
     /// Per message: from the start of its batch to its commit (raw) or its ack
     /// decision (engine).
     pub p50_ms: f64,
@@ -132,7 +137,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn figures(
     messages: usize,
-    seconds: f64,
+    (seconds, cpu_seconds): (f64, f64),
     mut latencies_ms: Vec<f64>,
     applied: u64,
     duplicates: u64,
@@ -142,6 +147,7 @@ fn figures(
         messages,
         seconds,
         messages_per_second: messages as f64 / seconds.max(1e-9),
+        cpu_us_per_message: cpu_seconds * 1e6 / (messages.max(1) as f64),
         p50_ms: percentile(&latencies_ms, 0.50),
         p99_ms: percentile(&latencies_ms, 0.99),
         applied,
@@ -177,7 +183,7 @@ async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, B
         .collect::<Result<_, BenchError>>()?;
     let chunks: Vec<Vec<Recordable>> = items.chunks(plan.batch.max(1)).map(<[_]>::to_vec).collect();
     let queue = Arc::new(Mutex::new(chunks));
-    let started = Instant::now();
+    let (started, cpu0) = (Instant::now(), cpu_seconds());
     let mut tasks = Vec::new();
     for _ in 0..plan.workers.max(1) {
         let (store, queue) = (store.clone(), queue.clone());
@@ -208,7 +214,7 @@ async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, B
     }
     Ok(figures(
         bodies.len(),
-        started.elapsed().as_secs_f64(),
+        (started.elapsed().as_secs_f64(), cpu_seconds() - cpu0),
         lat,
         applied,
         dups,
@@ -238,6 +244,7 @@ async fn engine(
         lease_batch: plan.batch.max(1),
         visibility_timeout: Duration::from_secs(300),
         idle_poll: Duration::from_millis(5),
+        pipeline: plan.pipeline,
         ..RunnerSettings::default()
     };
     let engine = Engine::open(&cfg).await.map_err(err)?;
@@ -261,9 +268,10 @@ async fn engine(
         })
         .collect::<Result<_, _>>()
         .map_err(err)?;
-    let started = Instant::now();
+    let (started, cpu0) = (Instant::now(), cpu_seconds());
     let results = futures::future::join_all(workers.iter().map(|w| w.run_until_idle())).await;
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
     for r in results {
         r.map_err(err)?;
     }
@@ -271,7 +279,7 @@ async fn engine(
     let lat = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     Ok(figures(
         bodies.len(),
-        seconds,
+        (seconds, cpu),
         lat,
         counts.processed,
         counts.duplicate_dropped,
@@ -408,7 +416,7 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         batch: plan.batch,
         workers: plan.workers,
         queue,
-        pipeline: RunnerSettings::default().pipeline,
+        pipeline: plan.pipeline,
         ratio: ratio(&(raw.clone(), engine.clone())),
         raw,
         engine,

@@ -448,3 +448,17 @@ pub fn cutoff(older_than: Duration) -> BenchResult<DateTime<Utc>> {
         .map_err(|_| BenchError::Usage("--older-than is too large".into()))?;
     Ok(Utc::now() - age)
 }
+
+/// CPU time (user + system) this process has used so far, in seconds (10 ms ticks).
+pub(crate) fn cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which may contain spaces: split after ')'.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(0.0)
+}

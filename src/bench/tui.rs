@@ -12,7 +12,7 @@ use ratatui::Terminal;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::{BenchError, BenchResult};
+use super::{cpu_seconds, BenchError, BenchResult};
 use crate::config::{Config, ScrapeTarget};
 use crate::engine::exporter;
 use crate::engine::metrics::Metrics;
@@ -35,19 +35,6 @@ pub struct TuiBenchReport {
 }
 
 /// utime + stime of this process, in seconds (Linux, USER_HZ = 100).
-fn cpu_seconds() -> f64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            // Fields after the command name, which may contain spaces: split after ')'.
-            let rest = s.rsplit_once(')')?.1;
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / 100.0)
-        })
-        .unwrap_or(0.0)
-}
-
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

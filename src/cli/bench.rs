@@ -88,6 +88,10 @@ pub struct EngineArgs {
     /// Raw/engine pairs to run (each on fresh keys); the median pair is reported.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Run the engine without pipelining (each batch leased only once the one
+    /// before it is acked).
+    #[arg(long)]
+    pub no_pipeline: bool,
     // Both the raw baseline and the engine commit with it.
     #[command(flatten)]
     pub durability: DurabilityArg,
@@ -191,8 +195,8 @@ fn print_engine_report(r: &bench::engine::EngineBenchReport) {
     );
     for (name, f) in [("raw", &r.raw), ("engine", &r.engine)] {
         println!(
-            "  {name:<6} {:>9.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  ({} applied, {} duplicates, {:.2}s)",
-            f.messages_per_second, f.p50_ms, f.p99_ms, f.applied, f.duplicates, f.seconds
+            "  {name:<6} {:>9.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  cpu {:>6.1} µs/msg  ({} applied, {} duplicates, {:.2}s)",
+            f.messages_per_second, f.p50_ms, f.p99_ms, f.cpu_us_per_message, f.applied, f.duplicates, f.seconds
         );
     }
     let all: Vec<String> = r.runs.iter().map(|p| format!("{:.2}", p.ratio)).collect();
@@ -256,6 +260,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 workers: a.workers,
                 seed: a.seed,
                 runs: a.runs,
+                pipeline: !a.no_pipeline,
                 durability: a.durability.durability,
             };
             if a.batch.len() > 1 {

@@ -4,12 +4,14 @@
 //! ack committed with the business rows there would be no redelivery to study, and
 //! real brokers never share a transaction with the consumer's database either.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use sqlx::sqlite::{SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnection, SqliteRow, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use tokio::sync::{Mutex, MutexGuard};
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
@@ -25,11 +27,36 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/q
 /// is a redelivery, which the consumers' dedup absorbs — that is what the pattern is
 /// for — and a lease undone is a delivery that comes back early. Paying an fsync for
 /// each would put the queue, not the business database, on the critical path.
+///
+/// Leases, acks and nacks go through one held connection of the `NORMAL` pool (SQLite
+/// has one writer at a time anyway): a pooled statement costs two extra round trips
+/// to SQLite's thread (sqlx pings a connection when it is acquired and again when it
+/// is returned), which on the engine's hot path cost more than the statements.
+/// Only single autocommit statements run on it, so a caller that gives up half-way
+/// leaves it clean.
 #[derive(Debug, Clone)]
 pub struct EmbeddedQueue {
     pool: SqlitePool,
     deliveries: SqlitePool,
+    writer: Arc<Mutex<Option<SqliteConnection>>>,
     url: String,
+}
+
+/// The held writer connection, opened on first use and dropped after a failure (the
+/// next use opens a fresh one).
+struct Writer<'a>(MutexGuard<'a, Option<SqliteConnection>>);
+
+impl Writer<'_> {
+    fn conn(&mut self) -> &mut SqliteConnection {
+        self.0.as_mut().expect("opened by EmbeddedQueue::writer")
+    }
+
+    fn keep<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if result.is_err() {
+            *self.0 = None;
+        }
+        result
+    }
 }
 
 /// Ids per acking DELETE.
@@ -117,8 +144,17 @@ impl EmbeddedQueue {
         Ok(EmbeddedQueue {
             pool,
             deliveries,
+            writer: Arc::new(Mutex::new(None)),
             url: url.to_string(),
         })
+    }
+
+    async fn writer(&self) -> QueueResult<Writer<'_>> {
+        let mut guard = self.writer.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.deliveries.acquire().await?.detach());
+        }
+        Ok(Writer(guard))
     }
 }
 
@@ -154,8 +190,9 @@ impl Queue for EmbeddedQueue {
         let lease = Lease::new(max, visibility);
         let mut q = QueryBuilder::new("");
         lease.push(&mut q, queue);
-        let rows = q.build().fetch_all(&self.deliveries).await?;
-        Ok(lease.deliveries(queue, &rows)?)
+        let mut w = self.writer().await?;
+        let rows = q.build().fetch_all(w.conn()).await;
+        Ok(lease.deliveries(queue, &w.keep(rows)?)?)
     }
 
     async fn ack_then_lease(
@@ -179,7 +216,12 @@ impl Queue for EmbeddedQueue {
         let mut q = delete_leased(token, &ids);
         q.push("; ");
         lease.push(&mut q, queue);
-        match q.build().fetch_all(&self.deliveries).await {
+        let mut w = match self.writer().await {
+            Ok(w) => w,
+            Err(e) => return (Err(QueueError::Other(format!("ack not sent: {e}"))), Err(e)),
+        };
+        let rows = q.build().fetch_all(w.conn()).await;
+        match w.keep(rows) {
             Ok(rows) => match lease.deliveries(queue, &rows) {
                 Ok(d) => (Ok(()), Ok(d)),
                 Err(e) => (Ok(()), Err(e.into())),
@@ -196,13 +238,13 @@ impl Queue for EmbeddedQueue {
     }
 
     async fn ack(&self, delivery: &Delivery) -> QueueResult<bool> {
+        let mut w = self.writer().await?;
         let done = sqlx::query("DELETE FROM queue_messages WHERE id = ? AND lease_token = ?")
             .bind(delivery.id)
             .bind(&delivery.lease_token)
-            .execute(&self.deliveries)
-            .await?
-            .rows_affected();
-        Ok(done == 1)
+            .execute(w.conn())
+            .await;
+        Ok(w.keep(done)?.rows_affected() == 1)
     }
 
     async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
@@ -218,7 +260,9 @@ impl Queue for EmbeddedQueue {
         if let [(token, ids)] = leases.as_slice() {
             if ids.len() <= ACK_CHUNK {
                 let mut q = delete_leased(token, ids);
-                return Ok(q.build().execute(&self.deliveries).await?.rows_affected() as usize);
+                let mut w = self.writer().await?;
+                let done = q.build().execute(w.conn()).await;
+                return Ok(w.keep(done)?.rows_affected() as usize);
             }
         }
         let mut tx = self.deliveries.begin_with("BEGIN IMMEDIATE").await?;
@@ -234,15 +278,17 @@ impl Queue for EmbeddedQueue {
     }
 
     async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
-        sqlx::query(
+        let mut w = self.writer().await?;
+        let done = sqlx::query(
             "UPDATE queue_messages SET visible_at = ?, lease_token = NULL
              WHERE id = ? AND lease_token = ?",
         )
         .bind(now_ms().saturating_add(millis(delay)))
         .bind(delivery.id)
         .bind(&delivery.lease_token)
-        .execute(&self.deliveries)
-        .await?;
+        .execute(w.conn())
+        .await;
+        w.keep(done)?;
         Ok(())
     }
 

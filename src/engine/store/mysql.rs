@@ -74,6 +74,10 @@ impl MysqlStore {
         let pool = MySqlPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(30))
+            // No ping before every transaction (a round trip each): a connection the
+            // server dropped fails its first statement instead, the delivery is
+            // retried, and sqlx discards the connection when it comes back.
+            .test_before_acquire(false)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     sqlx::query("SET time_zone = '+00:00'")

@@ -36,7 +36,11 @@ impl PostgresStore {
         let opts = opts.log_statements(tracing::log::LevelFilter::Trace);
         let mut pool = PgPoolOptions::new()
             .max_connections(16)
-            .acquire_timeout(Duration::from_secs(30));
+            .acquire_timeout(Duration::from_secs(30))
+            // No ping before every transaction (a round trip each): a connection the
+            // server dropped fails its first statement instead, the delivery is
+            // retried, and sqlx discards the connection when it comes back.
+            .test_before_acquire(false);
         if durability == Durability::Relaxed {
             pool = pool.after_connect(|conn, _| {
                 Box::pin(async move {

@@ -50,6 +50,9 @@ pub(crate) async fn connect_sqlite(
     Ok(SqlitePoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(60))
+        // A local file does not hang up: no ping (a round trip to SQLite's thread)
+        // before every statement.
+        .test_before_acquire(false)
         .connect_with(opts)
         .await?)
 }
