@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::consumers::{Consumer, HandleError, Outcome};
 use super::crash::{CrashPlan, CrashPoint, Crashed};
-use super::envelope::{Envelope, RejectReason};
+use super::envelope::{Envelope, RejectReason, Rejection};
 use super::metrics::{EffectResult, Metrics};
 use super::queue::{Delivery, Queue, QueueResult};
 use super::store::Store;
@@ -94,17 +94,26 @@ pub struct DeliveryEvent {
 pub type EventSink = Arc<dyn Fn(DeliveryEvent) + Send + Sync>;
 
 /// A leased batch and when its lease was taken (latency counts from there).
+/// The bodies are parsed as soon as they are leased: pipelined, that happens while
+/// the batch before commits, off the path the batch waits on.
 struct Leased {
     deliveries: Vec<Delivery>,
+    parsed: Vec<Result<Envelope, Rejection>>,
     at: Instant,
 }
 
 impl Leased {
-    fn none() -> Self {
+    fn new(deliveries: Vec<Delivery>, at: Instant) -> Self {
+        let parsed = deliveries.iter().map(|d| Envelope::parse(&d.body)).collect();
         Leased {
-            deliveries: Vec::new(),
-            at: Instant::now(),
+            deliveries,
+            parsed,
+            at,
         }
+    }
+
+    fn none() -> Self {
+        Leased::new(Vec::new(), Instant::now())
     }
 }
 
@@ -185,7 +194,7 @@ impl Worker {
                 deliveries.extend(self.leased_or_warn(more).await);
             }
         }
-        Leased { deliveries, at }
+        Leased::new(deliveries, at)
     }
 
     async fn leased_or_warn(&self, leased: QueueResult<Vec<Delivery>>) -> Vec<Delivery> {
@@ -307,7 +316,7 @@ impl Worker {
         let mut settled: Vec<(Delivery, DeliveryEvent, bool)> = Vec::with_capacity(batch.len());
         let mut pending: Vec<(Delivery, DeliveryEvent)> = Vec::new();
         let mut envs: Vec<Envelope> = Vec::new();
-        for delivery in batch {
+        for (delivery, parsed) in batch.into_iter().zip(leased.parsed) {
             let mut event = DeliveryEvent {
                 consumer: consumer.to_string(),
                 key: None,
@@ -322,7 +331,7 @@ impl Worker {
             if delivery.redelivered {
                 self.metrics.redelivered(consumer);
             }
-            match self.classify(&delivery, &mut event).await {
+            match self.classify(&delivery, parsed, &mut event).await {
                 Ok(env) => {
                     pending.push((delivery, event));
                     envs.push(env);
@@ -370,6 +379,7 @@ impl Worker {
     async fn classify(
         &self,
         delivery: &Delivery,
+        parsed: Result<Envelope, Rejection>,
         event: &mut DeliveryEvent,
     ) -> Result<Envelope, bool> {
         if delivery.delivery_count > self.settings.max_deliveries {
@@ -381,7 +391,7 @@ impl Worker {
                 .dead_letter(RejectReason::MaxDeliveries, &detail, delivery, event)
                 .await);
         }
-        let env = match Envelope::parse(&delivery.body) {
+        let env = match parsed {
             Ok(env) => env,
             Err(rejection) => {
                 return Err(self
