@@ -94,6 +94,30 @@ fn failed_collection_is_a_gap_not_a_zero() {
 }
 
 #[test]
+fn a_clock_that_went_back_still_gets_every_point_of_the_window() {
+    let mut s = Series::new(Duration::from_secs(7 * 86400));
+    for (at, v) in [(0, 1.0), (100, 2.0), (50, 4.0), (101, 8.0), (30, 16.0)] {
+        s.push(t(at), Some(v));
+    }
+    // 60 s before t(101): 100, 50, 101 — not 0 nor 30, wherever they stand.
+    let w = s.window(t(101), Duration::from_secs(60));
+    let values: Vec<_> = w.iter().map(|p| p.value).collect();
+    assert_eq!(values, vec![Some(2.0), Some(4.0), Some(8.0)]);
+    assert_eq!(
+        s.mean_over(t(101), Duration::from_secs(60)),
+        Some(14.0 / 3.0)
+    );
+    // In order again once those points are pruned.
+    let mut s = Series::new(Duration::from_secs(7 * 86400));
+    s.push(t(10), Some(1.0));
+    s.push(t(5), Some(1.0));
+    s.push(t(10_000), Some(3.0));
+    s.push(t(10_001), Some(5.0));
+    assert_eq!(s.mean_over(t(10_001), Duration::from_secs(60)), Some(4.0));
+    assert_eq!(s.latest().map(|p| p.value), Some(Some(5.0)));
+}
+
+#[test]
 fn series_is_pruned_by_time() {
     let mut s = Series::new(Duration::from_secs(2 * 3600));
     for i in 0..(3 * 3600) {

@@ -29,11 +29,78 @@ const MINUTE: i64 = 60;
 /// `retention`.
 #[derive(Debug, Clone)]
 pub struct Series {
-    raw: VecDeque<Point>,
-    minutes: VecDeque<Point>,
+    raw: Points,
+    minutes: Points,
     retention: Duration,
     /// The minute being accumulated: (minute start, sum, count of values).
     open_minute: Option<(i64, f64, u32)>,
+}
+
+/// Points in the order they came, with the times of the oldest and the newest kept
+/// beside them: a push (thousands per scrape of a big target) then reads no point,
+/// where reading each queue's ends would miss the cache.
+#[derive(Debug, Clone)]
+struct Points {
+    points: VecDeque<Point>,
+    oldest: Option<DateTime<Utc>>,
+    newest: Option<DateTime<Utc>>,
+    /// Every point is at or after the one before (false once the clock went back,
+    /// until those points are gone): the points after a time are then a suffix.
+    in_order: bool,
+}
+
+impl Points {
+    fn new() -> Points {
+        Points {
+            points: VecDeque::new(),
+            oldest: None,
+            newest: None,
+            in_order: true,
+        }
+    }
+
+    fn push(&mut self, point: Point) {
+        match self.newest {
+            None => {
+                self.in_order = true;
+                self.oldest = Some(point.at);
+            }
+            Some(newest) if point.at < newest => self.in_order = false,
+            Some(_) => {}
+        }
+        self.newest = Some(point.at);
+        self.points.push_back(point);
+    }
+
+    /// Drop the points before `cut`, oldest first.
+    fn prune(&mut self, cut: DateTime<Utc>) {
+        while self.oldest.is_some_and(|at| at < cut) {
+            self.points.pop_front();
+            self.oldest = self.points.front().map(|p| p.at);
+        }
+        if self.points.is_empty() {
+            self.newest = None;
+        }
+    }
+
+    /// The points at or after `from`, oldest first. In time order the older points are
+    /// a prefix, found by bisection: a one-minute mean at a one-second poll reads 60
+    /// points, not the hour kept, and compares no time.
+    fn since(&self, from: DateTime<Utc>) -> impl Iterator<Item = &Point> {
+        let in_order = self.in_order;
+        let skip = if !in_order || self.oldest.is_none_or(|at| at >= from) {
+            0
+        } else {
+            self.points.partition_point(|p| p.at < from)
+        };
+        self.points
+            .range(skip..)
+            .filter(move |p| in_order || p.at >= from)
+    }
+
+    fn len(&self) -> usize {
+        self.points.len()
+    }
 }
 
 impl Default for Series {
@@ -50,8 +117,8 @@ impl Series {
     /// An empty series keeping minute means for `retention` (the longest zoom).
     pub fn new(retention: Duration) -> Series {
         Series {
-            raw: VecDeque::new(),
-            minutes: VecDeque::new(),
+            raw: Points::new(),
+            minutes: Points::new(),
             retention,
             open_minute: None,
         }
@@ -61,7 +128,7 @@ impl Series {
     /// than the retention.
     pub fn push(&mut self, at: DateTime<Utc>, value: Option<f64>) {
         let value = value.filter(|v| v.is_finite());
-        self.raw.push_back(Point { at, value });
+        self.raw.push(Point { at, value });
         let minute = at.timestamp().div_euclid(MINUTE) * MINUTE;
         match &mut self.open_minute {
             Some((m, sum, n)) if *m == minute => {
@@ -87,24 +154,19 @@ impl Series {
         if let Some((m, sum, n)) = self.open_minute.take() {
             let at = DateTime::<Utc>::from_timestamp(m, 0).unwrap_or_default();
             let value = (n > 0).then(|| sum / f64::from(n));
-            self.minutes.push_back(Point { at, value });
+            self.minutes.push(Point { at, value });
         }
     }
 
     fn prune(&mut self, now: DateTime<Utc>) {
-        let raw_cut = now - to_chrono(RAW_RETENTION.min(self.retention));
-        while self.raw.front().is_some_and(|p| p.at < raw_cut) {
-            self.raw.pop_front();
-        }
-        let cut = now - to_chrono(self.retention);
-        while self.minutes.front().is_some_and(|p| p.at < cut) {
-            self.minutes.pop_front();
-        }
+        self.raw
+            .prune(now - to_chrono(RAW_RETENTION.min(self.retention)));
+        self.minutes.prune(now - to_chrono(self.retention));
     }
 
     /// The newest point, gap or not.
     pub fn latest(&self) -> Option<Point> {
-        self.raw.back().copied()
+        self.raw.points.back().copied()
     }
 
     /// The points of the last `span` before `now`: raw points when they cover it,
@@ -112,14 +174,9 @@ impl Series {
     pub fn window(&self, now: DateTime<Utc>, span: Duration) -> Vec<Point> {
         let from = now - to_chrono(span);
         if span <= RAW_RETENTION {
-            return self.raw.iter().filter(|p| p.at >= from).copied().collect();
+            return self.raw.since(from).copied().collect();
         }
-        let mut out: Vec<Point> = self
-            .minutes
-            .iter()
-            .filter(|p| p.at >= from)
-            .copied()
-            .collect();
+        let mut out: Vec<Point> = self.minutes.since(from).copied().collect();
         if let Some((m, sum, n)) = self.open_minute {
             let at = DateTime::<Utc>::from_timestamp(m, 0).unwrap_or_default();
             out.push(Point {
@@ -132,11 +189,9 @@ impl Series {
 
     /// Mean of the values of the last `span` (gaps ignored); None without values.
     pub fn mean_over(&self, now: DateTime<Utc>, span: Duration) -> Option<f64> {
-        let from = now - to_chrono(span);
         let (sum, n) = self
             .raw
-            .iter()
-            .filter(|p| p.at >= from)
+            .since(now - to_chrono(span))
             .filter_map(|p| p.value)
             .fold((0.0, 0u32), |(s, n), v| (s + v, n + 1));
         (n > 0).then(|| sum / f64::from(n))

@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use super::db::SourceStatus;
 use super::markers::{restart_marker, TimelineMarker};
-use super::prometheus::{Exposition, ScrapeResult};
-use super::series::{duplicate_ratio, CounterRate, RestartDetector, Series};
+use super::prometheus::{ByName, ScrapeResult};
+use super::series::{duplicate_ratio, CounterRate, RateObservation, RestartDetector, Series};
 use crate::config::MetricNames;
 use crate::engine::store::Durability;
 
@@ -140,7 +140,7 @@ struct ConsumerTrack {
 #[derive(Debug, Clone)]
 pub struct TargetTracker {
     status: TargetStatus,
-    counters: HashMap<(String, String), CounterRate>,
+    counters: Counters,
     restarts: RestartDetector,
     consumers: BTreeMap<String, ConsumerTrack>,
     broker: Option<BrokerTrack>,
@@ -174,7 +174,7 @@ impl TargetTracker {
                 durability: None,
                 http: BTreeMap::new(),
             },
-            counters: HashMap::new(),
+            counters: Counters::default(),
             restarts: RestartDetector::default(),
             consumers: BTreeMap::new(),
             broker: None,
@@ -242,24 +242,22 @@ impl TargetTracker {
             Ok(exposition) => {
                 self.status.status = SourceStatus::Up;
                 self.status.samples = exposition.samples.len();
-                self.observe_broker(exposition, scrape.at);
-                self.observe_exposition(exposition, scrape.at, names)
+                let by_name = exposition.by_name();
+                self.observe_broker(&by_name, scrape.at);
+                self.observe_exposition(&by_name, scrape.at, names)
             }
         }
     }
 
     /// Read RabbitMQ's counters when the exposition has them.
-    fn observe_broker(&mut self, exposition: &Exposition, at: DateTime<Utc>) {
+    fn observe_broker(&mut self, exposition: &ByName<'_>, at: DateTime<Utc>) {
         if exposition.named(RABBITMQ_REDELIVERED).next().is_none() {
             return;
         }
         let mut reading = |metric: &str| {
             let total: f64 = exposition.named(metric).map(|s| s.value).sum();
-            let obs = self
-                .counters
-                .entry((metric.to_string(), String::new()))
-                .or_default()
-                .observe(at, total);
+            // Summed over every label: the unlabelled key.
+            let obs = observe_counter(&mut self.counters, metric, "", at, total);
             CounterReading {
                 total,
                 per_second: obs.rate,
@@ -295,72 +293,42 @@ impl TargetTracker {
 
     fn observe_exposition(
         &mut self,
-        exposition: &Exposition,
+        exposition: &ByName<'_>,
         at: DateTime<Utc>,
         names: &MetricNames,
     ) -> Option<TimelineMarker> {
         let target = self.status.name.clone();
-        let mut reset_metric: Option<String> = None;
-        // consumer → role → reading (summed over extra labels such as reason).
-        let mut readings: BTreeMap<String, BTreeMap<&str, CounterReading>> = BTreeMap::new();
-        let mut by_reason: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-        let mut effects: BTreeMap<String, BTreeMap<String, CounterReading>> = BTreeMap::new();
-        let roles: [(&str, &str); 6] = [
-            ("processed", &names.processed),
-            ("duplicate_dropped", &names.duplicate_dropped),
-            ("redelivered", &names.redelivered),
-            ("out_of_order", &names.out_of_order),
-            ("dead_lettered", &names.dead_lettered),
-            ("side_effects", &names.side_effects),
-        ];
-        for (role, metric) in roles {
+        let mut reset_metric: Option<&str> = None;
+        // What this scrape says per consumer, borrowing the names from the exposition.
+        let mut consumers: FastMap<&str, ConsumerScrape<'_>> = FastMap::default();
+        let mut roles: [&str; ROLES] = Default::default();
+        roles[PROCESSED] = &names.processed;
+        roles[DUPLICATE_DROPPED] = &names.duplicate_dropped;
+        roles[REDELIVERED] = &names.redelivered;
+        roles[OUT_OF_ORDER] = &names.out_of_order;
+        roles[DEAD_LETTERED] = &names.dead_lettered;
+        roles[SIDE_EFFECTS] = &names.side_effects;
+        for (role, metric) in roles.into_iter().enumerate() {
             for sample in exposition.named(metric) {
-                let consumer = consumer_of(sample, names, &target).to_string();
-                let key = (
-                    metric.to_string(),
-                    sample
-                        .labels
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect::<Vec<_>>()
-                        .join(","),
-                );
-                let obs = self
-                    .counters
-                    .entry(key)
-                    .or_default()
-                    .observe(at, sample.value);
+                let consumer = consumer_of(sample, names, &target);
+                let labels = sample.labels.as_key();
+                let obs = observe_counter(&mut self.counters, metric, labels, at, sample.value);
                 if obs.reset && reset_metric.is_none() {
-                    reset_metric = Some(metric.to_string());
+                    reset_metric = Some(metric);
                 }
                 let reading = CounterReading {
                     total: sample.value,
                     per_second: obs.rate,
                 };
-                let slot = readings
-                    .entry(consumer.clone())
-                    .or_default()
-                    .entry(role)
-                    .or_default();
-                add_reading(slot, reading);
-                if role == "dead_lettered" {
+                let scrape = consumers.entry(consumer).or_default();
+                add_reading(&mut scrape.roles[role], reading);
+                if role == DEAD_LETTERED {
                     let reason = sample.label(&names.reason_label).unwrap_or("unknown");
-                    *by_reason
-                        .entry(consumer.clone())
-                        .or_default()
-                        .entry(reason.to_string())
-                        .or_default() += sample.value;
+                    *scrape.by_reason.entry(reason).or_default() += sample.value;
                 }
-                if role == "side_effects" {
+                if role == SIDE_EFFECTS {
                     let result = sample.label(&names.result_label).unwrap_or("unknown");
-                    add_reading(
-                        effects
-                            .entry(consumer)
-                            .or_default()
-                            .entry(result.to_string())
-                            .or_default(),
-                        reading,
-                    );
+                    add_reading(scrape.effects.entry(result).or_default(), reading);
                 }
             }
         }
@@ -368,15 +336,15 @@ impl TargetTracker {
         for sample in exposition.named(&names.http_requests) {
             let route = sample.label("route").unwrap_or("unknown").to_string();
             let outcome = sample.label("outcome").unwrap_or("unknown").to_string();
-            let key = (
-                names.http_requests.clone(),
-                format!("route={route},outcome={outcome}"),
+            // The key of a sample labelled exactly (route, outcome), see `Labels::as_key`.
+            let key = format!("route\0{route}\0outcome\0{outcome}\0");
+            let obs = observe_counter(
+                &mut self.counters,
+                &names.http_requests,
+                &key,
+                at,
+                sample.value,
             );
-            let obs = self
-                .counters
-                .entry(key)
-                .or_default()
-                .observe(at, sample.value);
             http.entry(route).or_default().insert(
                 outcome,
                 CounterReading {
@@ -390,37 +358,36 @@ impl TargetTracker {
             .named(&names.engine_info)
             .filter(|s| s.value > 0.0)
             .find_map(|s| s.label("durability").and_then(Durability::parse));
-        let in_doubt: BTreeMap<String, f64> = exposition
+        let in_doubt: FastMap<&str, f64> = exposition
             .named(&names.claims_in_doubt)
-            .map(|s| (consumer_of(s, names, &target).to_string(), s.value))
+            .map(|s| (consumer_of(s, names, &target), s.value))
             .collect();
 
         let start = exposition.first(&names.process_start_time);
         self.status.process_start_time = start.or(self.status.process_start_time);
-        let marker = self
-            .restarts
-            .observe(start, reset_metric.as_deref())
-            .map(|cause| {
-                self.status.last_restart = Some(at);
-                restart_marker(&target, at, &cause.to_string())
-            });
+        let marker = self.restarts.observe(start, reset_metric).map(|cause| {
+            self.status.last_restart = Some(at);
+            restart_marker(&target, at, &cause.to_string())
+        });
 
-        for (consumer, roles) in readings {
-            let track = self
-                .consumers
-                .entry(consumer.clone())
-                .or_insert_with(|| new_track(&target, &consumer, at));
-            let get = |r: &str| roles.get(r).copied().unwrap_or_default();
+        for (consumer, scrape) in consumers {
+            let track = match self.consumers.get_mut(consumer) {
+                Some(track) => track,
+                None => self
+                    .consumers
+                    .entry(consumer.to_string())
+                    .or_insert_with(|| new_track(&target, consumer, at)),
+            };
             let s = &mut track.status;
             s.up = true;
-            s.processed = get("processed");
-            s.duplicate_dropped = get("duplicate_dropped");
-            s.redelivered = get("redelivered");
-            s.out_of_order = get("out_of_order");
-            s.dead_lettered = get("dead_lettered");
-            s.dead_lettered_by_reason = by_reason.remove(&consumer).unwrap_or_default();
-            s.side_effects = effects.remove(&consumer).unwrap_or_default();
-            s.claims_in_doubt = in_doubt.get(&consumer).copied();
+            s.processed = scrape.roles[PROCESSED];
+            s.duplicate_dropped = scrape.roles[DUPLICATE_DROPPED];
+            s.redelivered = scrape.roles[REDELIVERED];
+            s.out_of_order = scrape.roles[OUT_OF_ORDER];
+            s.dead_lettered = scrape.roles[DEAD_LETTERED];
+            replace_map(&mut s.dead_lettered_by_reason, &scrape.by_reason);
+            replace_map(&mut s.side_effects, &scrape.effects);
+            s.claims_in_doubt = in_doubt.get(consumer).copied();
             s.last_restart = self.status.last_restart;
             s.duplicate_ratio = match (s.processed.per_second, s.duplicate_dropped.per_second) {
                 (Some(p), Some(d)) => duplicate_ratio(p, d),
@@ -429,6 +396,64 @@ impl TargetTracker {
             update_series(track, at);
         }
         marker
+    }
+}
+
+/// The counters of [`MetricNames`] read per consumer, by index (`roles` in
+/// `observe_exposition`).
+const ROLES: usize = 6;
+const PROCESSED: usize = 0;
+const DUPLICATE_DROPPED: usize = 1;
+const REDELIVERED: usize = 2;
+const OUT_OF_ORDER: usize = 3;
+const DEAD_LETTERED: usize = 4;
+const SIDE_EFFECTS: usize = 5;
+
+/// One consumer's readings in one scrape, summed over extra labels (reason…).
+#[derive(Debug, Default)]
+struct ConsumerScrape<'e> {
+    roles: [CounterReading; ROLES],
+    by_reason: BTreeMap<&'e str, f64>,
+    effects: BTreeMap<&'e str, CounterReading>,
+}
+
+/// Counter readings kept between scrapes: metric → label set
+/// ([`Labels::as_key`](crate::exposition::Labels::as_key)) → rate. Looked up for
+/// every counter sample of every scrape, hence foldhash rather than SipHash (the
+/// keys come from the targets this dashboard was configured to watch).
+type Counters = FastMap<String, FastMap<Box<str>, CounterRate>>;
+
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Feed one reading to the rate of one counter, created at its first reading; a
+/// known counter is found with one lookup and no allocation.
+fn observe_counter(
+    counters: &mut Counters,
+    metric: &str,
+    labels: &str,
+    at: DateTime<Utc>,
+    value: f64,
+) -> RateObservation {
+    let rates = match counters.get_mut(metric) {
+        Some(rates) => rates,
+        None => counters.entry(metric.to_string()).or_default(),
+    };
+    match rates.get_mut(labels) {
+        Some(rate) => rate.observe(at, value),
+        None => rates.entry(labels.into()).or_default().observe(at, value),
+    }
+}
+
+/// Make `map` equal `new`; when the keys are the same as last scrape (the usual
+/// case) only the values are written, nothing is allocated.
+fn replace_map<V: Copy>(map: &mut BTreeMap<String, V>, new: &BTreeMap<&str, V>) {
+    let same_keys = map.len() == new.len() && map.keys().zip(new.keys()).all(|(a, b)| a == b);
+    if same_keys {
+        for (slot, value) in map.values_mut().zip(new.values()) {
+            *slot = *value;
+        }
+    } else {
+        *map = new.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     }
 }
 
@@ -525,4 +550,48 @@ fn update_series(track: &mut ConsumerTrack, at: DateTime<Utc>) {
     s.duplicates_quiet_seconds = (traffic_recently
         && quiet.to_std().unwrap_or_default() >= PARACHUTE_QUIET)
         .then(|| quiet.num_seconds());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exposition::parse;
+
+    fn scrape(seconds: i64, text: &str) -> ScrapeResult {
+        ScrapeResult {
+            target: "t".into(),
+            url: "u".into(),
+            at: DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap_or_default(),
+            duration: Duration::ZERO,
+            outcome: parse(text).map_err(|e| e.to_string()),
+        }
+    }
+
+    #[test]
+    fn label_values_with_commas_keep_their_own_counters() {
+        let names = MetricNames::default();
+        let mut tracker = TargetTracker::new("t", "u");
+        // Joined as `k=v,…` these two label sets would read the same.
+        let at = |s: i64, a: u32, b: u32| {
+            scrape(
+                s,
+                &format!(
+                    "idem_dead_lettered_total{{consumer=\"c\",reason=\"x,y=z\"}} {a}\n\
+                     idem_dead_lettered_total{{consumer=\"c\",reason=\"x\",y=\"z\"}} {b}\n"
+                ),
+            )
+        };
+        tracker.observe(&at(0, 10, 1000), &names);
+        let marker = tracker.observe(&at(10, 20, 1010), &names);
+        assert!(marker.is_none(), "no counter went down: {marker:?}");
+        let c = tracker
+            .consumers()
+            .next()
+            .cloned()
+            .unwrap_or_else(|| panic!("no consumer"));
+        assert_eq!(c.dead_lettered.total, 1030.0);
+        assert_eq!(c.dead_lettered.per_second, Some(2.0));
+        assert_eq!(c.dead_lettered_by_reason.get("x,y=z"), Some(&20.0));
+        assert_eq!(c.dead_lettered_by_reason.get("x"), Some(&1010.0));
+    }
 }
