@@ -36,12 +36,15 @@ pub struct Series {
     open_minute: Option<(i64, f64, u32)>,
 }
 
-/// Points in the order they came, with the times of the oldest and the newest kept
-/// beside them: a push (thousands per scrape of a big target) then reads no point,
-/// where reading each queue's ends would miss the cache.
+/// Points in the order they came, as two columns: their times, and their values
+/// with NaN for a gap (a value is finite, see [`Series::push`]) — 20 bytes a point
+/// instead of a [`Point`]'s 32, and a mean reads only the values. The times of the
+/// oldest and the newest are kept beside them: a push (thousands per scrape of a big
+/// target) then reads no point, where reading each queue's ends would miss the cache.
 #[derive(Debug, Clone)]
 struct Points {
-    points: VecDeque<Point>,
+    at: VecDeque<DateTime<Utc>>,
+    value: VecDeque<f64>,
     oldest: Option<DateTime<Utc>>,
     newest: Option<DateTime<Utc>>,
     /// Every point is at or after the one before (false once the clock went back,
@@ -52,7 +55,8 @@ struct Points {
 impl Points {
     fn new() -> Points {
         Points {
-            points: VecDeque::new(),
+            at: VecDeque::new(),
+            value: VecDeque::new(),
             oldest: None,
             newest: None,
             in_order: true,
@@ -69,38 +73,54 @@ impl Points {
             Some(_) => {}
         }
         self.newest = Some(point.at);
-        self.points.push_back(point);
+        self.at.push_back(point.at);
+        self.value.push_back(point.value.unwrap_or(f64::NAN));
     }
 
     /// Drop the points before `cut`, oldest first.
     fn prune(&mut self, cut: DateTime<Utc>) {
         while self.oldest.is_some_and(|at| at < cut) {
-            self.points.pop_front();
-            self.oldest = self.points.front().map(|p| p.at);
+            self.at.pop_front();
+            self.value.pop_front();
+            self.oldest = self.at.front().copied();
         }
-        if self.points.is_empty() {
+        if self.at.is_empty() {
             self.newest = None;
         }
     }
 
-    /// The points at or after `from`, oldest first. In time order the older points are
-    /// a prefix, found by bisection: a one-minute mean at a one-second poll reads 60
-    /// points, not the hour kept, and compares no time.
-    fn since(&self, from: DateTime<Utc>) -> impl Iterator<Item = &Point> {
+    /// The points at or after `from`, oldest first, as (time, value or gap). In time
+    /// order the older points are a prefix, found by bisection: a one-minute mean at a
+    /// one-second poll reads 60 values, not the hour kept, and no time.
+    fn since(&self, from: DateTime<Utc>) -> impl Iterator<Item = (&DateTime<Utc>, Option<f64>)> {
         let in_order = self.in_order;
         let skip = if !in_order || self.oldest.is_none_or(|at| at >= from) {
             0
         } else {
-            self.points.partition_point(|p| p.at < from)
+            self.at.partition_point(|at| *at < from)
         };
-        self.points
+        self.at
             .range(skip..)
-            .filter(move |p| in_order || p.at >= from)
+            .zip(self.value.range(skip..))
+            .filter(move |(at, _)| in_order || **at >= from)
+            .map(|(at, value)| (at, (!value.is_nan()).then_some(*value)))
+    }
+
+    fn latest(&self) -> Option<Point> {
+        Some(Point {
+            at: *self.at.back()?,
+            value: self.value.back().filter(|v| !v.is_nan()).copied(),
+        })
     }
 
     fn len(&self) -> usize {
-        self.points.len()
+        self.at.len()
     }
+}
+
+/// A point of [`Points::since`].
+fn point((at, value): (&DateTime<Utc>, Option<f64>)) -> Point {
+    Point { at: *at, value }
 }
 
 impl Default for Series {
@@ -166,7 +186,7 @@ impl Series {
 
     /// The newest point, gap or not.
     pub fn latest(&self) -> Option<Point> {
-        self.raw.points.back().copied()
+        self.raw.latest()
     }
 
     /// The points of the last `span` before `now`: raw points when they cover it,
@@ -174,9 +194,9 @@ impl Series {
     pub fn window(&self, now: DateTime<Utc>, span: Duration) -> Vec<Point> {
         let from = now - to_chrono(span);
         if span <= RAW_RETENTION {
-            return self.raw.since(from).copied().collect();
+            return self.raw.since(from).map(point).collect();
         }
-        let mut out: Vec<Point> = self.minutes.since(from).copied().collect();
+        let mut out: Vec<Point> = self.minutes.since(from).map(point).collect();
         if let Some((m, sum, n)) = self.open_minute {
             let at = DateTime::<Utc>::from_timestamp(m, 0).unwrap_or_default();
             out.push(Point {
@@ -192,7 +212,7 @@ impl Series {
         let (sum, n) = self
             .raw
             .since(now - to_chrono(span))
-            .filter_map(|p| p.value)
+            .filter_map(|(_, value)| value)
             .fold((0.0, 0u32), |(s, n), v| (s + v, n + 1));
         (n > 0).then(|| sum / f64::from(n))
     }
