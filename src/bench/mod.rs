@@ -24,6 +24,7 @@ use crate::monitor::db::{DbError, DbPoller};
 
 pub mod engine;
 pub mod partitions;
+pub mod process;
 pub mod scrape;
 pub mod tui;
 

@@ -1,14 +1,18 @@
-//! `bench scrape`: one scrape of a 10,000-sample exposition — over real HTTP from a
-//! loopback exporter, parsed, turned into rates — against a baseline in the same
-//! process that only walks the same bytes line by line.
+//! `bench scrape`: one scrape of a 10,000-sample exposition — over real HTTP from an
+//! exporter in a child process, parsed, turned into rates — against a baseline in
+//! the same process that only walks the same bytes line by line. The exporter's own
+//! cost (prometheus-client encoding the registry on every scrape) belongs to the
+//! engine's process, not to the dashboard: it is measured apart.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde::Serialize;
 
-use super::{BenchError, BenchResult};
+use super::process::spawn_server;
+use super::{cpu_seconds, BenchError, BenchResult};
 use crate::config::MetricNames;
 use crate::engine::envelope::RejectReason;
 use crate::engine::exporter;
@@ -26,8 +30,17 @@ pub struct ScrapeBenchReport {
     pub parse_us: f64,
     /// Parse plus counters → rates, resets, restarts (the monitor's per-target work).
     pub parse_and_rates_us: f64,
-    /// GET over loopback HTTP, parse and rates: one real scrape.
+    /// One real scrape as long as the dashboard waits for it: GET over loopback HTTP
+    /// from an exporter in a child process (its encoding included: the answer waits
+    /// for it), body read, parse and rates.
     pub http_scrape_us: f64,
+    /// The dashboard's own CPU time per HTTP scrape, every thread of this process:
+    /// request, body read, parse and rates (the exporter's process is not in it).
+    /// Read from /proc in 10 ms ticks: meaningful over a few hundred iterations.
+    pub http_scrape_cpu_us: f64,
+    /// The exporter's side of each scrape: prometheus-client encoding the same
+    /// registry (measured in this process, apart from any scrape).
+    pub exporter_encode_us: f64,
     pub parse_vs_baseline: f64,
     pub scrape_vs_baseline: f64,
 }
@@ -53,7 +66,32 @@ fn mean_us(iterations: u32, mut f: impl FnMut()) -> f64 {
     started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations)
 }
 
-pub async fn run(target_samples: usize, iterations: u32) -> BenchResult<ScrapeBenchReport> {
+/// Serve the registry of [`run`] on a loopback port and print its URL as one JSON
+/// line; runs until killed. The child side of [`run`].
+pub async fn serve_exposition(target_samples: usize) -> BenchResult<()> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(|e| BenchError::Run(e.to_string()))?;
+    let url = format!(
+        "http://{}/metrics",
+        listener
+            .local_addr()
+            .map_err(|e| BenchError::Run(e.to_string()))?
+    );
+    println!("{}", serde_json::json!({ "urls": [url] }));
+    axum::serve(
+        listener,
+        exporter::router(exposition_of(target_samples / 20)),
+    )
+    .await
+    .map_err(|e| BenchError::Run(e.to_string()))
+}
+
+pub async fn run(
+    exe: &Path,
+    target_samples: usize,
+    iterations: u32,
+) -> BenchResult<ScrapeBenchReport> {
     let metrics = exposition_of(target_samples / 20);
     let text = metrics.encode();
     let parsed = prometheus::parse(&text).map_err(|e| BenchError::Run(e.to_string()))?;
@@ -83,35 +121,51 @@ pub async fn run(target_samples: usize, iterations: u32) -> BenchResult<ScrapeBe
         };
         std::hint::black_box(tracker.observe(&scrape, &names));
     });
-
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .map_err(|e| BenchError::Run(e.to_string()))?;
-    let url = format!(
-        "http://{}/metrics",
-        listener
-            .local_addr()
-            .map_err(|e| BenchError::Run(e.to_string()))?
-    );
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, exporter::router(metrics)).await;
+    let exporter_encode_us = mean_us(iterations, || {
+        std::hint::black_box(metrics.encode().len());
     });
+
+    let (mut child, first) = spawn_server(
+        exe,
+        &[
+            "bench",
+            "serve-exposition",
+            "--samples",
+            &target_samples.to_string(),
+        ],
+    )
+    .await?;
+    let url = first["urls"][0]
+        .as_str()
+        .ok_or_else(|| BenchError::Run(format!("unexpected exporter line: {first}")))?
+        .to_string();
     let scraper =
         Scraper::new(Duration::from_secs(5)).map_err(|e| BenchError::Run(e.to_string()))?;
     let mut http_tracker = TargetTracker::new("bench", &url);
-    // Warm the connection pool once, as a dashboard polling every second has.
-    let _ = scraper.scrape("bench", &url).await;
-    let started = Instant::now();
+    // Warm the connection pool once, as a dashboard polling every second has, and
+    // check that the child serves the exposition measured above.
+    let warm = scraper.scrape("bench", &url).await;
+    match &warm.outcome {
+        Ok(e) if e.samples.len() == samples => {}
+        Ok(e) => {
+            return Err(BenchError::Run(format!(
+                "the exporter serves {} samples, not {samples}",
+                e.samples.len()
+            )))
+        }
+        Err(e) => return Err(BenchError::Run(format!("scrape failed: {e}"))),
+    }
+    let (cpu_before, started) = (cpu_seconds(), Instant::now());
     for _ in 0..iterations {
         let scrape = scraper.scrape("bench", &url).await;
         if let Err(e) = &scrape.outcome {
-            server.abort();
             return Err(BenchError::Run(format!("scrape failed: {e}")));
         }
         std::hint::black_box(http_tracker.observe(&scrape, &names));
     }
     let http_scrape_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations);
-    server.abort();
+    let http_scrape_cpu_us = (cpu_seconds() - cpu_before) * 1e6 / f64::from(iterations);
+    let _ = child.kill().await;
     Ok(ScrapeBenchReport {
         samples,
         bytes: text.len(),
@@ -120,6 +174,8 @@ pub async fn run(target_samples: usize, iterations: u32) -> BenchResult<ScrapeBe
         parse_us,
         parse_and_rates_us,
         http_scrape_us,
+        http_scrape_cpu_us,
+        exporter_encode_us,
         parse_vs_baseline: parse_us / baseline_us.max(1e-9),
         scrape_vs_baseline: http_scrape_us / baseline_us.max(1e-9),
     })

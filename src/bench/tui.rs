@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
+use super::process::spawn_server;
 use super::{cpu_seconds, BenchError, BenchResult};
 use crate::config::{Config, ScrapeTarget};
 use crate::engine::exporter;
@@ -34,7 +34,6 @@ pub struct TuiBenchReport {
     pub peak_rss_mib: f64,
 }
 
-/// utime + stime of this process, in seconds (Linux, USER_HZ = 100).
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -90,27 +89,13 @@ pub async fn serve_targets(count: usize) -> BenchResult<()> {
 }
 
 pub async fn run(exe: &Path, targets: usize, duration: Duration) -> BenchResult<TuiBenchReport> {
-    let mut child = tokio::process::Command::new(exe)
-        .args(["bench", "serve-targets", "--count", &targets.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| BenchError::Run(format!("cannot start the targets: {e}")))?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| BenchError::Run("no stdout".into()))?;
-    let mut lines = BufReader::new(stdout).lines();
-    let first = lines
-        .next_line()
-        .await
-        .map_err(|e| BenchError::Run(e.to_string()))?
-        .ok_or_else(|| BenchError::Run("the targets process said nothing".into()))?;
-    let urls: Vec<String> = serde_json::from_str::<serde_json::Value>(&first)
-        .ok()
-        .and_then(|v| serde_json::from_value(v["urls"].clone()).ok())
-        .ok_or_else(|| BenchError::Run(format!("unexpected targets line: {first}")))?;
+    let (mut child, first) = spawn_server(
+        exe,
+        &["bench", "serve-targets", "--count", &targets.to_string()],
+    )
+    .await?;
+    let urls: Vec<String> = serde_json::from_value(first["urls"].clone())
+        .map_err(|_| BenchError::Run(format!("unexpected targets line: {first}")))?;
 
     let config = Config {
         targets: urls

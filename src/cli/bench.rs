@@ -34,6 +34,9 @@ pub enum BenchCommand {
     /// (internal) serve N live exporters for `bench tui`.
     #[command(hide = true)]
     ServeTargets(ServeTargetsArgs),
+    /// (internal) serve the exporter `bench scrape` scrapes.
+    #[command(hide = true)]
+    ServeExposition(ServeExpositionArgs),
 }
 
 #[derive(Debug, Args)]
@@ -55,6 +58,12 @@ pub struct TuiArgs {
     pub duration: Duration,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeExpositionArgs {
+    #[arg(long, default_value_t = 10_000)]
+    pub samples: usize,
 }
 
 #[derive(Debug, Args)]
@@ -217,16 +226,18 @@ fn say(message: &str) {
 pub async fn run(args: BenchArgs) -> CliResult {
     match args.what {
         BenchCommand::Scrape(a) => {
-            let r = bench::scrape::run(a.samples, a.iterations)
+            let exe = std::env::current_exe().map_err(CliError::unavailable)?;
+            let r = bench::scrape::run(&exe, a.samples, a.iterations)
                 .await
                 .map_err(err)?;
             if a.json {
                 print_json(&r);
             } else {
                 println!(
-                    "{} samples ({} bytes), {} iterations: baseline {:.0} µs, parse {:.0} µs ({:.1}×), parse+rates {:.0} µs, HTTP scrape+parse+rates {:.0} µs ({:.1}×)",
+                    "{} samples ({} bytes), {} iterations: baseline {:.0} µs, parse {:.0} µs ({:.1}×), parse+rates {:.0} µs, HTTP scrape+parse+rates {:.0} µs ({:.1}×; dashboard CPU {:.0} µs; exporter encode {:.0} µs)",
                     r.samples, r.bytes, r.iterations, r.baseline_us, r.parse_us, r.parse_vs_baseline,
-                    r.parse_and_rates_us, r.http_scrape_us, r.scrape_vs_baseline
+                    r.parse_and_rates_us, r.http_scrape_us, r.scrape_vs_baseline,
+                    r.http_scrape_cpu_us, r.exporter_encode_us
                 );
             }
             Ok(EXIT_OK)
@@ -248,6 +259,12 @@ pub async fn run(args: BenchArgs) -> CliResult {
         }
         BenchCommand::ServeTargets(a) => {
             bench::tui::serve_targets(a.count).await.map_err(err)?;
+            Ok(EXIT_OK)
+        }
+        BenchCommand::ServeExposition(a) => {
+            bench::scrape::serve_exposition(a.samples)
+                .await
+                .map_err(err)?;
             Ok(EXIT_OK)
         }
         BenchCommand::Engine(a) => {
