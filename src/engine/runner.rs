@@ -104,7 +104,10 @@ struct Leased {
 
 impl Leased {
     fn new(deliveries: Vec<Delivery>, at: Instant) -> Self {
-        let parsed = deliveries.iter().map(|d| Envelope::parse(&d.body)).collect();
+        let parsed = deliveries
+            .iter()
+            .map(|d| Envelope::parse(&d.body))
+            .collect();
         Leased {
             deliveries,
             parsed,
