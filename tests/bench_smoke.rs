@@ -23,6 +23,7 @@ fn bench_engine(args: &[&str]) -> serde_json::Value {
 fn bench_engine_counts_the_same_effects_both_ways() {
     let r = bench_engine(&["--messages", "300", "--dup-rate", "0.1", "--runs", "2"]);
     assert_eq!(r["runs"].as_array().map(Vec::len), Some(2), "{r}");
+    assert_eq!(r["queue_only"]["messages"], 300, "{r}");
     assert_eq!(r["raw"]["applied"], r["engine"]["applied"], "{r}");
     assert_eq!(r["raw"]["duplicates"], r["engine"]["duplicates"], "{r}");
     assert_eq!(

@@ -96,6 +96,9 @@ pub struct EngineBenchReport {
     /// Every pair, in the order run (raw first in even pairs, engine first in odd ones,
     /// so a drift of the machine does not favour one side).
     pub runs: Vec<RunPair>,
+    /// The queue alone, for the breakdown: the same messages leased and acked in
+    /// batches of the same size, no database, no parsing (embedded queue only).
+    pub queue_only: Option<RunFigures>,
 }
 
 fn err(e: impl std::fmt::Display) -> BenchError {
@@ -286,6 +289,45 @@ async fn engine(
     ))
 }
 
+/// The embedded queue alone: publish, then ack-and-lease batches until it is empty,
+/// as the pipelined runner does.
+async fn queue_alone(plan: &EngineBenchPlan) -> Result<RunFigures, BenchError> {
+    let scratch = tempfile::tempdir().map_err(err)?;
+    let url = format!(
+        "sqlite://{}",
+        scratch.path().join("queue-only.db").display()
+    );
+    let queue = crate::engine::queue::open(&url).await.map_err(err)?;
+    let bodies = messages(plan, "QUEUEONLY");
+    let name = ["bench-queue-only".to_string()];
+    queue.publish(&name, &bodies).await.map_err(err)?;
+    let (batch, visibility) = (plan.batch.max(1), Duration::from_secs(300));
+    let (started, cpu0) = (Instant::now(), cpu_seconds());
+    let mut held = Vec::new();
+    let mut latencies = Vec::with_capacity(bodies.len());
+    loop {
+        let t = Instant::now();
+        let (acked, leased) = queue
+            .ack_then_lease(&held, &name[0], batch, visibility)
+            .await;
+        acked.map_err(err)?;
+        held = leased.map_err(err)?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        latencies.extend(std::iter::repeat_n(ms, held.len()));
+        if held.is_empty() {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(figures(
+        bodies.len(),
+        (seconds, cpu_seconds() - cpu0),
+        latencies,
+        0,
+        0,
+    ))
+}
+
 /// Several batch sizes in one process: how throughput scales with the batch.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScalingReport {
@@ -376,6 +418,10 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
     let mut order: Vec<usize> = (0..pairs.len()).collect();
     order.sort_by(|&a, &b| ratio(&pairs[a]).total_cmp(&ratio(&pairs[b])));
     let (raw, engine) = pairs.swap_remove(order[order.len() / 2]);
+    let queue_only = match &plan.queue_url {
+        None => Some(queue_alone(plan).await?),
+        Some(_) => None,
+    };
     let store = open_store(plan).await?;
     let backend = format!("{:?}", store.backend()).to_lowercase();
     let durability = match (store.backend(), store.durability()) {
@@ -421,5 +467,6 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         raw,
         engine,
         runs,
+        queue_only,
     })
 }

@@ -208,6 +208,12 @@ fn print_engine_report(r: &bench::engine::EngineBenchReport) {
             f.messages_per_second, f.p50_ms, f.p99_ms, f.cpu_us_per_message, f.applied, f.duplicates, f.seconds
         );
     }
+    if let Some(q) = &r.queue_only {
+        println!(
+            "  queue alone: {:>9.0} msg/s  cpu {:>6.1} µs/msg (lease + ack, no database)",
+            q.messages_per_second, q.cpu_us_per_message
+        );
+    }
     let all: Vec<String> = r.runs.iter().map(|p| format!("{:.2}", p.ratio)).collect();
     println!(
         "  engine/raw = {:.2} (median of {} pairs: {}); queue: {}, pipeline {}",
