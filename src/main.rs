@@ -33,6 +33,7 @@ fn main() {
     let cli = Cli::parse();
     let _guard = init_logging(cli.log_file.clone());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli::runtime_threads(cli.runtime_threads))
         .enable_all()
         .build()
     {

@@ -38,6 +38,17 @@ pub struct CliError {
     pub message: String,
 }
 
+/// The runtime's worker threads: `--runtime-threads`, else the cores minus one.
+pub fn runtime_threads(asked: Option<usize>) -> usize {
+    asked
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get().saturating_sub(1))
+                .unwrap_or(1)
+        })
+        .max(1)
+}
+
 impl CliError {
     pub fn usage(message: impl Into<String>) -> Self {
         CliError {
@@ -71,6 +82,17 @@ pub struct Cli {
     /// Where logs go (the terminal belongs to the TUI and to --json output).
     #[arg(long, global = true, value_name = "FILE", env = "IDEMWATCH_LOG_FILE")]
     pub log_file: Option<PathBuf>,
+
+    /// Worker threads of the async runtime. Default: one fewer than the cores (at
+    /// least 1) — SQLite's connection threads and a local database server need a
+    /// core of their own, and the runtime's share of the work is small.
+    #[arg(
+        long,
+        global = true,
+        value_name = "N",
+        env = "IDEMWATCH_RUNTIME_THREADS"
+    )]
+    pub runtime_threads: Option<usize>,
 
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -232,5 +254,18 @@ pub fn print_json<T: serde::Serialize>(value: &T) {
     match serde_json::to_string_pretty(value) {
         Ok(s) => println!("{s}"),
         Err(e) => eprintln!("error: cannot encode JSON: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    use super::runtime_threads;
+
+    #[test]
+    fn runtime_threads_default_to_the_cores_but_one_and_never_zero() {
+        assert_eq!(runtime_threads(Some(3)), 3);
+        assert_eq!(runtime_threads(Some(0)), 1);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(runtime_threads(None), cores.saturating_sub(1).max(1));
     }
 }
