@@ -278,6 +278,15 @@ async fn engine(
     for r in results {
         r.map_err(err)?;
     }
+    // Leave nothing behind on a broker (on the embedded queue: the scratch file goes).
+    if let Err(e) = engine
+        .queue
+        .remove_queue(&engine.queue_name(trip_counter::NAME))
+        .await
+    {
+        tracing::warn!(error = %e, "bench queue not removed");
+    }
+    engine.queue.close().await;
     let counts = engine.metrics.counts(trip_counter::NAME);
     let lat = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     Ok(figures(
