@@ -62,6 +62,18 @@ impl Writer<'_> {
 /// Ids per acking DELETE.
 const ACK_CHUNK: usize = 500;
 
+/// Deliveries grouped by the lease that holds them, in first-seen order.
+fn by_lease(deliveries: &[Delivery]) -> Vec<(&str, Vec<i64>)> {
+    let mut leases: Vec<(&str, Vec<i64>)> = Vec::new();
+    for d in deliveries {
+        match leases.iter_mut().find(|(t, _)| *t == d.lease_token) {
+            Some((_, ids)) => ids.push(d.id),
+            None => leases.push((&d.lease_token, vec![d.id])),
+        }
+    }
+    leases
+}
+
 /// Delete the rows of one lease: only while the lease is still ours.
 fn delete_leased<'a>(token: &'a str, ids: &'a [i64]) -> QueryBuilder<'a, Sqlite> {
     let mut q = QueryBuilder::new("DELETE FROM queue_messages WHERE lease_token = ");
@@ -204,16 +216,17 @@ impl Queue for EmbeddedQueue {
     ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
         // The usual case, one lease acked: both statements in one call to SQLite's
         // thread (each still its own transaction), not two.
-        let token = done.first().map(|d| d.lease_token.as_str());
-        let one_lease =
-            done.len() <= ACK_CHUNK && done.iter().all(|d| Some(d.lease_token.as_str()) == token);
-        let (Some(token), true) = (token, one_lease) else {
-            let acked = self.ack_batch(done).await.map(|_| ());
-            return (acked, self.lease(queue, max, visibility).await);
+        let leases = by_lease(done);
+        let (token, ids) = match leases.as_slice() {
+            [] => return (Ok(()), self.lease(queue, max, visibility).await),
+            [(token, ids)] if ids.len() <= ACK_CHUNK => (*token, ids.as_slice()),
+            _ => {
+                let acked = self.ack_batch(done).await.map(|_| ());
+                return (acked, self.lease(queue, max, visibility).await);
+            }
         };
-        let ids: Vec<i64> = done.iter().map(|d| d.id).collect();
         let lease = Lease::new(max, visibility);
-        let mut q = delete_leased(token, &ids);
+        let mut q = delete_leased(token, ids);
         q.push("; ");
         lease.push(&mut q, queue);
         let mut w = match self.writer().await {
@@ -250,20 +263,16 @@ impl Queue for EmbeddedQueue {
     async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
         // One DELETE per lease (a batch is usually one lease), each row still proven
         // by its lease token; one transaction when there are several.
-        let mut leases: Vec<(&str, Vec<i64>)> = Vec::new();
-        for d in deliveries {
-            match leases.iter_mut().find(|(t, _)| *t == d.lease_token) {
-                Some((_, ids)) => ids.push(d.id),
-                None => leases.push((&d.lease_token, vec![d.id])),
-            }
-        }
-        if let [(token, ids)] = leases.as_slice() {
-            if ids.len() <= ACK_CHUNK {
+        let leases = by_lease(deliveries);
+        match leases.as_slice() {
+            [] => return Ok(0),
+            [(token, ids)] if ids.len() <= ACK_CHUNK => {
                 let mut q = delete_leased(token, ids);
                 let mut w = self.writer().await?;
                 let done = q.build().execute(w.conn()).await;
                 return Ok(w.keep(done)?.rows_affected() as usize);
             }
+            _ => {}
         }
         let mut tx = self.deliveries.begin_with("BEGIN IMMEDIATE").await?;
         let mut acked = 0;
@@ -362,6 +371,10 @@ mod tests {
         let bodies: Vec<Vec<u8>> = (0..7).map(|i| format!("m{i}").into_bytes()).collect();
         q.publish(&["a".into()], &bodies).await.unwrap();
         let vis = Duration::from_secs(30);
+        let (acked, nothing) = q.ack_then_lease(&[], "a", 0, vis).await;
+        acked.unwrap();
+        assert!(nothing.unwrap().is_empty());
+        assert_eq!(q.ack_batch(&[]).await.unwrap(), 0);
         let first = q.lease("a", 3, vis).await.unwrap();
         let (acked, second) = q.ack_then_lease(&first, "a", 3, vis).await;
         acked.unwrap();
