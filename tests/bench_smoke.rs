@@ -11,17 +11,26 @@ fn json(env: &TempEnv, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
-/// `bench engine --json` on a fresh SQLite database, with `args`.
+/// `bench engine --json` on a fresh SQLite database, with `args` (`--batch` included).
 fn bench_engine(args: &[&str]) -> serde_json::Value {
     let env = TempEnv::new();
     let db = env.db_url();
-    let head = ["bench", "engine", "--db", &db, "--batch", "10", "--json"];
+    let head = ["bench", "engine", "--db", &db, "--json"];
     json(&env, &[&head[..], args].concat())
 }
 
 #[test]
 fn bench_engine_counts_the_same_effects_both_ways() {
-    let r = bench_engine(&["--messages", "300", "--dup-rate", "0.1", "--runs", "2"]);
+    let r = bench_engine(&[
+        "--batch",
+        "10",
+        "--messages",
+        "300",
+        "--dup-rate",
+        "0.1",
+        "--runs",
+        "2",
+    ]);
     assert_eq!(r["runs"].as_array().map(Vec::len), Some(2), "{r}");
     assert_eq!(r["queue_only"]["messages"], 300, "{r}");
     assert_eq!(r["raw"]["applied"], r["engine"]["applied"], "{r}");
@@ -35,24 +44,7 @@ fn bench_engine_counts_the_same_effects_both_ways() {
 
 #[test]
 fn bench_engine_reports_how_throughput_scales_with_the_batch() {
-    let env = TempEnv::new();
-    let db = env.db_url();
-    let r = json(
-        &env,
-        &[
-            "bench",
-            "engine",
-            "--db",
-            &db,
-            "--messages",
-            "60",
-            "--batch",
-            "5,1",
-            "--runs",
-            "1",
-            "--json",
-        ],
-    );
+    let r = bench_engine(&["--messages", "60", "--batch", "5,1", "--runs", "1"]);
     let batches: Vec<u64> = r["batches"]
         .as_array()
         .unwrap()
@@ -67,7 +59,16 @@ fn bench_engine_reports_how_throughput_scales_with_the_batch() {
 
 #[test]
 fn bench_engine_relaxed_reports_its_durability() {
-    let r = bench_engine(&["--messages", "50", "--runs", "1", "--durability", "relaxed"]);
+    let r = bench_engine(&[
+        "--batch",
+        "10",
+        "--messages",
+        "50",
+        "--runs",
+        "1",
+        "--durability",
+        "relaxed",
+    ]);
     let durability = r["durability"].as_str().unwrap_or_default();
     assert!(
         durability.starts_with("relaxed: SQLite WAL, synchronous=NORMAL"),

@@ -426,7 +426,9 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         .collect();
     let mut order: Vec<usize> = (0..pairs.len()).collect();
     order.sort_by(|&a, &b| ratio(&pairs[a]).total_cmp(&ratio(&pairs[b])));
-    let (raw, engine) = pairs.swap_remove(order[order.len() / 2]);
+    let median = order[order.len() / 2];
+    let median_ratio = ratio(&pairs[median]);
+    let (raw, engine) = pairs.swap_remove(median);
     let queue_only = match &plan.queue_url {
         None => Some(queue_alone(plan).await?),
         Some(_) => None,
@@ -472,7 +474,7 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         workers: plan.workers,
         queue,
         pipeline: plan.pipeline,
-        ratio: ratio(&(raw.clone(), engine.clone())),
+        ratio: median_ratio,
         raw,
         engine,
         runs,
