@@ -32,11 +32,18 @@ fn init_logging(path: Option<PathBuf>) -> Option<tracing_appender::non_blocking:
 fn main() {
     let cli = Cli::parse();
     let _guard = init_logging(cli.log_file.clone());
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cli::runtime_threads(cli.runtime_threads))
-        .enable_all()
-        .build()
-    {
+    let mut builder = match cli::runtime_threads(cli.runtime_threads) {
+        // One thread: tokio's current-thread scheduler. A multi-thread runtime with one
+        // worker still hands every wake-up between the worker and the thread in
+        // `block_on`, and on a small VM those hand-offs cost more than the work.
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -83,9 +83,10 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE", env = "IDEMWATCH_LOG_FILE")]
     pub log_file: Option<PathBuf>,
 
-    /// Worker threads of the async runtime. Default: one fewer than the cores (at
-    /// least 1) — SQLite's connection threads and a local database server need a
-    /// core of their own, and the runtime's share of the work is small.
+    /// Threads of the async runtime. Default: one fewer than the cores (at least 1) —
+    /// SQLite's connection threads and a local database server need a core of their
+    /// own, and the runtime's share of the work is small. 1 runs everything on the
+    /// main thread (tokio's current-thread scheduler).
     #[arg(
         long,
         global = true,

@@ -60,6 +60,26 @@ impl<'a> DedupBatch<'a> {
             .collect()
     }
 
+    /// The distinct items whose key is not among the `stored` ones, in key order,
+    /// and their keys: what an insert made under a lock that keeps `stored` true
+    /// writes.
+    pub fn fresh(
+        &self,
+        stored: &HashMap<String, String>,
+    ) -> (Vec<&'a Recordable>, HashSet<String>) {
+        let fresh: Vec<&Recordable> = self
+            .distinct
+            .iter()
+            .copied()
+            .filter(|item| !stored.contains_key(item.key.as_str()))
+            .collect();
+        let keys = fresh
+            .iter()
+            .map(|item| item.key.as_str().to_string())
+            .collect();
+        (fresh, keys)
+    }
+
     /// Each item's outcome. `inserted`: the keys this batch's insert wrote;
     /// `stored`: the fingerprint already stored under every other key.
     pub fn outcomes(

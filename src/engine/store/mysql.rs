@@ -9,7 +9,7 @@
 //! InnoDB may pick a deadlock victim when several transactions insert the same new
 //! key at once; such a transaction is retried whole.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -127,12 +127,7 @@ impl MysqlStore {
             let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
             stored.extend(rows);
         }
-        let fresh: Vec<&Recordable> = batch
-            .distinct()
-            .iter()
-            .copied()
-            .filter(|item| !stored.contains_key(item.key.as_str()))
-            .collect();
+        let (fresh, inserted) = batch.fresh(&stored);
         for chunk in fresh.chunks(ROWS_PER_STATEMENT) {
             let mut q = QueryBuilder::<MySql>::new(
                 "INSERT IGNORE INTO processed_messages
@@ -154,10 +149,6 @@ impl MysqlStore {
                 return self.record_rows_tx(consumer, items).await;
             }
         }
-        let inserted: HashSet<String> = fresh
-            .iter()
-            .map(|item| item.key.as_str().to_string())
-            .collect();
         let outcomes = batch.outcomes(&inserted, &stored)?;
         for chunk in batch.zone_exits(&outcomes).chunks(ROWS_PER_STATEMENT) {
             let mut q =

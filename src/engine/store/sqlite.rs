@@ -4,7 +4,7 @@
 //! so it takes the write lock up front: a transaction that reads before it writes
 //! (the claim takeover) can then never fail with a busy snapshot under WAL.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -84,6 +84,58 @@ impl SqliteStore {
     }
 }
 
+/// A write transaction run as plain SQL on one pooled connection: `BEGIN IMMEDIATE`
+/// travels with the first statements and `COMMIT` with the last, so a batch costs two
+/// calls to SQLite's thread instead of five (`Transaction` sends `BEGIN` and `COMMIT`
+/// as calls of their own, each waiting for an acknowledgement). Every call to that
+/// thread is a hand-off between threads, and on a small VM hand-offs, not SQL, were
+/// most of a batch's cost.
+///
+/// Anything short of [`Self::finish`] (an error, or the future dropped half-way)
+/// closes the connection instead of returning it to the pool: SQLite rolls back an
+/// open transaction when its connection closes, so no half-done transaction, and no
+/// write lock, can outlive the batch.
+struct OneWriteTx {
+    conn: Option<sqlx::pool::PoolConnection<Sqlite>>,
+}
+
+impl OneWriteTx {
+    async fn begin(pool: &SqlitePool) -> StoreResult<Self> {
+        Ok(OneWriteTx {
+            conn: Some(pool.acquire().await?),
+        })
+    }
+
+    fn conn(&mut self) -> &mut sqlx::SqliteConnection {
+        self.conn.as_mut().expect("taken only by finish")
+    }
+
+    /// One call's result; after a failure the connection is closed (rolled back).
+    fn check<T>(&mut self, result: Result<T, sqlx::Error>) -> StoreResult<T> {
+        if result.is_err() {
+            self.close();
+        }
+        Ok(result?)
+    }
+
+    /// Committed: the connection goes back to the pool.
+    fn finish(mut self) {
+        self.conn.take();
+    }
+
+    fn close(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
+impl Drop for OneWriteTx {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 async fn apply_write(conn: &mut sqlx::SqliteConnection, write: &BusinessWrite) -> StoreResult<()> {
     match write {
         BusinessWrite::CountZoneExit { device_id } => {
@@ -137,10 +189,29 @@ impl Store for SqliteStore {
     ) -> StoreResult<Vec<DedupOutcome>> {
         let batch = DedupBatch::new(items);
         let now = ts(Utc::now());
-        let mut tx = self.begin().await?;
-        let mut inserted = HashSet::new();
+        let mut tx = OneWriteTx::begin(&self.pool).await?;
+        // Call 1: take the write lock and read which keys are already stored (the
+        // duplicates: a handful). SQLite's one writer is us until the commit, so no
+        // other writer can store one of the rest in between.
+        let mut q = QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE");
         for chunk in batch.distinct().chunks(ROWS_PER_STATEMENT) {
-            let mut q = QueryBuilder::<Sqlite>::new(
+            q.push("; SELECT message_key, payload_hash FROM processed_messages WHERE consumer = ")
+                .push_bind(consumer)
+                .push(" AND message_key IN ");
+            q.push_tuples(chunk, |mut t, item| {
+                t.push_bind(item.key.as_str());
+            });
+        }
+        let read = q.build_query_as().fetch_all(tx.conn()).await;
+        let rows: Vec<(String, String)> = tx.check(read)?;
+        let stored: HashMap<String, String> = rows.into_iter().collect();
+        let (fresh, inserted) = batch.fresh(&stored);
+        let outcomes = batch.outcomes(&inserted, &stored)?;
+        // Call 2: the dedup rows (a plain INSERT: a key stored after all would fail
+        // the statement, never pass for applied), the merged business rows, COMMIT.
+        let mut q = QueryBuilder::<Sqlite>::new("");
+        for chunk in fresh.chunks(ROWS_PER_STATEMENT) {
+            q.push(
                 "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at) ",
             );
             q.push_values(chunk, |mut row, item| {
@@ -149,37 +220,22 @@ impl Store for SqliteStore {
                     .push_bind(item.fingerprint.as_str())
                     .push_bind(&now);
             });
-            q.push(" ON CONFLICT DO NOTHING RETURNING message_key");
-            let keys: Vec<String> = q.build_query_scalar().fetch_all(&mut *tx).await?;
-            inserted.extend(keys);
+            q.push("; ");
         }
-        let mut stored = HashMap::new();
-        let others = batch.not_inserted(&inserted);
-        for chunk in others.chunks(ROWS_PER_STATEMENT) {
-            let mut q = QueryBuilder::<Sqlite>::new(
-                "SELECT message_key, payload_hash FROM processed_messages WHERE consumer = ",
-            );
-            q.push_bind(consumer).push(" AND message_key IN ");
-            q.push_tuples(chunk, |mut t, key| {
-                t.push_bind(*key);
-            });
-            let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
-            stored.extend(rows);
-        }
-        let outcomes = batch.outcomes(&inserted, &stored)?;
         for chunk in batch.zone_exits(&outcomes).chunks(ROWS_PER_STATEMENT) {
-            let mut q =
-                QueryBuilder::<Sqlite>::new("INSERT INTO trip_counters (device_id, zone_exits) ");
+            q.push("INSERT INTO trip_counters (device_id, zone_exits) ");
             q.push_values(chunk, |mut row, (device, n)| {
                 row.push_bind(*device).push_bind(*n);
             });
             q.push(
                 " ON CONFLICT (device_id) DO UPDATE
-                  SET zone_exits = trip_counters.zone_exits + excluded.zone_exits",
+                  SET zone_exits = trip_counters.zone_exits + excluded.zone_exits; ",
             );
-            q.build().execute(&mut *tx).await?;
         }
-        tx.commit().await?;
+        q.push("COMMIT");
+        let written = q.build().execute(tx.conn()).await;
+        tx.check(written)?;
+        tx.finish();
         Ok(outcomes)
     }
 
@@ -794,4 +850,98 @@ fn history_row(r: &sqlx::sqlite::SqliteRow) -> Result<HistoryRow, sqlx::Error> {
         applied: r.try_get::<i64, _>("applied")? != 0,
         payload: r.try_get("payload")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::ConnectOptions;
+
+    fn item(key: &str, device: &str) -> Recordable {
+        Recordable {
+            key: MessageKey::from_stored(key.to_string()),
+            fingerprint: Fingerprint::from_stored(format!("fp-{key}")),
+            write: BusinessWrite::CountZoneExit {
+                device_id: device.into(),
+            },
+        }
+    }
+
+    /// Whether another connection could take the write lock right now.
+    async fn lock_is_free(url: &str) -> bool {
+        let mut probe = SqliteConnectOptions::from_str(url)
+            .unwrap()
+            .busy_timeout(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap();
+        match sqlx::query("BEGIN IMMEDIATE").execute(&mut probe).await {
+            Ok(_) => {
+                sqlx::query("ROLLBACK").execute(&mut probe).await.unwrap();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_abandoned_batch_leaves_no_transaction_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = SqliteStore::open(&url, Durability::Durable).await.unwrap();
+        sqlx::query(
+            "CREATE TRIGGER boom BEFORE INSERT ON trip_counters WHEN NEW.device_id = 'BOOM'
+             BEGIN SELECT RAISE(ABORT, 'boom'); END",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+        // Fails in its last call, after its dedup rows went in: none of it stays.
+        let failed = store
+            .record_batch("c", &[item("k1", "D1"), item("k2", "BOOM")])
+            .await;
+        assert!(failed.is_err());
+        assert!(store.processed_keys("c", "k").await.unwrap().is_empty());
+        assert_eq!(store.zone_exits("D1").await.unwrap(), 0);
+        assert!(lock_is_free(&url).await);
+
+        // Abandoned between its two calls, holding the write lock: dropping it
+        // closes the connection, which gives the lock back and keeps nothing.
+        let batch = [item("k3", "D1")];
+        let mut abandoned = Box::pin(store.record_batch("c", &batch));
+        let mut held = false;
+        for _ in 0..2000 {
+            tokio::select! {
+                biased;
+                _ = &mut abandoned => panic!("cannot commit without being polled"),
+                _ = std::future::ready(()) => {}
+            }
+            if !lock_is_free(&url).await {
+                held = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(held, "the first call took the write lock");
+        drop(abandoned);
+        let mut freed = false;
+        for _ in 0..500 {
+            if lock_is_free(&url).await {
+                freed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(freed, "the abandoned batch's lock was given back");
+        assert!(store.processed_keys("c", "k").await.unwrap().is_empty());
+
+        // And the store goes on.
+        let ok = store
+            .record_batch("c", &[item("k4", "D1"), item("k4", "D1")])
+            .await
+            .unwrap();
+        assert_eq!(ok, [DedupOutcome::Applied, DedupOutcome::Duplicate]);
+        assert_eq!(store.zone_exits("D1").await.unwrap(), 1);
+    }
 }
