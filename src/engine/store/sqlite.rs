@@ -6,12 +6,16 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use tokio::sync::{Mutex, MutexGuard};
 
 use super::*;
 use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
@@ -22,6 +26,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/s
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The connection batches are written on, held (see [`OneWriteTx`]).
+    batch_writer: Arc<Mutex<Option<SqliteConnection>>>,
     url: String,
     durability: Durability,
 }
@@ -70,6 +76,7 @@ impl SqliteStore {
         MIGRATOR.run(&pool).await?;
         Ok(SqliteStore {
             pool,
+            batch_writer: Arc::new(Mutex::new(None)),
             url: url.to_string(),
             durability,
         })
@@ -84,55 +91,59 @@ impl SqliteStore {
     }
 }
 
-/// A write transaction run as plain SQL on one pooled connection: `BEGIN IMMEDIATE`
-/// travels with the first statements and `COMMIT` with the last, so a batch costs two
-/// calls to SQLite's thread instead of five (`Transaction` sends `BEGIN` and `COMMIT`
-/// as calls of their own, each waiting for an acknowledgement). Every call to that
-/// thread is a hand-off between threads, and on a small VM hand-offs, not SQL, were
-/// most of a batch's cost.
+/// A write transaction run as plain SQL on the store's held batch connection:
+/// `BEGIN IMMEDIATE` travels with the first statements and `COMMIT` with the last, so
+/// a batch costs two calls to SQLite's thread instead of six (`Transaction` sends
+/// `BEGIN` and `COMMIT` as calls of their own, each waiting for an acknowledgement,
+/// and the pool pings a connection when it is returned). Every call to that thread
+/// is a hand-off between threads, and on a small VM hand-offs, not SQL, were most of
+/// a batch's cost. Holding one connection serializes batches, which SQLite's single
+/// writer does anyway.
 ///
 /// Anything short of [`Self::finish`] (an error, or the future dropped half-way)
-/// closes the connection instead of returning it to the pool: SQLite rolls back an
-/// open transaction when its connection closes, so no half-done transaction, and no
+/// closes the connection (the next batch opens another): SQLite rolls back an open
+/// transaction when its connection closes, so no half-done transaction, and no
 /// write lock, can outlive the batch.
-struct OneWriteTx {
-    conn: Option<sqlx::pool::PoolConnection<Sqlite>>,
+struct OneWriteTx<'a> {
+    conn: MutexGuard<'a, Option<SqliteConnection>>,
+    done: bool,
 }
 
-impl OneWriteTx {
-    async fn begin(pool: &SqlitePool) -> StoreResult<Self> {
-        Ok(OneWriteTx {
-            conn: Some(pool.acquire().await?),
-        })
+impl<'a> OneWriteTx<'a> {
+    async fn begin(
+        pool: &SqlitePool,
+        held: &'a Mutex<Option<SqliteConnection>>,
+    ) -> StoreResult<Self> {
+        let mut conn = held.lock().await;
+        if conn.is_none() {
+            *conn = Some(pool.acquire().await?.detach());
+        }
+        Ok(OneWriteTx { conn, done: false })
     }
 
-    fn conn(&mut self) -> &mut sqlx::SqliteConnection {
-        self.conn.as_mut().expect("taken only by finish")
+    fn conn(&mut self) -> &mut SqliteConnection {
+        self.conn.as_mut().expect("closed only on the way out")
     }
 
     /// One call's result; after a failure the connection is closed (rolled back).
     fn check<T>(&mut self, result: Result<T, sqlx::Error>) -> StoreResult<T> {
         if result.is_err() {
-            self.close();
+            *self.conn = None;
         }
         Ok(result?)
     }
 
-    /// Committed: the connection goes back to the pool.
+    /// Committed: the connection stays for the next batch.
     fn finish(mut self) {
-        self.conn.take();
-    }
-
-    fn close(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            drop(conn.detach());
-        }
+        self.done = true;
     }
 }
 
-impl Drop for OneWriteTx {
+impl Drop for OneWriteTx<'_> {
     fn drop(&mut self) {
-        self.close();
+        if !self.done {
+            *self.conn = None;
+        }
     }
 }
 
@@ -189,7 +200,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<Vec<DedupOutcome>> {
         let batch = DedupBatch::new(items);
         let now = ts(Utc::now());
-        let mut tx = OneWriteTx::begin(&self.pool).await?;
+        let mut tx = OneWriteTx::begin(&self.pool, &self.batch_writer).await?;
         // Call 1: take the write lock and read which keys are already stored (the
         // duplicates: a handful). SQLite's one writer is us until the commit, so no
         // other writer can store one of the rest in between.
