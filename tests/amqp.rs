@@ -64,6 +64,65 @@ async fn unacked_delivery_comes_back_with_the_brokers_redelivered_flag() {
     q.close().await;
 }
 
+/// A consumer holding its whole prefetch gets an empty lease at once (nothing can
+/// come before an ack), and the next ones after a batch ack; without `?prefetch` a
+/// channel leaves room for a leased-ahead batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_prefetch_leases_nothing_until_its_batch_is_acked() {
+    let Some(url) = amqp_url().await else { return };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let q = AmqpQueue::open(&format!("{url}{sep}prefetch=4"))
+        .await
+        .unwrap();
+    let ns = namespace("prefetch");
+    let name = format!("{ns}/a");
+    let bodies: Vec<Vec<u8>> = (0..10).map(|i| format!("m{i}").into_bytes()).collect();
+    q.publish(std::slice::from_ref(&name), &bodies)
+        .await
+        .unwrap();
+    let vis = Duration::from_secs(30);
+    let mut first = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while first.len() < 4 && Instant::now() < deadline {
+        first.extend(q.lease(&name, 4 - first.len(), vis).await.unwrap());
+    }
+    assert_eq!(first.len(), 4);
+    assert!(q.lease(&name, 4, vis).await.unwrap().is_empty());
+    assert_eq!(q.ack_batch(&first).await.unwrap(), 4);
+    assert_eq!(q.ack_batch(&first).await.unwrap(), 0, "acked once only");
+    let mut rest = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rest.len() < 6 && Instant::now() < deadline {
+        let got = q.lease(&name, 4, vis).await.unwrap();
+        assert_eq!(q.ack_batch(&got).await.unwrap(), got.len());
+        rest.extend(got);
+    }
+    let mut seen: Vec<Vec<u8>> = first.iter().chain(&rest).map(|d| d.body.clone()).collect();
+    seen.sort();
+    let mut want = bodies.clone();
+    want.sort();
+    assert_eq!(seen, want);
+    q.remove_queue(&name).await.unwrap();
+    q.close().await;
+
+    // No `?prefetch`: a lease of 50 leaves the broker room for the next 50.
+    let q = AmqpQueue::open(&url).await.unwrap();
+    let name = format!("{ns}/b");
+    let bodies: Vec<Vec<u8>> = (0..100).map(|i| format!("n{i}").into_bytes()).collect();
+    q.publish(std::slice::from_ref(&name), &bodies)
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while held.len() < 100 && Instant::now() < deadline {
+        held.extend(q.lease(&name, 50, vis).await.unwrap());
+    }
+    assert_eq!(held.len(), 100, "two batches of 50 held at once");
+    assert_eq!(q.ack_batch(&held).await.unwrap(), 100);
+    q.remove_queue(&name).await.unwrap();
+    q.close().await;
+}
+
 /// The field report, for real: each consumer incarnation is a process that aborts
 /// after its commit and before its ack; RabbitMQ redelivers to the next one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -248,6 +248,13 @@ impl Worker {
         };
         loop {
             if next.deliveries.is_empty() {
+                if !unacked.is_empty() && !stopping(&shutdown) {
+                    // The lease that ran beside the last batch found nothing. A broker
+                    // whose prefetch that batch filled could send nothing before its
+                    // ack: ack it and lease again before going idle.
+                    next = self.ack_then_lease(std::mem::take(&mut unacked)).await;
+                    continue;
+                }
                 self.ack(std::mem::take(&mut unacked)).await;
                 if self.idle(&mut shutdown).await {
                     return Ok(());

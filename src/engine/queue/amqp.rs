@@ -52,7 +52,10 @@ use tokio::sync::Mutex;
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
 
-/// Default `basic.qos` prefetch per consumer channel.
+/// Least `basic.qos` prefetch per consumer channel. Without `?prefetch=N` a channel
+/// asks for twice the first lease's size when that is more: the pipelined runner
+/// holds one batch unacked while it leases the next, and a prefetch no bigger than
+/// a batch would leave the broker nothing to send it.
 pub const DEFAULT_PREFETCH: u16 = 32;
 /// The broker-side safety net (quorum queues only), well above any `max_deliveries`.
 pub const BROKER_DELIVERY_LIMIT: i64 = 100;
@@ -75,8 +78,8 @@ pub enum QueueKind {
 /// Options read from (and removed from) the `amqp://` URL's query string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmqpOptions {
-    /// `?prefetch=N`
-    pub prefetch: u16,
+    /// `?prefetch=N`; `None`: [`DEFAULT_PREFETCH`] or twice the lease size, the more.
+    pub prefetch: Option<u16>,
     /// `?queue_type=quorum|classic`
     pub kind: QueueKind,
     /// `?prefix=NAME`: the exchange and queue-name prefix.
@@ -86,7 +89,7 @@ pub struct AmqpOptions {
 impl Default for AmqpOptions {
     fn default() -> Self {
         AmqpOptions {
-            prefetch: DEFAULT_PREFETCH,
+            prefetch: None,
             kind: QueueKind::Quorum,
             prefix: "idemwatch".into(),
         }
@@ -103,9 +106,9 @@ pub fn parse_url(raw: &str) -> QueueResult<(String, AmqpOptions)> {
         match k.as_ref() {
             "prefetch" => {
                 opts.prefetch =
-                    v.parse().ok().filter(|p| *p > 0).ok_or_else(|| {
+                    Some(v.parse().ok().filter(|p| *p > 0).ok_or_else(|| {
                         QueueError::BadUrl(redact_url(raw), format!("prefetch={v}"))
-                    })?
+                    })?)
             }
             "queue_type" => {
                 opts.kind = match v.as_ref() {
@@ -153,6 +156,8 @@ struct InFlight {
 
 /// The consumer side of one queue on one connection.
 struct QueueConsumer {
+    /// Its `basic.qos` prefetch.
+    prefetch: u16,
     channel: Channel,
     consumer: Mutex<lapin::Consumer>,
     /// Deliveries pushed by the broker, not leased yet (drained from the stream when
@@ -313,6 +318,16 @@ impl AmqpQueue {
         }
     }
 
+    /// How many deliveries of `channel` we hold unacked (lease tokens start with the
+    /// link's generation and the channel's id).
+    fn holding(&self, link: &Link, channel: &Channel) -> usize {
+        let prefix = format!("{}:{}:", link.generation, channel.id());
+        self.lock_inflight()
+            .keys()
+            .filter(|token| token.starts_with(&prefix))
+            .count()
+    }
+
     fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, InFlight>> {
         self.inflight.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -466,7 +481,13 @@ impl AmqpQueue {
         Ok(name)
     }
 
-    async fn consumer(&self, link: &Link, queue: &str) -> QueueResult<Arc<QueueConsumer>> {
+    /// The consumer channel of `queue`, opened on first use for leases of `max`.
+    async fn consumer(
+        &self,
+        link: &Link,
+        queue: &str,
+        max: usize,
+    ) -> QueueResult<Arc<QueueConsumer>> {
         if let Some(c) = link.consumers.lock().await.get(queue) {
             if c.channel.status().connected() {
                 return Ok(c.clone());
@@ -474,11 +495,8 @@ impl AmqpQueue {
         }
         let name = self.ensure_queue(link, queue).await?;
         let channel = rpc("broker", link.connection.create_channel()).await?;
-        rpc(
-            "broker",
-            channel.basic_qos(self.opts.prefetch, BasicQosOptions::default()),
-        )
-        .await?;
+        let qos = prefetch(self.opts.prefetch, max);
+        rpc("broker", channel.basic_qos(qos, BasicQosOptions::default())).await?;
         let consumer = rpc(
             "basic.consume",
             channel.basic_consume(
@@ -494,6 +512,7 @@ impl AmqpQueue {
         )
         .await?;
         let c = Arc::new(QueueConsumer {
+            prefetch: qos,
             channel,
             consumer: Mutex::new(consumer),
             buffered: Mutex::new(VecDeque::new()),
@@ -572,11 +591,16 @@ impl AmqpQueue {
         visibility: Duration,
     ) -> QueueResult<Vec<Delivery>> {
         self.return_expired(queue).await;
-        let c = self.consumer(link, queue).await?;
+        let c = self.consumer(link, queue, max).await?;
         let mut taken = Vec::new();
         {
             let mut stream = c.consumer.lock().await;
             let mut buf = c.buffered.lock().await;
+            if buf.is_empty() && self.holding(link, &c.channel) >= usize::from(c.prefetch) {
+                // Every prefetch slot is a delivery we hold: the broker sends nothing
+                // more until one is acked, so waiting would only stall the caller.
+                return Ok(Vec::new());
+            }
             if buf.is_empty() {
                 drop(buf);
                 match tokio::time::timeout(LEASE_WAIT, stream.next()).await {
@@ -802,6 +826,15 @@ impl AmqpQueue {
     }
 }
 
+/// The prefetch of a consumer channel that leases up to `max` at a time: the URL's,
+/// else [`DEFAULT_PREFETCH`] or twice `max`, the more.
+fn prefetch(set: Option<u16>, max: usize) -> u16 {
+    set.unwrap_or_else(|| {
+        let twice = u16::try_from(max.saturating_mul(2)).unwrap_or(u16::MAX);
+        twice.max(DEFAULT_PREFETCH)
+    })
+}
+
 fn requeue() -> BasicNackOptions {
     BasicNackOptions {
         multiple: false,
@@ -877,6 +910,30 @@ impl Queue for AmqpQueue {
         rpc("basic.ack", f.acker.ack(Default::default())).await
     }
 
+    async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
+        // All the acks at once: lapin writes them to the socket together, instead of
+        // one hand-off to its I/O thread and back per ack.
+        let held: Vec<InFlight> = {
+            let mut map = self.lock_inflight();
+            deliveries
+                .iter()
+                .filter_map(|d| map.remove(&d.lease_token))
+                .collect()
+        };
+        let sent = futures::future::join_all(
+            held.iter()
+                .map(|f| rpc("basic.ack", f.acker.ack(Default::default()))),
+        )
+        .await;
+        let mut acked = 0;
+        for ack in sent {
+            if ack? {
+                acked += 1;
+            }
+        }
+        Ok(acked)
+    }
+
     async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
         if delay.is_zero() {
             let Some(f) = self.lock_inflight().remove(&delivery.lease_token) else {
@@ -938,13 +995,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(rest, "amqp://guest:pw@127.0.0.1:5672/%2f?heartbeat=10");
-        assert_eq!(o.prefetch, 8);
+        assert_eq!(o.prefetch, Some(8));
         assert_eq!(o.kind, QueueKind::Classic);
         let (rest, o) = parse_url("amqp://127.0.0.1/%2f").unwrap();
         assert_eq!(rest, "amqp://127.0.0.1/%2f");
         assert_eq!(o, AmqpOptions::default());
         let err = parse_url("amqp://u:secret@h/%2f?prefetch=0").unwrap_err();
         assert!(!err.to_string().contains("secret"));
+    }
+
+    #[test]
+    fn prefetch_leaves_room_for_a_leased_ahead_batch_unless_the_url_sets_it() {
+        assert_eq!(prefetch(None, 1), DEFAULT_PREFETCH);
+        assert_eq!(prefetch(None, 16), DEFAULT_PREFETCH);
+        assert_eq!(prefetch(None, 100), 200);
+        assert_eq!(prefetch(None, 1_000_000), u16::MAX);
+        assert_eq!(prefetch(Some(8), 100), 8);
     }
 
     #[test]
