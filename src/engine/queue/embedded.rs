@@ -59,6 +59,12 @@ impl Writer<'_> {
     }
 }
 
+/// Deliveries per row when a lease is read back. Each row crosses from SQLite's
+/// thread to ours with a wake-up of its own, so the fewer the better; but a row is one
+/// string, and SQLite caps a string at 1e9 bytes: 32 hex-encoded bodies stay under it
+/// up to ~15 MB a body.
+const PACKED_PER_ROW: i64 = 32;
+
 /// Ids per acking DELETE.
 const ACK_CHUNK: usize = 500;
 
@@ -105,7 +111,7 @@ impl Lease {
 
     /// Two statements: hide the visible rows under this lease (SQLite runs the
     /// `UPDATE` under its write lock, so two workers never lease the same row), then
-    /// read them back as **one** row. The driver hands every result row from SQLite's
+    /// read them back packed, up to [`PACKED_PER_ROW`] to a row. The driver hands every result row from SQLite's
     /// thread to ours with a wake-up of its own; a batch of 100 bodies as 100 rows
     /// (an `UPDATE … RETURNING`) cost more in those hand-offs than in SQL. The bodies
     /// travel hex-encoded, so any bytes (a malformed message's too) come back intact.
@@ -126,20 +132,21 @@ impl Lease {
             .push(" AND visible_at = ")
             .push_bind(self.until)
             .push(" AND lease_token = ")
-            .push_bind(&self.token);
+            .push_bind(&self.token)
+            .push(" GROUP BY id / ")
+            .push(PACKED_PER_ROW);
     }
 
-    /// The deliveries in the one row [`Self::push`] reads back, in id order.
+    /// The deliveries in the packed rows [`Self::push`] reads back, in id order.
     fn deliveries(&self, queue: &str, rows: &[SqliteRow]) -> Result<Vec<Delivery>, sqlx::Error> {
         let bad = |what: &str| sqlx::Error::Decode(format!("lease row: {what}").into());
-        let Some(row) = rows.last() else {
-            return Err(bad("missing"));
-        };
-        let Some(packed) = row.try_get::<Option<String>, _>(0)? else {
-            return Ok(Vec::new());
-        };
+        let packed = rows
+            .iter()
+            .map(|row| row.try_get::<String, _>(0))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut deliveries = packed
-            .split(';')
+            .iter()
+            .flat_map(|row| row.split(';'))
             .map(|one| {
                 let mut parts = one.splitn(3, ',');
                 let (Some(id), Some(count), Some(body)) =
@@ -456,6 +463,25 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
+        // A lease bigger than one packed row.
+        let many: Vec<Vec<u8>> = (0..150).map(|i| format!("m{i};,").into_bytes()).collect();
+        q.publish(&["b".into()], &many).await.unwrap();
+        let got = q.lease("b", 120, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(
+            got.iter().map(|d| d.body.clone()).collect::<Vec<_>>(),
+            many[..120]
+        );
+        let (acked, rest) = q
+            .ack_then_lease(&got, "b", 120, Duration::from_secs(5))
+            .await;
+        acked.unwrap();
+        assert_eq!(
+            rest.unwrap()
+                .iter()
+                .map(|d| d.body.clone())
+                .collect::<Vec<_>>(),
+            many[120..]
+        );
     }
 
     #[tokio::test]
