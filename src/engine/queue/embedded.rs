@@ -65,7 +65,7 @@ impl Writer<'_> {
 /// up to ~15 MB a body.
 const PACKED_PER_ROW: i64 = 32;
 
-/// Ids per acking DELETE.
+/// Ids per acking DELETE, rows per publishing INSERT.
 const ACK_CHUNK: usize = 500;
 
 /// Deliveries grouped by the lease that holds them, in first-seen order.
@@ -204,20 +204,24 @@ impl EmbeddedQueue {
 impl Queue for EmbeddedQueue {
     async fn publish(&self, queues: &[String], bodies: &[Vec<u8>]) -> QueueResult<()> {
         let now = now_ms();
+        // Multi-row inserts, in publish order (ids follow it): one call to SQLite's
+        // thread per chunk instead of one per message.
+        let rows: Vec<(&String, &Vec<u8>)> = bodies
+            .iter()
+            .flat_map(|body| queues.iter().map(move |queue| (queue, body)))
+            .collect();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        for body in bodies {
-            for queue in queues {
-                sqlx::query(
-                    "INSERT INTO queue_messages (queue, body, published_at, visible_at)
-                     VALUES (?, ?, ?, ?)",
-                )
-                .bind(queue)
-                .bind(body)
-                .bind(now)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-            }
+        for chunk in rows.chunks(ACK_CHUNK) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO queue_messages (queue, body, published_at, visible_at) ",
+            );
+            q.push_values(chunk, |mut row, (queue, body)| {
+                row.push_bind(*queue)
+                    .push_bind(body.as_slice())
+                    .push_bind(now)
+                    .push_bind(now);
+            });
+            q.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
