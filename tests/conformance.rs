@@ -35,6 +35,8 @@ on_every_backend!(
     a_batch_is_decided_as_if_one_by_one,
     racing_batches_never_double_an_effect,
     a_pipelined_worker_that_dies_loses_and_doubles_nothing,
+    a_prefetching_worker_that_dies_loses_and_doubles_nothing,
+    a_stopping_worker_gives_back_what_it_prefetched,
     bad_input_is_dead_lettered_with_raw_bytes,
     retention_purge_runs_in_batches_and_keeps_open_claims,
     an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes,
@@ -547,7 +549,8 @@ async fn racing_batches_never_double_an_effect(db: &TestDb) {
     assert_eq!(total as usize, offered.len());
 }
 
-async fn a_pipelined_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
+/// A trip-counter engine on `db`, pipelined, with a short visibility timeout.
+async fn pipelined_engine(db: &TestDb, lease_batch: usize, prefetch: usize) -> Engine {
     let mut cfg = EngineConfig::new(
         &db.url,
         &db.queue_url(),
@@ -556,13 +559,39 @@ async fn a_pipelined_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
     );
     cfg.consumers = vec![trip_counter::NAME.into()];
     cfg.runner = RunnerSettings {
-        lease_batch: 5,
+        lease_batch,
+        prefetch,
         visibility_timeout: Duration::from_millis(400),
         idle_poll: Duration::from_millis(5),
         pipeline: true,
         ..RunnerSettings::default()
     };
-    let engine = Engine::open(&cfg).await.unwrap();
+    Engine::open(&cfg).await.unwrap()
+}
+
+/// After a worker died: a new one drains the queue. Returns the device's zone exits
+/// and the consumer's (processed, duplicate_dropped, redelivered).
+async fn restart_and_drain(engine: &Engine, device: &str) -> (i64, (u64, u64, u64)) {
+    let lives = engine
+        .worker(trip_counter::NAME, Arc::new(CrashPlan::none()), None)
+        .unwrap();
+    lives.run_until_idle().await.unwrap();
+    let depth = engine
+        .queue
+        .depth(&engine.queue_name(trip_counter::NAME))
+        .await
+        .unwrap();
+    assert!(depth.is_empty(), "{depth:?}");
+    let c = &engine.summary().consumers[trip_counter::NAME];
+    (
+        engine.store.zone_exits(device).await.unwrap(),
+        (c.processed, c.duplicate_dropped, c.redelivered),
+    )
+}
+
+async fn a_pipelined_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
+    // One batch leased ahead, no more (the prefetch has its own test).
+    let engine = pipelined_engine(db, 5, 1).await;
     // 20 deliveries of 15 keys: the last 5 repeat the first 5.
     let bodies: Vec<Vec<u8>> = (0..20u64)
         .map(|i| zone_exit("34-PL-1", i % 15).to_json_line().into_bytes())
@@ -583,24 +612,71 @@ async fn a_pipelined_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
         .unwrap();
     assert!(dies.run_until_idle().await.is_err());
     assert_eq!(engine.store.zone_exits("34-PL-1").await.unwrap(), 5);
-    let lives = engine
-        .worker(trip_counter::NAME, Arc::new(CrashPlan::none()), None)
-        .unwrap();
-    lives.run_until_idle().await.unwrap();
-    assert_eq!(engine.store.zone_exits("34-PL-1").await.unwrap(), 15);
-    let c = &engine.summary().consumers[trip_counter::NAME];
     // Both batches in hand come back: the committed one as duplicates.
     assert_eq!(
-        (c.processed, c.duplicate_dropped, c.redelivered),
-        (15, 10, 10),
-        "{c:?}"
+        restart_and_drain(&engine, "34-PL-1").await,
+        (15, (15, 10, 10))
     );
-    let depth = engine
+}
+
+async fn a_prefetching_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
+    let engine = pipelined_engine(db, 1, 4).await;
+    let bodies: Vec<Vec<u8>> = (0..10u64)
+        .map(|i| zone_exit("34-PF-1", i).to_json_line().into_bytes())
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    // The first incarnation leases 4, commits the first two one transaction each and
+    // dies after the second commit. The first one's ack was to go with the next lease,
+    // so all 4 in hand come back: 2 of them as duplicates.
+    let plan = Arc::new(CrashPlan::none());
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sink: idemwatch::engine::runner::EventSink = {
+        let (plan, seen) = (plan.clone(), seen.clone());
+        Arc::new(move |_| {
+            if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                plan.arm(
+                    idemwatch::engine::crash::CrashPoint::AfterCommitBeforeAck,
+                    1,
+                );
+            }
+        })
+    };
+    let dies = engine.worker(trip_counter::NAME, plan, Some(sink)).unwrap();
+    assert!(dies.run_until_idle().await.is_err());
+    assert_eq!(engine.store.zone_exits("34-PF-1").await.unwrap(), 2);
+    assert_eq!(
+        restart_and_drain(&engine, "34-PF-1").await,
+        (10, (10, 2, 4))
+    );
+}
+
+async fn a_stopping_worker_gives_back_what_it_prefetched(db: &TestDb) {
+    let engine = pipelined_engine(db, 1, 4).await;
+    let bodies: Vec<Vec<u8>> = (0..6u64)
+        .map(|i| zone_exit("34-PF-2", i).to_json_line().into_bytes())
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    // Shutdown is asked while the first of the 4 leased deliveries commits.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let sink: idemwatch::engine::runner::EventSink = Arc::new(move |_| {
+        let _ = stop.send(true);
+    });
+    let worker = engine
+        .worker(trip_counter::NAME, Arc::new(CrashPlan::none()), Some(sink))
+        .unwrap();
+    worker.run(stopped).await.unwrap();
+    assert_eq!(engine.store.zone_exits("34-PF-2").await.unwrap(), 1);
+    let name = engine.queue_name(trip_counter::NAME);
+    // The one handled is acked; the 3 it held are back at once, not after their lease.
+    let depth = engine.queue.depth(&name).await.unwrap();
+    assert_eq!((depth.ready, depth.in_flight), (5, 0), "{depth:?}");
+    let again = engine
         .queue
-        .depth(&engine.queue_name(trip_counter::NAME))
+        .lease(&name, 10, Duration::from_secs(30))
         .await
         .unwrap();
-    assert!(depth.is_empty(), "{depth:?}");
+    assert_eq!(again.len(), 5);
+    assert_eq!(again.iter().filter(|d| d.redelivered).count(), 3);
 }
 
 // ---- bad input and retention ------------------------------------------------------

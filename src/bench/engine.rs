@@ -44,6 +44,9 @@ pub struct EngineBenchPlan {
     pub runs: usize,
     /// The runner's pipelining (on by default, as in `serve`).
     pub pipeline: bool,
+    /// Deliveries per lease when pipelined (`RunnerSettings::prefetch`, 32 as in
+    /// `serve`), rounded up to whole batches.
+    pub prefetch: usize,
     /// The business database's commit durability, the same for raw and engine.
     pub durability: Durability,
 }
@@ -88,6 +91,9 @@ pub struct EngineBenchReport {
     pub queue: String,
     /// Whether the runner overlaps the queue with the database (it does by default).
     pub pipeline: bool,
+    /// Deliveries the engine leased per queue round trip (its prefetch, rounded up to
+    /// whole batches; one batch without pipelining).
+    pub lease_size: usize,
     /// The pair whose ratio is the median of all pairs.
     pub raw: RunFigures,
     pub engine: RunFigures,
@@ -248,6 +254,7 @@ async fn engine(
         visibility_timeout: Duration::from_secs(300),
         idle_poll: Duration::from_millis(5),
         pipeline: plan.pipeline,
+        prefetch: plan.prefetch,
         ..RunnerSettings::default()
     };
     let engine = Engine::open(&cfg).await.map_err(err)?;
@@ -474,6 +481,13 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         workers: plan.workers,
         queue,
         pipeline: plan.pipeline,
+        lease_size: RunnerSettings {
+            lease_batch: plan.batch,
+            pipeline: plan.pipeline,
+            prefetch: plan.prefetch,
+            ..RunnerSettings::default()
+        }
+        .lease_size(),
         ratio: median_ratio,
         raw,
         engine,

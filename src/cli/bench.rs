@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use super::{print_json, CliError, CliResult, DurabilityArg, EXIT_OK};
 use idemwatch::bench::{self, partitions, LoadPlan};
 use idemwatch::engine::retention::PurgePlan;
+use idemwatch::engine::runner::RunnerSettings;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -101,6 +102,10 @@ pub struct EngineArgs {
     /// before it is acked).
     #[arg(long)]
     pub no_pipeline: bool,
+    /// Deliveries the engine leases per queue round trip when pipelined, rounded up
+    /// to whole batches (as `serve --prefetch`).
+    #[arg(long, default_value_t = RunnerSettings::default().prefetch, value_name = "N")]
+    pub prefetch: usize,
     // Both the raw baseline and the engine commit with it.
     #[command(flatten)]
     pub durability: DurabilityArg,
@@ -216,12 +221,13 @@ fn print_engine_report(r: &bench::engine::EngineBenchReport) {
     }
     let all: Vec<String> = r.runs.iter().map(|p| format!("{:.2}", p.ratio)).collect();
     println!(
-        "  engine/raw = {:.2} (median of {} pairs: {}); queue: {}, pipeline {}",
+        "  engine/raw = {:.2} (median of {} pairs: {}); queue: {}, pipeline {}, {} per lease",
         r.ratio,
         r.runs.len(),
         all.join(", "),
         r.queue,
-        if r.pipeline { "on" } else { "off" }
+        if r.pipeline { "on" } else { "off" },
+        r.lease_size
     );
 }
 
@@ -284,6 +290,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 seed: a.seed,
                 runs: a.runs,
                 pipeline: !a.no_pipeline,
+                prefetch: a.prefetch,
                 durability: a.durability.durability,
             };
             if a.batch.len() > 1 {

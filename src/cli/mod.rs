@@ -161,6 +161,11 @@ pub struct EngineArgs {
     /// work overlaps the database commit).
     #[arg(long)]
     pub no_pipeline: bool,
+    /// Deliveries leased per queue round trip (rounded up to whole batches) and
+    /// handled a batch at a time, their acks sent with the next lease. A process that
+    /// dies leaves up to this many to come back after the visibility timeout.
+    #[arg(long, default_value_t = RunnerSettings::default().prefetch, value_name = "N")]
+    pub prefetch: usize,
 
     // Tuning and drill plumbing: hidden from --help, used by drills' child processes.
     #[arg(long, hide = true)]
@@ -204,6 +209,7 @@ impl EngineArgs {
             lease_batch: self.lease_batch.max(1),
             batch_max_wait: self.batch_max_wait,
             pipeline: !self.no_pipeline,
+            prefetch: self.prefetch,
             retry_delay: Duration::from_millis(self.retry_ms),
             max_retry_delay: Duration::from_millis(self.claim_lease_ms),
             ..RunnerSettings::default()

@@ -153,6 +153,8 @@ impl Rig {
             max_retry_delay: DRILL_CLAIM_LEASE,
             idle_poll: Duration::from_millis(20),
             pipeline: true,
+            // One delivery in hand at a time: a drill's trace names each redelivery.
+            prefetch: 1,
         };
         cfg
     }

@@ -4,6 +4,7 @@
 //! The ack is a separate step after the business commit, as with any real broker;
 //! that gap is where the field report's 7 SMS came from, and where drills aim.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,33 @@ pub struct RunnerSettings {
     /// before it and lease the next one. Off, each batch is leased only once the one
     /// before it is acked (drills use that to keep their delivery traces exact).
     pub pipeline: bool,
+    /// Pipelined only: deliveries leased per queue round trip, rounded up to whole
+    /// batches. The worker handles them `lease_batch` per transaction and acks the
+    /// committed ones together with its next lease, like a broker's prefetch: at batch
+    /// 1, one queue round trip per `prefetch` messages instead of one per message.
+    /// The price: a process that dies leaves up to this many leased deliveries to come
+    /// back after the visibility timeout, the committed ones as counted duplicates. A
+    /// worker that stops gives the ones it has not handled back at once. 1: lease one
+    /// batch at a time.
+    pub prefetch: usize,
+}
+
+impl RunnerSettings {
+    /// Deliveries per transaction.
+    pub fn batch(&self) -> usize {
+        self.lease_batch.max(1)
+    }
+
+    /// Deliveries per lease: `prefetch` rounded up to whole batches when pipelined,
+    /// one batch otherwise.
+    pub fn lease_size(&self) -> usize {
+        let batch = self.batch();
+        if self.pipeline {
+            batch * self.prefetch.max(1).div_ceil(batch)
+        } else {
+            batch
+        }
+    }
 }
 
 impl Default for RunnerSettings {
@@ -56,6 +84,7 @@ impl Default for RunnerSettings {
             max_retry_delay: Duration::from_secs(60),
             idle_poll: Duration::from_millis(100),
             pipeline: true,
+            prefetch: 32,
         }
     }
 }
@@ -93,30 +122,66 @@ pub struct DeliveryEvent {
 /// then dies at the ack crash point has already reported what it did.
 pub type EventSink = Arc<dyn Fn(DeliveryEvent) + Send + Sync>;
 
-/// A leased batch and when its lease was taken (latency counts from there).
-/// The bodies are parsed as soon as they are leased: pipelined, that happens while
-/// the batch before commits, off the path the batch waits on.
+/// Leased deliveries in hand, parsed as soon as they are leased: pipelined, that
+/// happens while the batch before commits, off the path the batch waits on. With a
+/// prefetch they are taken up a batch at a time.
 struct Leased {
-    deliveries: Vec<Delivery>,
-    parsed: Vec<Result<Envelope, Rejection>>,
+    deliveries: VecDeque<(Delivery, Result<Envelope, Rejection>)>,
+    /// When the lease was asked for: the visibility timeout runs from here.
+    leased_at: Instant,
+    /// Whether a batch was taken from this lease yet.
+    started: bool,
+}
+
+/// One batch taken up for handling, and when: latency counts from there (for the
+/// first batch of a lease, from when the lease was asked for).
+struct Batch {
+    deliveries: Vec<(Delivery, Result<Envelope, Rejection>)>,
     at: Instant,
 }
 
 impl Leased {
     fn new(deliveries: Vec<Delivery>, at: Instant) -> Self {
-        let parsed = deliveries
-            .iter()
-            .map(|d| Envelope::parse(&d.body))
-            .collect();
         Leased {
-            deliveries,
-            parsed,
-            at,
+            deliveries: deliveries
+                .into_iter()
+                .map(|d| {
+                    let parsed = Envelope::parse(&d.body);
+                    (d, parsed)
+                })
+                .collect(),
+            leased_at: at,
+            started: false,
         }
     }
 
     fn none() -> Self {
         Leased::new(Vec::new(), Instant::now())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.deliveries.is_empty()
+    }
+
+    /// The next batch of up to `n` deliveries.
+    fn take(&mut self, n: usize) -> Batch {
+        let at = if self.started {
+            Instant::now()
+        } else {
+            self.leased_at
+        };
+        self.started = true;
+        let n = n.min(self.deliveries.len());
+        Batch {
+            deliveries: self.deliveries.drain(..n).collect(),
+            at,
+        }
+    }
+
+    /// Held so long that their lease may run out before they are handled: another
+    /// worker could get them meanwhile.
+    fn is_stale(&self, visibility: Duration) -> bool {
+        !self.is_empty() && self.leased_at.elapsed() > visibility / 2
     }
 }
 
@@ -160,11 +225,11 @@ impl Worker {
         self.consumer.name()
     }
 
-    /// Ack `done` (a committed batch, possibly empty), then lease a batch: up to
-    /// `lease_batch` deliveries, waiting up to `batch_max_wait` for it to fill once
-    /// the first one is in.
+    /// Ack `done` (committed deliveries, possibly none), then lease up to
+    /// [`RunnerSettings::lease_size`] deliveries, waiting up to `batch_max_wait` for a
+    /// batch's worth once the first one is in.
     async fn ack_then_lease(&self, done: Vec<Delivery>) -> Leased {
-        let size = self.settings.lease_batch.max(1);
+        let (batch, size) = (self.settings.batch(), self.settings.lease_size());
         let at = Instant::now();
         let (acked, leased) = self
             .queue
@@ -180,11 +245,11 @@ impl Worker {
         }
         let mut deliveries = self.leased_or_warn(leased).await;
         if !deliveries.is_empty()
-            && deliveries.len() < size
+            && deliveries.len() < batch
             && !self.settings.batch_max_wait.is_zero()
         {
             let deadline = at + self.settings.batch_max_wait;
-            while deliveries.len() < size && Instant::now() < deadline {
+            while deliveries.len() < batch && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 let more = self
                     .queue
@@ -198,6 +263,16 @@ impl Worker {
             }
         }
         Leased::new(deliveries, at)
+    }
+
+    /// Give the deliveries in hand back to the queue at once (a stopping worker, or a
+    /// lease held too long): the next lease gets them, counted as redelivered.
+    async fn release(&self, held: &mut Leased) {
+        for (delivery, _) in held.deliveries.drain(..) {
+            if let Err(e) = self.queue.nack(&delivery, Duration::ZERO).await {
+                tracing::warn!(error = %e, "give-back failed: the lease will expire instead");
+            }
+        }
     }
 
     async fn leased_or_warn(&self, leased: QueueResult<Vec<Delivery>>) -> Vec<Delivery> {
@@ -232,57 +307,60 @@ impl Worker {
     }
 
     /// The deliver loop. Pipelined (the default), each turn handles batch N while,
-    /// alongside, batch N-1 (committed by the previous turn) is acked and batch N+1
-    /// leased: the queue's round trips overlap the database's commit instead of
-    /// adding to it. An ack still only ever follows its batch's commit; a process
-    /// that dies leaves its leased-ahead batch to come back after the visibility
-    /// timeout, like a broker's prefetch.
+    /// alongside, the batches committed before it are acked and the next deliveries
+    /// leased: the queue's round trips overlap the database's commit instead of adding
+    /// to it. With a prefetch of several batches, that happens on the turn that takes
+    /// the last batch in hand. An ack still only ever follows its batch's commit; a
+    /// process that dies leaves its leased-ahead deliveries to come back after the
+    /// visibility timeout, like a broker's prefetch.
     async fn drive(&self, mut shutdown: Option<&mut watch::Receiver<bool>>) -> Result<(), Crashed> {
         let stopping =
             |s: &Option<&mut watch::Receiver<bool>>| s.as_ref().is_some_and(|s| *s.borrow());
         let mut unacked: Vec<Delivery> = Vec::new();
-        let mut next = if stopping(&shutdown) {
+        let mut held = if stopping(&shutdown) {
             Leased::none()
         } else {
             self.ack_then_lease(Vec::new()).await
         };
         loop {
-            if next.deliveries.is_empty() {
+            if held.is_stale(self.settings.visibility_timeout) {
+                tracing::debug!(queue = %self.queue_name, held = held.deliveries.len(),
+                    "deliveries held past half their lease: given back");
+                self.release(&mut held).await;
+            }
+            if held.is_empty() {
                 if !unacked.is_empty() && !stopping(&shutdown) {
                     // The lease that ran beside the last batch found nothing. A broker
                     // whose prefetch that batch filled could send nothing before its
                     // ack: ack it and lease again before going idle.
-                    next = self.ack_then_lease(std::mem::take(&mut unacked)).await;
+                    held = self.ack_then_lease(std::mem::take(&mut unacked)).await;
                     continue;
                 }
                 self.ack(std::mem::take(&mut unacked)).await;
                 if self.idle(&mut shutdown).await {
                     return Ok(());
                 }
-                next = self.ack_then_lease(Vec::new()).await;
+                held = self.ack_then_lease(Vec::new()).await;
                 continue;
             }
-            let current = std::mem::replace(&mut next, Leased::none());
-            let previous = std::mem::take(&mut unacked);
-            let ahead = self.settings.pipeline && !stopping(&shutdown);
-            let (handled, leased) = tokio::join!(self.handle(current), async {
-                if ahead {
-                    self.ack_then_lease(previous).await
-                } else {
-                    self.ack(previous).await;
-                    Leased::none()
-                }
-            });
-            unacked = handled?;
-            next = leased;
-            if !ahead {
-                let done = std::mem::take(&mut unacked);
-                if stopping(&shutdown) {
-                    self.ack(done).await;
-                } else {
-                    next = self.ack_then_lease(done).await;
-                }
+            let current = held.take(self.settings.batch());
+            let pipelined = self.settings.pipeline && !stopping(&shutdown);
+            if pipelined && held.is_empty() {
+                let previous = std::mem::take(&mut unacked);
+                let (handled, leased) =
+                    tokio::join!(self.handle(current), self.ack_then_lease(previous));
+                unacked = handled?;
+                held = leased;
+                continue;
             }
+            unacked.extend(self.handle(current).await?);
+            if stopping(&shutdown) {
+                self.release(&mut held).await;
+                self.ack(std::mem::take(&mut unacked)).await;
+            } else if !self.settings.pipeline {
+                held = self.ack_then_lease(std::mem::take(&mut unacked)).await;
+            }
+            // Else more of the prefetch is in hand: its acks go with the next lease.
         }
     }
 
@@ -319,14 +397,14 @@ impl Worker {
     /// Handle one leased batch: settle what needs no handler (bad input, other event
     /// types), hand the rest to the consumer in one call, count. Returns the
     /// deliveries to ack, once past the after-commit crash point.
-    async fn handle(&self, leased: Leased) -> Result<Vec<Delivery>, Crashed> {
+    async fn handle(&self, batch: Batch) -> Result<Vec<Delivery>, Crashed> {
         let started = Instant::now();
-        let batch = leased.deliveries;
         let consumer = self.consumer.name();
-        let mut settled: Vec<(Delivery, DeliveryEvent, bool)> = Vec::with_capacity(batch.len());
+        let mut settled: Vec<(Delivery, DeliveryEvent, bool)> =
+            Vec::with_capacity(batch.deliveries.len());
         let mut pending: Vec<(Delivery, DeliveryEvent)> = Vec::new();
         let mut envs: Vec<Envelope> = Vec::new();
-        for (delivery, parsed) in batch.into_iter().zip(leased.parsed) {
+        for (delivery, parsed) in batch.deliveries {
             let mut event = DeliveryEvent {
                 consumer: consumer.to_string(),
                 key: None,
@@ -365,7 +443,7 @@ impl Worker {
             }
         }
         let elapsed = started.elapsed();
-        let latency = leased.at.elapsed();
+        let latency = batch.at.elapsed();
         let mut to_ack = Vec::with_capacity(settled.len());
         for (delivery, mut event, ack) in settled {
             self.metrics
@@ -501,5 +579,56 @@ mod tests {
         assert_eq!(retry_backoff(d, 40, lease), lease);
         let waited: Duration = (1..=10).map(|n| retry_backoff(d, n, lease)).sum();
         assert!(waited > Duration::from_secs(60), "{waited:?}");
+    }
+
+    #[test]
+    fn a_lease_is_the_prefetch_in_whole_batches_and_one_batch_unpipelined() {
+        let with = |lease_batch, prefetch, pipeline| {
+            RunnerSettings {
+                lease_batch,
+                prefetch,
+                pipeline,
+                ..RunnerSettings::default()
+            }
+            .lease_size()
+        };
+        assert_eq!(with(1, 32, true), 32);
+        assert_eq!(with(10, 32, true), 40);
+        assert_eq!(with(100, 32, true), 100);
+        assert_eq!(with(1, 0, true), 1);
+        assert_eq!(with(0, 1, true), 1);
+        assert_eq!(with(1, 32, false), 1);
+        assert_eq!(with(8, 32, false), 8);
+    }
+
+    #[test]
+    fn a_batch_taken_after_the_first_counts_its_latency_from_when_it_is_taken() {
+        let leased_at = Instant::now() - Duration::from_secs(5);
+        let deliveries = (0..3)
+            .map(|id| Delivery {
+                id,
+                queue: "q".into(),
+                body: b"{}".to_vec(),
+                delivery_count: 1,
+                redelivered: false,
+                lease_token: "t".into(),
+            })
+            .collect();
+        let mut held = Leased::new(deliveries, leased_at);
+        let first = held.take(2);
+        assert_eq!((first.deliveries.len(), first.at), (2, leased_at));
+        let second = held.take(2);
+        assert_eq!(second.deliveries.len(), 1);
+        assert!(second.at > leased_at + Duration::from_secs(4));
+        assert!(held.is_empty());
+        assert!(!held.is_stale(Duration::from_secs(1)));
+        let mut old = Leased::new(
+            vec![first.deliveries.into_iter().next().unwrap().0],
+            leased_at,
+        );
+        assert!(old.is_stale(Duration::from_secs(9)));
+        assert!(!old.is_stale(Duration::from_secs(11)));
+        old.take(1);
+        assert!(!old.is_stale(Duration::from_secs(9)));
     }
 }
