@@ -61,8 +61,8 @@ impl Writer<'_> {
 
 /// Deliveries per row when a lease is read back. Each row crosses from SQLite's
 /// thread to ours with a wake-up of its own, so the fewer the better; but a row is one
-/// string, and SQLite caps a string at 1e9 bytes: 32 hex-encoded bodies stay under it
-/// up to ~15 MB a body.
+/// value, and SQLite caps a value at 1e9 bytes: 32 bodies stay under it up to ~30 MB
+/// a body.
 const PACKED_PER_ROW: i64 = 32;
 
 /// Ids per acking DELETE, rows per publishing INSERT.
@@ -113,8 +113,10 @@ impl Lease {
     /// `UPDATE` under its write lock, so two workers never lease the same row), then
     /// read them back packed, up to [`PACKED_PER_ROW`] to a row. The driver hands every result row from SQLite's
     /// thread to ours with a wake-up of its own; a batch of 100 bodies as 100 rows
-    /// (an `UPDATE … RETURNING`) cost more in those hand-offs than in SQL. The bodies
-    /// travel hex-encoded, so any bytes (a malformed message's too) come back intact.
+    /// (an `UPDATE … RETURNING`) cost more in those hand-offs than in SQL. Each
+    /// delivery is packed as `id,count,length:` and then its body's bytes as they are
+    /// (SQLite's `||` keeps a blob's bytes, NULs and invalid UTF-8 included), so any
+    /// body (a malformed message's too) comes back intact without an encoding step.
     fn push<'a>(&'a self, q: &mut QueryBuilder<'a, Sqlite>, queue: &'a str) {
         q.push("UPDATE queue_messages SET visible_at = ")
             .push_bind(self.until)
@@ -126,7 +128,10 @@ impl Lease {
             .push_bind(self.now)
             .push(" ORDER BY visible_at, id LIMIT ")
             .push_bind(self.max)
-            .push("); SELECT group_concat(id || ',' || delivery_count || ',' || hex(body), ';')")
+            .push(
+                "); SELECT CAST(group_concat(id || ',' || delivery_count || ',' \
+                 || length(body) || ':' || body, '') AS BLOB)",
+            )
             .push(" FROM queue_messages WHERE queue = ")
             .push_bind(queue)
             .push(" AND visible_at = ")
@@ -139,35 +144,41 @@ impl Lease {
 
     /// The deliveries in the packed rows [`Self::push`] reads back, in id order.
     fn deliveries(&self, queue: &str, rows: &[SqliteRow]) -> Result<Vec<Delivery>, sqlx::Error> {
-        let bad = |what: &str| sqlx::Error::Decode(format!("lease row: {what}").into());
-        let packed = rows
-            .iter()
-            .map(|row| row.try_get::<String, _>(0))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut deliveries = packed
-            .iter()
-            .flat_map(|row| row.split(';'))
-            .map(|one| {
-                let mut parts = one.splitn(3, ',');
-                let (Some(id), Some(count), Some(body)) =
-                    (parts.next(), parts.next(), parts.next())
-                else {
-                    return Err(bad("not id,count,body"));
-                };
-                let count: u32 = count.parse().map_err(|_| bad("delivery count"))?;
-                Ok(Delivery {
-                    id: id.parse().map_err(|_| bad("id"))?,
+        let mut deliveries = Vec::new();
+        for row in rows {
+            let packed: &[u8] = row.try_get(0)?;
+            let mut rest = packed;
+            while !rest.is_empty() {
+                let (id, count, body, after) = unpack_one(rest).ok_or_else(|| {
+                    sqlx::Error::Decode("lease row: not id,count,length:body".into())
+                })?;
+                deliveries.push(Delivery {
+                    id,
                     queue: queue.to_string(),
-                    body: hex::decode(body).map_err(|_| bad("body"))?,
+                    body: body.to_vec(),
                     delivery_count: count,
                     redelivered: count > 1,
                     lease_token: self.token.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+                });
+                rest = after;
+            }
+        }
         deliveries.sort_by_key(|d| d.id);
         Ok(deliveries)
     }
+}
+
+/// One `id,count,length:body` off the front of a packed lease row, and what follows.
+fn unpack_one(packed: &[u8]) -> Option<(i64, u32, &[u8], &[u8])> {
+    fn number<T: std::str::FromStr>(s: &[u8], end: u8) -> Option<(T, &[u8])> {
+        let at = s.iter().position(|&b| b == end)?;
+        let n = std::str::from_utf8(&s[..at]).ok()?.parse().ok()?;
+        Some((n, &s[at + 1..]))
+    }
+    let (id, s) = number::<i64>(packed, b',')?;
+    let (count, s) = number::<u32>(s, b',')?;
+    let (len, s) = number::<usize>(s, b':')?;
+    (s.len() >= len).then(|| (id, count, &s[..len], &s[len..]))
 }
 
 fn now_ms() -> i64 {
@@ -453,6 +464,8 @@ mod tests {
             vec![0, 0xff, b',', b';', 0xc3, 0x28, b'\n'],
             Vec::new(),
             "Kadıköy ; ,".as_bytes().to_vec(),
+            b"7,1,99:x".to_vec(),
+            vec![0; 3],
         ];
         q.publish(&["a".into()], &bodies).await.unwrap();
         let got = q.lease("a", 10, Duration::from_secs(5)).await.unwrap();
@@ -486,6 +499,18 @@ mod tests {
                 .collect::<Vec<_>>(),
             many[120..]
         );
+    }
+
+    #[test]
+    fn a_packed_row_cut_short_or_garbled_is_an_error_not_a_guess() {
+        assert_eq!(
+            unpack_one(b"12,3,2:ab7,1,0:"),
+            Some((12, 3, &b"ab"[..], &b"7,1,0:"[..]))
+        );
+        assert_eq!(unpack_one(b"7,1,0:"), Some((7, 1, &b""[..], &b""[..])));
+        for bad in [&b"12,3,5:ab"[..], b"12,3:ab", b"x,1,1:a", b"12,3,-1:a", b""] {
+            assert_eq!(unpack_one(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[tokio::test]
