@@ -115,7 +115,8 @@ impl Lease {
     /// thread to ours with a wake-up of its own; a batch of 100 bodies as 100 rows
     /// (an `UPDATE … RETURNING`) cost more in those hand-offs than in SQL. Each
     /// delivery is packed as `id,count,length:` and then its body's bytes as they are
-    /// (SQLite's `||` keeps a blob's bytes, NULs and invalid UTF-8 included), so any
+    /// (SQLite's `||` keeps a blob's bytes, NULs and invalid UTF-8 included; the length
+    /// is of the bytes even for a body stored as text), so any
     /// body (a malformed message's too) comes back intact without an encoding step.
     fn push<'a>(&'a self, q: &mut QueryBuilder<'a, Sqlite>, queue: &'a str) {
         q.push("UPDATE queue_messages SET visible_at = ")
@@ -130,7 +131,7 @@ impl Lease {
             .push_bind(self.max)
             .push(
                 "); SELECT CAST(group_concat(id || ',' || delivery_count || ',' \
-                 || length(body) || ':' || body, '') AS BLOB)",
+                 || length(CAST(body AS BLOB)) || ':' || body, '') AS BLOB)",
             )
             .push(" FROM queue_messages WHERE queue = ")
             .push_bind(queue)
@@ -499,6 +500,23 @@ mod tests {
                 .collect::<Vec<_>>(),
             many[120..]
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_stored_as_text_comes_back_as_its_bytes() {
+        let (_dir, q) = queue().await;
+        // Not what publish writes (a blob), but a row written by hand must not come
+        // back cut: the length in the packed row is of the bytes, not the characters.
+        sqlx::query(
+            "INSERT INTO queue_messages (queue, body, published_at, visible_at)
+             VALUES ('t', 'Kadıköy', 0, 0)",
+        )
+        .execute(&q.pool)
+        .await
+        .unwrap();
+        let got = q.lease("t", 10, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].body, "Kadıköy".as_bytes());
     }
 
     #[test]
