@@ -40,6 +40,8 @@ fn bench_engine_counts_the_same_effects_both_ways() {
         300
     );
     assert!(r["ratio"].as_f64().unwrap() > 0.0);
+    // serve's prefetch of 32 in whole batches of 10.
+    assert_eq!(r["lease_size"], 40, "{r}");
 }
 
 #[test]
@@ -52,6 +54,13 @@ fn bench_engine_reports_how_throughput_scales_with_the_batch() {
         .map(|b| b["batch"].as_u64().unwrap())
         .collect();
     assert_eq!(batches, [1, 5], "{r}");
+    let leases: Vec<u64> = r["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["lease_size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(leases, [32, 35], "{r}");
     assert_eq!(r["scaling"][0]["from_batch"], 1);
     assert_eq!(r["scaling"][0]["to_batch"], 5);
     assert!(r["scaling"][0]["engine"].as_f64().unwrap() > 0.0, "{r}");

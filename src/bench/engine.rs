@@ -51,6 +51,21 @@ pub struct EngineBenchPlan {
     pub durability: Durability,
 }
 
+impl EngineBenchPlan {
+    /// The engine run's runner: the plan's batch, pipelining and prefetch; a
+    /// visibility timeout no run comes near.
+    fn runner(&self) -> RunnerSettings {
+        RunnerSettings {
+            lease_batch: self.batch.max(1),
+            visibility_timeout: Duration::from_secs(300),
+            idle_poll: Duration::from_millis(5),
+            pipeline: self.pipeline,
+            prefetch: self.prefetch,
+            ..RunnerSettings::default()
+        }
+    }
+}
+
 /// One measured run.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunFigures {
@@ -249,14 +264,7 @@ async fn engine(
     cfg.consumers = vec![trip_counter::NAME.into()];
     cfg.durability = plan.durability;
     cfg.namespace = Some(format!("bench-{}", rand::random::<u32>()));
-    cfg.runner = RunnerSettings {
-        lease_batch: plan.batch.max(1),
-        visibility_timeout: Duration::from_secs(300),
-        idle_poll: Duration::from_millis(5),
-        pipeline: plan.pipeline,
-        prefetch: plan.prefetch,
-        ..RunnerSettings::default()
-    };
+    cfg.runner = plan.runner();
     let engine = Engine::open(&cfg).await.map_err(err)?;
     engine.publish(bodies).await.map_err(err)?;
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(bodies.len())));
@@ -481,13 +489,7 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         workers: plan.workers,
         queue,
         pipeline: plan.pipeline,
-        lease_size: RunnerSettings {
-            lease_batch: plan.batch,
-            pipeline: plan.pipeline,
-            prefetch: plan.prefetch,
-            ..RunnerSettings::default()
-        }
-        .lease_size(),
+        lease_size: plan.runner().lease_size(),
         ratio: median_ratio,
         raw,
         engine,
