@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use sqlx::sqlite::{SqliteConnection, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{SqliteRow, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
-use tokio::sync::{Mutex, MutexGuard};
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
-use crate::engine::store::sqlite::connect_sqlite;
+use crate::engine::store::sqlite::{connect_sqlite, Held, HeldConnection};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/queue-sqlite");
 
@@ -28,35 +27,16 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/q
 /// for — and a lease undone is a delivery that comes back early. Paying an fsync for
 /// each would put the queue, not the business database, on the critical path.
 ///
-/// Leases, acks and nacks go through one held connection of the `NORMAL` pool (SQLite
-/// has one writer at a time anyway): a pooled statement costs two extra round trips
-/// to SQLite's thread (sqlx pings a connection when it is acquired and again when it
-/// is returned), which on the engine's hot path cost more than the statements.
+/// Leases, acks and nacks go through one [`HeldConnection`] of the `NORMAL` pool:
+/// on the engine's hot path the pool's pings cost more than the statements.
 /// Only single autocommit statements run on it, so a caller that gives up half-way
 /// leaves it clean.
 #[derive(Debug, Clone)]
 pub struct EmbeddedQueue {
     pool: SqlitePool,
     deliveries: SqlitePool,
-    writer: Arc<Mutex<Option<SqliteConnection>>>,
+    writer: Arc<HeldConnection>,
     url: String,
-}
-
-/// The held writer connection, opened on first use and dropped after a failure (the
-/// next use opens a fresh one).
-struct Writer<'a>(MutexGuard<'a, Option<SqliteConnection>>);
-
-impl Writer<'_> {
-    fn conn(&mut self) -> &mut SqliteConnection {
-        self.0.as_mut().expect("opened by EmbeddedQueue::writer")
-    }
-
-    fn keep<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        if result.is_err() {
-            *self.0 = None;
-        }
-        result
-    }
 }
 
 /// Deliveries per row when a lease is read back. Each row crosses from SQLite's
@@ -198,17 +178,13 @@ impl EmbeddedQueue {
         Ok(EmbeddedQueue {
             pool,
             deliveries,
-            writer: Arc::new(Mutex::new(None)),
+            writer: Arc::new(HeldConnection::default()),
             url: url.to_string(),
         })
     }
 
-    async fn writer(&self) -> QueueResult<Writer<'_>> {
-        let mut guard = self.writer.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.deliveries.acquire().await?.detach());
-        }
-        Ok(Writer(guard))
+    async fn writer(&self) -> QueueResult<Held<'_>> {
+        Ok(self.writer.take(&self.deliveries).await?)
     }
 }
 

@@ -26,8 +26,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/s
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    /// The connection batches are written on, held (see [`OneWriteTx`]).
-    batch_writer: Arc<Mutex<Option<SqliteConnection>>>,
+    /// The connection batches are written on (see [`OneWriteTx`]).
+    batch_writer: Arc<HeldConnection>,
     url: String,
     durability: Durability,
 }
@@ -76,7 +76,7 @@ impl SqliteStore {
         MIGRATOR.run(&pool).await?;
         Ok(SqliteStore {
             pool,
-            batch_writer: Arc::new(Mutex::new(None)),
+            batch_writer: Arc::new(HeldConnection::default()),
             url: url.to_string(),
             durability,
         })
@@ -88,6 +88,49 @@ impl SqliteStore {
 
     async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}
+
+/// One connection kept apart from its pool for a single writer's statements, opened
+/// on first use and closed after a failure (the next use opens a fresh one). A pooled
+/// statement costs two extra calls to SQLite's thread (the pool pings a connection
+/// when it is acquired and when it is returned); SQLite has one writer at a time
+/// anyway. The store's batch writes and the embedded queue's leases and acks use it.
+#[derive(Debug, Default)]
+pub(crate) struct HeldConnection(Mutex<Option<SqliteConnection>>);
+
+/// [`HeldConnection`] taken by one user.
+pub(crate) struct Held<'a>(MutexGuard<'a, Option<SqliteConnection>>);
+
+impl HeldConnection {
+    /// Wait for the connection, opening it from `pool` if there is none.
+    pub(crate) async fn take<'a>(&'a self, pool: &SqlitePool) -> Result<Held<'a>, sqlx::Error> {
+        let mut conn = self.0.lock().await;
+        if conn.is_none() {
+            *conn = Some(pool.acquire().await?.detach());
+        }
+        Ok(Held(conn))
+    }
+}
+
+impl Held<'_> {
+    pub(crate) fn conn(&mut self) -> &mut SqliteConnection {
+        self.0
+            .as_mut()
+            .expect("opened by HeldConnection::take, closed only on the way out")
+    }
+
+    /// One call's result; after a failure the connection is closed.
+    pub(crate) fn keep<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if result.is_err() {
+            self.close();
+        }
+        result
+    }
+
+    /// Close the connection: SQLite rolls back a transaction left open on it.
+    fn close(&mut self) {
+        *self.0 = None;
     }
 }
 
@@ -105,32 +148,25 @@ impl SqliteStore {
 /// transaction when its connection closes, so no half-done transaction, and no
 /// write lock, can outlive the batch.
 struct OneWriteTx<'a> {
-    conn: MutexGuard<'a, Option<SqliteConnection>>,
+    held: Held<'a>,
     done: bool,
 }
 
 impl<'a> OneWriteTx<'a> {
-    async fn begin(
-        pool: &SqlitePool,
-        held: &'a Mutex<Option<SqliteConnection>>,
-    ) -> StoreResult<Self> {
-        let mut conn = held.lock().await;
-        if conn.is_none() {
-            *conn = Some(pool.acquire().await?.detach());
-        }
-        Ok(OneWriteTx { conn, done: false })
+    async fn begin(pool: &SqlitePool, writer: &'a HeldConnection) -> StoreResult<Self> {
+        Ok(OneWriteTx {
+            held: writer.take(pool).await?,
+            done: false,
+        })
     }
 
     fn conn(&mut self) -> &mut SqliteConnection {
-        self.conn.as_mut().expect("closed only on the way out")
+        self.held.conn()
     }
 
     /// One call's result; after a failure the connection is closed (rolled back).
     fn check<T>(&mut self, result: Result<T, sqlx::Error>) -> StoreResult<T> {
-        if result.is_err() {
-            *self.conn = None;
-        }
-        Ok(result?)
+        Ok(self.held.keep(result)?)
     }
 
     /// Committed: the connection stays for the next batch.
@@ -142,7 +178,7 @@ impl<'a> OneWriteTx<'a> {
 impl Drop for OneWriteTx<'_> {
     fn drop(&mut self) {
         if !self.done {
-            *self.conn = None;
+            self.held.close();
         }
     }
 }
