@@ -159,3 +159,37 @@ fn zoom_stops_at_one_minute_and_at_the_retention() {
         "a window beyond the retention is clamped"
     );
 }
+
+proptest::proptest! {
+    /// Whatever the spacing of the points (repeated times, long stretches, windows
+    /// wider than what is held), a raw window holds exactly the points at or after its
+    /// start, and a mean is theirs.
+    #[test]
+    fn a_window_holds_exactly_the_points_at_or_after_its_start(
+        steps in proptest::collection::vec((0i64..40, proptest::option::of(-5.0f64..5.0)), 1..300),
+        span in 0u64..=RAW_RETENTION.as_secs(),
+    ) {
+        let mut s = Series::new(Duration::from_secs(7 * 86400));
+        let mut pushed = Vec::new();
+        let mut at = 0;
+        for (step, value) in steps {
+            at += step;
+            s.push(t(at), value);
+            pushed.push((at, value));
+        }
+        let from = at - span as i64;
+        let expected: Vec<_> = pushed.iter().filter(|(p, _)| *p >= from).map(|(_, v)| *v).collect();
+        let window: Vec<_> = s.window(t(at), Duration::from_secs(span)).iter().map(|p| p.value).collect();
+        proptest::prop_assert_eq!(&window, &expected);
+        let values: Vec<f64> = expected.iter().flatten().copied().collect();
+        let mean = (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64);
+        let got = s.mean_over(t(at), Duration::from_secs(span));
+        proptest::prop_assert!(
+            match (got, mean) {
+                (Some(a), Some(b)) => (a - b).abs() < 1e-9,
+                (a, b) => a == b,
+            },
+            "mean {:?} against {:?}", got, mean
+        );
+    }
+}

@@ -3,6 +3,13 @@
 //! the same process that only walks the same bytes line by line. The exporter's own
 //! cost (prometheus-client encoding the registry on every scrape) belongs to the
 //! engine's process, not to the dashboard: it is measured apart.
+//!
+//! The monitor's per-target work depends on the history it keeps (an hour of raw
+//! points per series, one-minute means over the last minute's points), so the
+//! trackers run on a simulated poll clock, one scrape a second, after an hour of
+//! such scrapes: the steady state of a dashboard that has been up a while. Stamping
+//! the measured scrapes with the wall clock instead would put hundreds of points in
+//! every one-minute window and grow every series as the iterations go.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -43,6 +50,34 @@ pub struct ScrapeBenchReport {
     pub exporter_encode_us: f64,
     pub parse_vs_baseline: f64,
     pub scrape_vs_baseline: f64,
+    /// The simulated poll interval the trackers see, seconds.
+    pub poll_interval_s: u64,
+    /// How much simulated history the trackers hold before the measured scrapes.
+    pub warm_history_s: u64,
+}
+
+/// The dashboard's default poll interval, which the trackers are fed at.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Scrape times one poll interval apart.
+struct PollClock {
+    next: chrono::DateTime<Utc>,
+    step: chrono::Duration,
+}
+
+impl PollClock {
+    fn starting(at: chrono::DateTime<Utc>) -> PollClock {
+        PollClock {
+            next: at,
+            step: chrono::Duration::from_std(POLL_INTERVAL).unwrap_or(chrono::Duration::seconds(1)),
+        }
+    }
+
+    fn tick(&mut self) -> chrono::DateTime<Utc> {
+        let at = self.next;
+        self.next += self.step;
+        at
+    }
 }
 
 /// An engine registry with `consumers` consumers: ~20 samples each.
@@ -109,13 +144,28 @@ pub async fn run(
                 .unwrap_or(0),
         );
     });
+    // An hour of one-second polls of the same exposition before anything is timed.
     let mut tracker = TargetTracker::new("bench", "http://bench/metrics");
+    let warm_history = crate::monitor::series::RAW_RETENTION;
+    let mut clock = PollClock::starting(Utc::now() - warm_history * 2);
+    let mut warm = ScrapeResult {
+        target: "bench".into(),
+        url: "http://bench/metrics".into(),
+        at: clock.tick(),
+        duration: Duration::ZERO,
+        outcome: Ok(parsed),
+    };
+    for _ in 0..warm_history.as_secs() / POLL_INTERVAL.as_secs() {
+        warm.at = clock.tick();
+        tracker.observe(&warm, &names);
+    }
+    let mut http_tracker = tracker.clone();
     let parse_and_rates_us = mean_us(iterations, || {
         let outcome = prometheus::parse(&text).map_err(|e| e.to_string());
         let scrape = ScrapeResult {
             target: "bench".into(),
             url: "http://bench/metrics".into(),
-            at: Utc::now(),
+            at: clock.tick(),
             duration: Duration::ZERO,
             outcome,
         };
@@ -141,7 +191,6 @@ pub async fn run(
         .to_string();
     let scraper =
         Scraper::new(Duration::from_secs(5)).map_err(|e| BenchError::Run(e.to_string()))?;
-    let mut http_tracker = TargetTracker::new("bench", &url);
     // Warm the connection pool once, as a dashboard polling every second has, and
     // check that the child serves the exposition measured above.
     let warm = scraper.scrape("bench", &url).await;
@@ -157,10 +206,11 @@ pub async fn run(
     }
     let (cpu_before, started) = (cpu_seconds(), Instant::now());
     for _ in 0..iterations {
-        let scrape = scraper.scrape("bench", &url).await;
+        let mut scrape = scraper.scrape("bench", &url).await;
         if let Err(e) = &scrape.outcome {
             return Err(BenchError::Run(format!("scrape failed: {e}")));
         }
+        scrape.at = clock.tick();
         std::hint::black_box(http_tracker.observe(&scrape, &names));
     }
     let http_scrape_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations);
@@ -178,5 +228,7 @@ pub async fn run(
         exporter_encode_us,
         parse_vs_baseline: parse_us / baseline_us.max(1e-9),
         scrape_vs_baseline: http_scrape_us / baseline_us.max(1e-9),
+        poll_interval_s: POLL_INTERVAL.as_secs(),
+        warm_history_s: warm_history.as_secs(),
     })
 }

@@ -90,20 +90,49 @@ impl Points {
     }
 
     /// The points at or after `from`, oldest first, as (time, value or gap). In time
-    /// order the older points are a prefix, found by bisection: a one-minute mean at a
-    /// one-second poll reads 60 values, not the hour kept, and no time.
+    /// order the older points are a prefix: a one-minute mean at a one-second poll
+    /// reads 60 values, not the hour kept.
     fn since(&self, from: DateTime<Utc>) -> impl Iterator<Item = (&DateTime<Utc>, Option<f64>)> {
         let in_order = self.in_order;
         let skip = if !in_order || self.oldest.is_none_or(|at| at >= from) {
             0
         } else {
-            self.at.partition_point(|at| *at < from)
+            self.first_at_or_after(from)
         };
         self.at
             .range(skip..)
             .zip(self.value.range(skip..))
             .filter(move |(at, _)| in_order || **at >= from)
             .map(|(at, value)| (at, (!value.is_nan()).then_some(*value)))
+    }
+
+    /// The index of the first point at or after `from`, the points being in time
+    /// order. Galloping back from the newest, then bisecting the last stride: the
+    /// windows asked for are short suffixes, found in the few cache lines the last
+    /// push touched instead of by probes spread over the hour kept.
+    fn first_at_or_after(&self, from: DateTime<Utc>) -> usize {
+        let len = self.at.len();
+        // Invariant: every index >= hi is at or after `from`, every index < lo before.
+        let (mut lo, mut hi) = (0, len);
+        let mut stride = 1;
+        while stride <= len {
+            let probe = len - stride;
+            if self.at[probe] < from {
+                lo = probe + 1;
+                break;
+            }
+            hi = probe;
+            stride *= 2;
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.at[mid] < from {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 
     fn latest(&self) -> Option<Point> {

@@ -309,10 +309,14 @@ impl TargetTracker {
         roles[DEAD_LETTERED] = &names.dead_lettered;
         roles[SIDE_EFFECTS] = &names.side_effects;
         for (role, metric) in roles.into_iter().enumerate() {
-            for sample in exposition.named(metric) {
+            let mut samples = exposition.named(metric).peekable();
+            if samples.peek().is_none() {
+                continue;
+            }
+            let rates = rates_of(&mut self.counters, metric);
+            for sample in samples {
                 let consumer = consumer_of(sample, names, &target);
-                let labels = sample.labels.as_key();
-                let obs = observe_counter(&mut self.counters, metric, labels, at, sample.value);
+                let obs = observe_rate(rates, sample.labels.as_key(), at, sample.value);
                 if obs.reset && reset_metric.is_none() {
                     reset_metric = Some(metric);
                 }
@@ -333,25 +337,23 @@ impl TargetTracker {
             }
         }
         let mut http: BTreeMap<String, BTreeMap<String, CounterReading>> = BTreeMap::new();
-        for sample in exposition.named(&names.http_requests) {
-            let route = sample.label("route").unwrap_or("unknown").to_string();
-            let outcome = sample.label("outcome").unwrap_or("unknown").to_string();
-            // The key of a sample labelled exactly (route, outcome), see `Labels::as_key`.
-            let key = format!("route\0{route}\0outcome\0{outcome}\0");
-            let obs = observe_counter(
-                &mut self.counters,
-                &names.http_requests,
-                &key,
-                at,
-                sample.value,
-            );
-            http.entry(route).or_default().insert(
-                outcome,
-                CounterReading {
-                    total: sample.value,
-                    per_second: obs.rate,
-                },
-            );
+        let mut http_samples = exposition.named(&names.http_requests).peekable();
+        if http_samples.peek().is_some() {
+            let rates = rates_of(&mut self.counters, &names.http_requests);
+            for sample in http_samples {
+                let route = sample.label("route").unwrap_or("unknown").to_string();
+                let outcome = sample.label("outcome").unwrap_or("unknown").to_string();
+                // The key of a sample labelled exactly (route, outcome), see `Labels::as_key`.
+                let key = format!("route\0{route}\0outcome\0{outcome}\0");
+                let obs = observe_rate(rates, &key, at, sample.value);
+                http.entry(route).or_default().insert(
+                    outcome,
+                    CounterReading {
+                        total: sample.value,
+                        per_second: obs.rate,
+                    },
+                );
+            }
         }
         self.status.http = http;
         self.status.durability = exposition
@@ -425,8 +427,9 @@ type Counters = FastMap<String, FastMap<Box<str>, CounterRate>>;
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// Feed one reading to the rate of one counter, created at its first reading; a
-/// known counter is found with one lookup and no allocation.
+/// Feed one reading to the rate of one counter, created at its first reading (the
+/// broker's few global counters; a metric with many label sets goes through
+/// [`rates_of`] once and [`observe_rate`] per sample).
 fn observe_counter(
     counters: &mut Counters,
     metric: &str,
@@ -434,10 +437,28 @@ fn observe_counter(
     at: DateTime<Utc>,
     value: f64,
 ) -> RateObservation {
-    let rates = match counters.get_mut(metric) {
-        Some(rates) => rates,
-        None => counters.entry(metric.to_string()).or_default(),
-    };
+    observe_rate(rates_of(counters, metric), labels, at, value)
+}
+
+/// The rates of one metric's label sets: looked up once per metric and scrape, not
+/// once per sample.
+fn rates_of<'c>(
+    counters: &'c mut Counters,
+    metric: &str,
+) -> &'c mut FastMap<Box<str>, CounterRate> {
+    // One small allocation per metric and scrape: `get_mut` then `entry` would not
+    // borrow-check as the returned reference.
+    counters.entry(metric.to_string()).or_default()
+}
+
+/// Feed one reading to the rate of one label set; a known one is found with one
+/// lookup and no allocation.
+fn observe_rate(
+    rates: &mut FastMap<Box<str>, CounterRate>,
+    labels: &str,
+    at: DateTime<Utc>,
+    value: f64,
+) -> RateObservation {
     match rates.get_mut(labels) {
         Some(rate) => rate.observe(at, value),
         None => rates.entry(labels.into()).or_default().observe(at, value),
