@@ -185,7 +185,7 @@ impl Demo {
         let app = exporter::router_with(Arc::new(move || source_world.metrics()));
         let mut http_stop = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
+            let _ = axum::serve(exporter::no_delay(listener), app)
                 .with_graceful_shutdown(async move {
                     let _ = http_stop.changed().await;
                 })

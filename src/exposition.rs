@@ -289,42 +289,117 @@ impl ParseState {
 
 /// Parse a Prometheus or OpenMetrics text exposition.
 pub fn parse(text: &str) -> Result<Exposition, ParseError> {
-    let mut out = Exposition::default();
-    let mut state = ParseState::default();
-    for (index, raw) in split_lines(text).enumerate() {
+    let mut parser = Parser::default();
+    parser.lines(text)?;
+    Ok(parser.out)
+}
+
+/// A parse fed with a body's pieces as they arrive ([`Parser::feed`]), so that the
+/// lines already received are parsed while the exporter is still encoding the
+/// rest. Gives the same exposition, and the same error at the same line, as
+/// [`parse`] of the whole body.
+#[derive(Default)]
+pub struct Parser {
+    out: Exposition,
+    state: ParseState,
+    /// Lines parsed so far, for the error's line number.
+    line: usize,
+    /// The start of a line whose end has not arrived yet.
+    pending: Vec<u8>,
+}
+
+impl Parser {
+    /// Parse the complete lines of what arrived, keeping an incomplete last line
+    /// for the next piece. A line never splits a UTF-8 character: a piece's
+    /// complete lines are checked (invalid bytes become U+FFFD) on their own.
+    pub fn feed(&mut self, piece: &[u8]) -> Result<(), ParseError> {
+        let mut piece = piece;
+        if !self.pending.is_empty() {
+            let Some(end) = memchr::memchr(b'\n', piece) else {
+                self.pending.extend_from_slice(piece);
+                return Ok(());
+            };
+            self.pending.extend_from_slice(&piece[..end]);
+            let line = std::mem::take(&mut self.pending);
+            self.complete_lines(&line)?;
+            self.pending = line;
+            self.pending.clear();
+            piece = &piece[end + 1..];
+        }
+        match memchr::memrchr(b'\n', piece) {
+            Some(end) => {
+                self.complete_lines(&piece[..end])?;
+                self.pending.extend_from_slice(&piece[end + 1..]);
+            }
+            None => self.pending.extend_from_slice(piece),
+        }
+        Ok(())
+    }
+
+    /// The body ended: parse its last line (one without a newline) and give the
+    /// exposition.
+    pub fn finish(mut self) -> Result<Exposition, ParseError> {
+        let last = std::mem::take(&mut self.pending);
+        if !last.is_empty() {
+            self.complete_lines(&last)?;
+        }
+        Ok(self.out)
+    }
+
+    /// Lines whose ends arrived, without the last newline.
+    fn complete_lines(&mut self, bytes: &[u8]) -> Result<(), ParseError> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => self.lines(text),
+            Err(_) => self.lines(&String::from_utf8_lossy(bytes)),
+        }
+    }
+
+    /// Parse each line of `text` (split on `\n`, the last one included whatever it
+    /// ends with). Lines after the OpenMetrics terminator are ignored.
+    fn lines(&mut self, text: &str) -> Result<(), ParseError> {
+        for raw in split_lines(text) {
+            if self.out.saw_eof {
+                break;
+            }
+            self.line += 1;
+            self.line_of(raw).map_err(|message| ParseError {
+                line: self.line,
+                message,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn line_of(&mut self, raw: &str) -> Result<(), String> {
+        let out = &mut self.out;
         let line = raw.strip_suffix('\r').unwrap_or(raw);
-        let fail = |message: String| ParseError {
-            line: index + 1,
-            message,
-        };
         // A line starting with a name or `#` is not blank: no need to trim it.
         let starts_visible = line
             .as_bytes()
             .first()
             .is_some_and(|b| b.is_ascii_graphic());
         if !starts_visible && line.trim().is_empty() {
-            continue;
+            return Ok(());
         }
         if let Some(comment) = line.strip_prefix('#') {
             let comment = comment.trim_start();
             if comment.trim_end() == "EOF" {
                 out.saw_eof = true;
-                break;
+                return Ok(());
             }
             if let Some(rest) = comment.strip_prefix("TYPE ") {
                 let mut parts = rest.split_whitespace();
                 let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
-                    return Err(fail("TYPE line without a name and a type".into()));
+                    return Err("TYPE line without a name and a type".into());
                 };
                 out.types.insert(name.to_string(), metric_type(kind));
             }
             // HELP, UNIT and free comments carry nothing we chart.
-            continue;
+            return Ok(());
         }
-        out.samples
-            .push(parse_sample(line, &mut state).map_err(fail)?);
+        out.samples.push(parse_sample(line, &mut self.state)?);
+        Ok(())
     }
-    Ok(out)
 }
 
 /// `text.split('\n')` by `memchr`: std's char search compares each match with a
@@ -577,7 +652,7 @@ impl Scraper {
     }
 
     async fn fetch(&self, url: &str) -> Result<Exposition, String> {
-        let response = self
+        let mut response = self
             .client
             .get(url)
             .header(reqwest::header::ACCEPT, ACCEPT)
@@ -588,14 +663,14 @@ impl Scraper {
         if !status.is_success() {
             return Err(format!("HTTP {status}"));
         }
-        let body = response.bytes().await.map_err(|e| error_chain(&e))?;
-        // What `Response::text` does (invalid UTF-8 becomes U+FFFD), without its copy
-        // and its slower check of a valid body.
-        let text = match std::str::from_utf8(&body) {
-            Ok(text) => std::borrow::Cow::Borrowed(text),
-            Err(_) => String::from_utf8_lossy(&body),
-        };
-        parse(&text).map_err(|e| format!("malformed exposition: {e}"))
+        // Parsed as it arrives: an exporter that streams its encoding (idemwatch's
+        // does) is encoding the rest while the first lines are parsed here.
+        let mut parser = Parser::default();
+        let malformed = |e: ParseError| format!("malformed exposition: {e}");
+        while let Some(piece) = response.chunk().await.map_err(|e| error_chain(&e))? {
+            parser.feed(&piece).map_err(malformed)?;
+        }
+        parser.finish().map_err(malformed)
     }
 }
 

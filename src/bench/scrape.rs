@@ -115,7 +115,7 @@ pub async fn serve_exposition(target_samples: usize) -> BenchResult<()> {
     );
     println!("{}", serde_json::json!({ "urls": [url] }));
     axum::serve(
-        listener,
+        exporter::no_delay(listener),
         exporter::router(exposition_of(target_samples / 20)),
     )
     .await

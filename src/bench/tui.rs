@@ -68,7 +68,7 @@ pub async fn serve_targets(count: usize) -> BenchResult<()> {
         }
         registries.push(metrics.clone());
         tokio::spawn(async move {
-            let _ = axum::serve(listener, exporter::router(metrics)).await;
+            let _ = axum::serve(exporter::no_delay(listener), exporter::router(metrics)).await;
         });
     }
     println!("{}", serde_json::json!({ "urls": urls }));

@@ -102,7 +102,7 @@ pub async fn run(args: ServeArgs) -> CliResult {
             }));
         }
         tokio::spawn(async move {
-            axum::serve(listener, app)
+            axum::serve(exporter::no_delay(listener), app)
                 .with_graceful_shutdown(async move {
                     let _ = stop.changed().await;
                 })

@@ -326,8 +326,14 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = self.encode_to(&mut out);
         out
+    }
+
+    /// The same exposition into any writer: the exporter's streams it in pieces.
+    /// Fails only when `out` does.
+    pub fn encode_to(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
+        encode(out, &self.registry)
     }
 
     /// The classic Prometheus text format (0.0.4), for scrapers and tools that do not
