@@ -100,6 +100,10 @@ fn bench_scrape_parses_every_sample() {
     );
     assert!(r["samples"].as_u64().unwrap() >= 1000, "{r}");
     assert!(r["http_scrape_us"].as_f64().unwrap() > 0.0);
+    assert!(r["http_scrape_parse_us"].as_f64().unwrap() > 0.0, "{r}");
+    // The trackers are timed in the steady state of an hour of one-second polls.
+    assert_eq!(r["poll_interval_s"].as_u64(), Some(1), "{r}");
+    assert_eq!(r["warm_history_s"].as_u64(), Some(3600), "{r}");
     // The exporter runs in a child process: its encoding is reported apart, and
     // the dashboard's CPU (in 10 ms ticks, so maybe 0 over 3 iterations) beside it.
     assert!(r["exporter_encode_us"].as_f64().unwrap() > 0.0, "{r}");

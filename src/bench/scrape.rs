@@ -41,6 +41,9 @@ pub struct ScrapeBenchReport {
     /// from an exporter in a child process (its encoding included: the answer waits
     /// for it), body read, parse and rates.
     pub http_scrape_us: f64,
+    /// GET over loopback HTTP from the same exporter, the body parsed as it
+    /// arrives, no rates: the target's "scrape + parse" alone.
+    pub http_scrape_parse_us: f64,
     /// The dashboard's own CPU time per HTTP scrape, every thread of this process:
     /// request, body read, parse and rates (the exporter's process is not in it).
     /// Read from /proc in 10 ms ticks: meaningful over a few hundred iterations.
@@ -204,6 +207,15 @@ pub async fn run(
         }
         Err(e) => return Err(BenchError::Run(format!("scrape failed: {e}"))),
     }
+    let started = Instant::now();
+    for _ in 0..iterations {
+        let scrape = scraper.scrape("bench", &url).await;
+        if let Err(e) = &scrape.outcome {
+            return Err(BenchError::Run(format!("scrape failed: {e}")));
+        }
+        std::hint::black_box(scrape);
+    }
+    let http_scrape_parse_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations);
     let (cpu_before, started) = (cpu_seconds(), Instant::now());
     for _ in 0..iterations {
         let mut scrape = scraper.scrape("bench", &url).await;
@@ -224,6 +236,7 @@ pub async fn run(
         parse_us,
         parse_and_rates_us,
         http_scrape_us,
+        http_scrape_parse_us,
         http_scrape_cpu_us,
         exporter_encode_us,
         parse_vs_baseline: parse_us / baseline_us.max(1e-9),

@@ -246,9 +246,9 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 print_json(&r);
             } else {
                 println!(
-                    "{} samples ({} bytes), {} iterations: baseline {:.0} µs, parse {:.0} µs ({:.1}×), parse+rates {:.0} µs, HTTP scrape+parse+rates {:.0} µs ({:.1}×; dashboard CPU {:.0} µs; exporter encode {:.0} µs)",
+                    "{} samples ({} bytes), {} iterations: baseline {:.0} µs, parse {:.0} µs ({:.1}×), parse+rates {:.0} µs, HTTP scrape+parse {:.0} µs, HTTP scrape+parse+rates {:.0} µs ({:.1}×; dashboard CPU {:.0} µs; exporter encode {:.0} µs)",
                     r.samples, r.bytes, r.iterations, r.baseline_us, r.parse_us, r.parse_vs_baseline,
-                    r.parse_and_rates_us, r.http_scrape_us, r.scrape_vs_baseline,
+                    r.parse_and_rates_us, r.http_scrape_parse_us, r.http_scrape_us, r.scrape_vs_baseline,
                     r.http_scrape_cpu_us, r.exporter_encode_us
                 );
             }
