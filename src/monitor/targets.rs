@@ -506,7 +506,13 @@ fn new_track(target: &str, consumer: &str, at: DateTime<Utc>) -> ConsumerTrack {
             last_restart: None,
             duplicates_quiet_seconds: None,
         },
-        series: ConsumerSeries::default(),
+        series: {
+            let mut series = ConsumerSeries::default();
+            // What `update_series` asks of them after every scrape.
+            series.processed_per_s.track_mean(RATIO_SPAN);
+            series.duplicates_per_s.track_mean(RATIO_SPAN);
+            series
+        },
         first_seen: at,
         duplicate_last_rose: None,
         processed_last_rose: None,
