@@ -330,7 +330,7 @@ impl Metrics {
         out
     }
 
-    /// The same exposition into any writer: the exporter's streams it in pieces.
+    /// The same exposition into any writer: the exporter streams it in pieces.
     /// Fails only when `out` does.
     pub fn encode_to(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         encode(out, &self.registry)
