@@ -178,9 +178,10 @@ proptest::proptest! {
             pushed.push((at, value));
         }
         let from = at - span as i64;
-        let expected: Vec<_> = pushed.iter().filter(|(p, _)| *p >= from).map(|(_, v)| *v).collect();
-        let window: Vec<_> = s.window(t(at), Duration::from_secs(span)).iter().map(|p| p.value).collect();
+        let expected: Vec<_> = pushed.iter().filter(|(p, _)| *p >= from).map(|(p, v)| (t(*p), *v)).collect();
+        let window: Vec<_> = s.window(t(at), Duration::from_secs(span)).iter().map(|p| (p.at, p.value)).collect();
         proptest::prop_assert_eq!(&window, &expected);
+        let expected: Vec<_> = expected.into_iter().map(|(_, v)| v).collect();
         let values: Vec<f64> = expected.iter().flatten().copied().collect();
         let mean = (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64);
         let got = s.mean_over(t(at), Duration::from_secs(span));
@@ -226,4 +227,26 @@ proptest::proptest! {
             );
         }
     }
+}
+
+#[test]
+fn times_come_back_to_the_nanosecond() {
+    let mut s = Series::new(Duration::from_secs(7 * 86400));
+    let times: Vec<DateTime<Utc>> = [0, 1, 999_999_999, 1_000_000_001, 59_123_456_789]
+        .iter()
+        .map(|n| t(0) + chrono::Duration::nanoseconds(*n))
+        .collect();
+    for (i, at) in times.iter().enumerate() {
+        s.push(*at, Some(i as f64));
+    }
+    let window: Vec<_> = s
+        .window(times[4], Duration::from_secs(60))
+        .iter()
+        .map(|p| p.at)
+        .collect();
+    assert_eq!(window, times);
+    assert_eq!(s.latest().map(|p| p.at), Some(times[4]));
+    // The window's start is inclusive to the nanosecond.
+    let from_second = s.window(times[4], Duration::from_nanos(59_123_456_789 - 1));
+    assert_eq!(from_second.first().map(|p| p.at), Some(times[1]));
 }
