@@ -75,7 +75,7 @@ impl std::fmt::Write for Pieces {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
         self.buf.push_str(s);
         if self.buf.len() >= PIECE {
-            let full = std::mem::replace(&mut self.buf, String::with_capacity(PIECE + s.len()));
+            let full = std::mem::replace(&mut self.buf, String::with_capacity(PIECE));
             // The scraper hung up: stop encoding.
             self.tx
                 .send(Bytes::from(full))

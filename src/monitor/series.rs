@@ -24,6 +24,7 @@ pub const RAW_RETENTION: Duration = Duration::from_secs(3600);
 /// The longest view: the dedup table's retention.
 pub const MAX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 const MINUTE: i64 = 60;
+const NANOS_PER_SECOND: i64 = 1_000_000_000;
 
 /// A time-pruned series: raw points for [`RAW_RETENTION`], minute means up to
 /// `retention`.
@@ -158,8 +159,7 @@ impl Points {
         }
     }
 
-    fn push(&mut self, point: Point) {
-        let at = nanos(point.at);
+    fn push(&mut self, at: i64, value: Option<f64>) {
         match self.newest {
             None => {
                 self.in_order = true;
@@ -170,12 +170,11 @@ impl Points {
         }
         self.newest = Some(at);
         self.at.push_back(at);
-        self.value.push_back(point.value.unwrap_or(f64::NAN));
+        self.value.push_back(value.unwrap_or(f64::NAN));
     }
 
     /// Drop the points before `cut`, oldest first.
-    fn prune(&mut self, cut: DateTime<Utc>) {
-        let cut = nanos(cut);
+    fn prune(&mut self, cut: i64) {
         while self.oldest.is_some_and(|at| at < cut) {
             self.at.pop_front();
             self.value.pop_front();
@@ -312,12 +311,14 @@ impl Series {
     /// than the retention.
     pub fn push(&mut self, at: DateTime<Utc>, value: Option<f64>) {
         let value = value.filter(|v| v.is_finite());
-        self.raw.push(Point { at, value });
+        // The time in nanoseconds once: the point, its minute and the cuts read it.
+        let at = nanos(at);
+        self.raw.push(at, value);
         if let Some(running) = &mut self.running {
             // Before the prune: it drops only points older than any tracked window.
             running.pushed(&self.raw, value);
         }
-        let minute = at.timestamp().div_euclid(MINUTE) * MINUTE;
+        let minute = at.div_euclid(NANOS_PER_SECOND * MINUTE) * MINUTE;
         match &mut self.open_minute {
             Some((m, sum, n)) if *m == minute => {
                 if let Some(v) = value {
@@ -340,16 +341,16 @@ impl Series {
 
     fn close_minute(&mut self) {
         if let Some((m, sum, n)) = self.open_minute.take() {
-            let at = DateTime::<Utc>::from_timestamp(m, 0).unwrap_or_default();
             let value = (n > 0).then(|| sum / f64::from(n));
-            self.minutes.push(Point { at, value });
+            self.minutes.push(m.saturating_mul(NANOS_PER_SECOND), value);
         }
     }
 
-    fn prune(&mut self, now: DateTime<Utc>) {
+    fn prune(&mut self, now: i64) {
         self.raw
-            .prune(now - to_chrono(RAW_RETENTION.min(self.retention)));
-        self.minutes.prune(now - to_chrono(self.retention));
+            .prune(now.saturating_sub(span_nanos(RAW_RETENTION.min(self.retention))));
+        self.minutes
+            .prune(now.saturating_sub(span_nanos(self.retention)));
     }
 
     /// The newest point, gap or not.
