@@ -96,6 +96,7 @@ pub struct Demo {
     pub endpoints: DemoEndpoints,
     stop: watch::Sender<bool>,
     deploy_now: tokio::sync::mpsc::UnboundedSender<()>,
+    world: Arc<World>,
     tasks: Vec<JoinHandle<()>>,
     _sandbox: SandboxHandle,
 }
@@ -213,6 +214,7 @@ impl Demo {
             },
             stop,
             deploy_now,
+            world,
             tasks,
             _sandbox: sandbox,
         })
@@ -221,6 +223,15 @@ impl Demo {
     /// Simulate a deploy now (the dashboard's `D` key in demo mode).
     pub fn deploy(&self) {
         let _ = self.deploy_now.send(());
+    }
+
+    /// An operator's marker in the demo's own database (the dashboard's `m`); it
+    /// comes back with the next poll like any other marker.
+    pub async fn add_marker(&self, label: &str) -> Result<i64, store::StoreError> {
+        self.world
+            .store
+            .add_marker(MarkerKind::Manual, label, Some("added from the dashboard"))
+            .await
     }
 }
 

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use super::{CliError, CliResult, EXIT_OK};
 use idemwatch::config::Config;
 use idemwatch::demo::{Demo, DemoSettings};
+use idemwatch::drills::DrillTarget;
 use idemwatch::engine::{default_data_dir, default_queue_url};
 use idemwatch::tui::theme::Theme;
-use idemwatch::tui::{self, DrillTarget, TuiError, TuiOptions};
+use idemwatch::tui::{self, TuiError, TuiOptions};
 
 pub async fn run(config_path: Option<PathBuf>) -> CliResult {
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
@@ -63,7 +64,7 @@ pub async fn run(config_path: Option<PathBuf>) -> CliResult {
                     Some(e.metrics_url.clone()),
                 )),
                 banner: Some(banner),
-                demo: Some(demo),
+                demo: Some(std::sync::Arc::new(demo)),
             }
         }
     };

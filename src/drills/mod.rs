@@ -30,9 +30,11 @@ mod key_conflict;
 pub mod live_redelivery;
 mod out_of_order;
 pub(crate) mod rig;
+pub mod target;
 pub mod twice;
 
 use rig::Rig;
+pub use target::DrillTarget;
 
 /// The drill scenarios of SPEC §6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]

@@ -23,17 +23,20 @@ pub mod markers;
 /// The Prometheus text parser and scraper live below every layer that reads an
 /// exposition (the monitor here, the live drill): one parser, no backwards arrow.
 pub use crate::exposition as prometheus;
+pub mod rates;
 pub mod series;
 pub mod targets;
 pub mod vehicles;
+pub mod zoom;
 
 use alerts::Alert;
 use db::{DbError, DbPoller, DbStats};
 use markers::TimelineMarker;
 use prometheus::Scraper;
-use series::{Point, Zoom, MAX_RETENTION};
+use series::{Point, MAX_RETENTION};
 use targets::{BrokerStatus, ConsumerSeries, ConsumerStatus, TargetStatus, TargetTracker};
 use vehicles::VehicleDetail;
+use zoom::Zoom;
 
 /// Why a monitor could not be built (a poll itself never fails: a failing source is
 /// reported inside the snapshot).

@@ -10,7 +10,8 @@ use serde::Serialize;
 use super::db::SourceStatus;
 use super::markers::{restart_marker, TimelineMarker};
 use super::prometheus::{ByName, ScrapeResult};
-use super::series::{duplicate_ratio, CounterRate, RateObservation, RestartDetector, Series};
+use super::rates::{duplicate_ratio, CounterRate, RateObservation, RestartDetector};
+use super::series::Series;
 use crate::config::MetricNames;
 use crate::engine::store::Durability;
 

@@ -9,7 +9,7 @@ use crate::drills::{DrillReport, Scenario};
 use crate::engine::consumers::ConsumerMode;
 use crate::monitor::Snapshot;
 
-use super::app::Tab;
+use super::tab::Tab;
 
 /// Inputs to [`super::app::App::update`].
 #[derive(Debug, Clone)]

@@ -2,7 +2,6 @@
 //! tick. It redraws only when something changed, and at most every
 //! [`FRAME_BUDGET`] (~20 fps), so a burst of data never drives the render rate.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crossterm::event::{Event, EventStream, KeyEventKind, MouseButton, MouseEventKind};
@@ -16,7 +15,7 @@ use super::app::App;
 use super::keymap;
 use super::render::render;
 use super::{TuiError, TuiOptions};
-use crate::drills::{self, DrillOptions};
+use crate::drills;
 use crate::engine::consumers::ConsumerMode;
 use crate::monitor::Monitor;
 
@@ -113,23 +112,12 @@ fn perform(
             }
         }
         Effect::AddMarker { label } => {
-            let Some(db_url) = opts.demo.as_ref().map(|d| d.endpoints.db_url.clone()) else {
+            let Some(demo) = opts.demo.clone() else {
                 return;
             };
             let tx = tx.clone();
             tokio::spawn(async move {
-                let result = async {
-                    let store = crate::engine::store::open(&db_url).await?;
-                    store
-                        .add_marker(
-                            crate::engine::store::MarkerKind::Manual,
-                            &label,
-                            Some("added from the dashboard"),
-                        )
-                        .await
-                }
-                .await;
-                if let Err(e) = result {
+                if let Err(e) = demo.add_marker(&label).await {
                     let _ = tx.send(Action::DrillProgress(format!("marker not saved: {e}")));
                 }
             });
@@ -149,57 +137,20 @@ fn perform(
                 }
             });
             let done = tx.clone();
+            let options = target.options(scenario, mode);
             tokio::spawn(async move {
-                let mut o = DrillOptions::new(scenario, &target.db_url, &target.queue_url);
-                o.mode = mode;
-                o.sms_url = target.sms_url.clone();
-                if scenario == drills::Scenario::LiveRedelivery {
-                    // The operator confirmed a popup that says LIVE, and the drill is
-                    // only offered with `allow_live` or on the demo.
-                    o.live.confirmed = true;
-                    match &target.metrics_url {
-                        Some(url) => o.live.metrics_url = url.clone(),
-                        None => {
-                            let _ = done.send(Action::DrillFinished(Err(
-                                "live-redelivery needs a metrics endpoint: set [drills] metrics_url or a [[targets]] entry".into(),
-                            )));
-                            return;
-                        }
+                let result = match options {
+                    Ok(mut o) => {
+                        o.progress = Some(progress_tx);
+                        drills::run(o)
+                            .await
+                            .map(Box::new)
+                            .map_err(|e| e.to_string())
                     }
-                }
-                o.progress = Some(progress_tx);
-                let result = drills::run(o)
-                    .await
-                    .map(Box::new)
-                    .map_err(|e| e.to_string());
+                    Err(e) => Err(e.to_string()),
+                };
                 let _ = done.send(Action::DrillFinished(result));
             });
         }
-    }
-}
-
-/// Where drills from the Drills tab run.
-#[derive(Debug, Clone)]
-pub struct DrillTarget {
-    pub db_url: String,
-    pub queue_url: String,
-    pub sms_url: Option<String>,
-    /// What `live-redelivery` watches.
-    pub metrics_url: Option<String>,
-}
-
-impl DrillTarget {
-    pub fn new(
-        db_url: &str,
-        queue_url: &str,
-        sms_url: Option<String>,
-        metrics_url: Option<String>,
-    ) -> Arc<Self> {
-        Arc::new(DrillTarget {
-            db_url: db_url.to_string(),
-            queue_url: queue_url.to_string(),
-            sms_url,
-            metrics_url,
-        })
     }
 }

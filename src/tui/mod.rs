@@ -11,15 +11,17 @@ pub mod keymap;
 pub mod render;
 #[cfg(test)]
 mod screens_test;
+pub mod tab;
 pub mod tabs;
 pub mod theme;
+pub mod widgets;
 
 use std::io::IsTerminal;
 use std::sync::Arc;
 
 use crate::config::Config;
 use crate::demo::Demo;
-pub use event_loop::DrillTarget;
+use crate::drills::DrillTarget;
 use theme::Theme;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +38,7 @@ pub enum TuiError {
 pub struct TuiOptions {
     pub config: Config,
     /// The live demo, when running without a config.
-    pub demo: Option<Demo>,
+    pub demo: Option<Arc<Demo>>,
     pub banner: Option<String>,
     pub theme: Theme,
     /// Where the Drills tab runs drills (None: no database to drill against).

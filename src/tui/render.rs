@@ -7,11 +7,13 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
-use super::app::{tab_spans, App, Tab, HEADER_PREFIX};
+use super::app::App;
 use super::format;
 use super::keymap;
+use super::tab::{tab_spans, Tab, HEADER_PREFIX};
 use super::tabs;
 use super::theme::Theme;
+use super::widgets::centered;
 
 pub fn render(frame: &mut Frame, app: &App, theme: &Theme) {
     let area = frame.area();
@@ -118,14 +120,7 @@ fn render_help(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         }
         lines.push(Line::raw(""));
     }
-    let height = (lines.len() as u16 + 2).min(area.height);
-    let width = 64.min(area.width);
-    let popup = Rect {
-        x: area.x + (area.width - width) / 2,
-        y: area.y + (area.height - height) / 2,
-        width,
-        height,
-    };
+    let popup = centered(area, 64, lines.len() as u16 + 2);
     frame.render_widget(Clear, popup);
     frame.render_widget(
         Paragraph::new(lines).wrap(Wrap { trim: false }).block(
@@ -135,25 +130,4 @@ fn render_help(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         ),
         popup,
     );
-}
-
-/// A bordered block with a title, the look of every panel.
-pub fn panel<'a>(title: impl Into<Line<'a>>, theme: &Theme) -> Block<'a> {
-    Block::default()
-        .borders(Borders::ALL)
-        .border_style(theme.dim)
-        .title(title)
-        .title_style(theme.title)
-}
-
-/// A centred popup area.
-pub fn centered(area: Rect, width: u16, height: u16) -> Rect {
-    let width = width.min(area.width);
-    let height = height.min(area.height);
-    Rect {
-        x: area.x + (area.width - width) / 2,
-        y: area.y + (area.height - height) / 2,
-        width,
-        height,
-    }
 }

@@ -7,9 +7,10 @@ use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
 use super::action::Action;
-use super::app::{App, Tab};
+use super::app::App;
 use super::fixtures;
 use super::render::render;
+use super::tab::Tab;
 use super::theme::Theme;
 use crate::drills::twice::TwiceCheck;
 use crate::drills::{DrillReport, Scenario, Verdict};

@@ -10,8 +10,8 @@ use ratatui::Frame;
 use crate::drills::{Scenario, Verdict};
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::render::{centered, panel};
 use crate::tui::theme::Theme;
+use crate::tui::widgets::{centered, panel};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let [top, history_area] =

@@ -13,8 +13,8 @@ use crate::monitor::series::Point;
 use crate::monitor::{BrokerChart, ConsumerChart};
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::render::panel;
 use crate::tui::theme::Theme;
+use crate::tui::widgets::panel;
 
 /// A normal day's duplicate rate (the field report: ~0.01 %).
 const NORMAL_DAY_PCT: f64 = 0.01;
@@ -55,7 +55,7 @@ fn span_label(seconds: u64) -> String {
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
-        return super::waiting(frame, area, "the duplicate rate", theme);
+        return crate::tui::widgets::waiting(frame, area, "the duplicate rate", theme);
     };
     let charts: Vec<(usize, &ConsumerChart)> = snap
         .charts

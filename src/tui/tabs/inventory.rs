@@ -10,8 +10,8 @@ use ratatui::Frame;
 use crate::drills::Verdict;
 use crate::engine::consumers::{self, RiskClass};
 use crate::tui::app::App;
-use crate::tui::render::panel;
 use crate::tui::theme::Theme;
+use crate::tui::widgets::panel;
 
 fn mechanism(risk: RiskClass) -> &'static str {
     match risk {

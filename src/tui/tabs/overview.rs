@@ -10,12 +10,12 @@ use crate::monitor::alerts::Severity;
 use crate::monitor::db::SourceStatus;
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::render::panel;
 use crate::tui::theme::Theme;
+use crate::tui::widgets::panel;
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
-        return super::waiting(frame, area, "the consumers", theme);
+        return crate::tui::widgets::waiting(frame, area, "the consumers", theme);
     };
     let consumers = snap
         .consumers

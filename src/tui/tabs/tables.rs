@@ -9,12 +9,12 @@ use ratatui::Frame;
 use crate::monitor::db::{CountMethod, SourceStatus};
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::render::panel;
 use crate::tui::theme::Theme;
+use crate::tui::widgets::panel;
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
-        return super::waiting(frame, area, "the tables", theme);
+        return crate::tui::widgets::waiting(frame, area, "the tables", theme);
     };
     let Some(db) = &snap.database else {
         frame.render_widget(

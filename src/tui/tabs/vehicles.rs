@@ -10,8 +10,8 @@ use ratatui::Frame;
 use crate::monitor::vehicles::VehicleAnomaly;
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::render::panel;
 use crate::tui::theme::Theme;
+use crate::tui::widgets::panel;
 
 fn describe(a: &VehicleAnomaly) -> (&'static str, String) {
     match a {
@@ -52,7 +52,7 @@ fn describe(a: &VehicleAnomaly) -> (&'static str, String) {
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
-        return super::waiting(frame, area, "the vehicles", theme);
+        return crate::tui::widgets::waiting(frame, area, "the vehicles", theme);
     };
     if let Some(device) = &app.vehicles.open {
         return render_detail(frame, area, app, device, theme);

@@ -1,0 +1,41 @@
+//! The pieces every screen draws with (a titled panel, a centred popup, the
+//! "waiting for the first poll" placeholder). Their own module so that the frame and
+//! the tabs both use them without importing each other.
+
+use ratatui::layout::Rect;
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Borders, Paragraph};
+use ratatui::Frame;
+
+use super::theme::Theme;
+
+/// A bordered block with a title, the look of every panel.
+pub fn panel<'a>(title: impl Into<Line<'a>>, theme: &Theme) -> Block<'a> {
+    Block::default()
+        .borders(Borders::ALL)
+        .border_style(theme.dim)
+        .title(title)
+        .title_style(theme.title)
+}
+
+/// A centred popup area.
+pub fn centered(area: Rect, width: u16, height: u16) -> Rect {
+    let width = width.min(area.width);
+    let height = height.min(area.height);
+    Rect {
+        x: area.x + (area.width - width) / 2,
+        y: area.y + (area.height - height) / 2,
+        width,
+        height,
+    }
+}
+
+/// What a screen shows before the first poll arrives.
+pub fn waiting(frame: &mut Frame, area: Rect, what: &str, theme: &Theme) {
+    frame.render_widget(
+        Paragraph::new(format!("waiting for the first poll of {what}…"))
+            .style(theme.dim)
+            .block(panel(" idemwatch ", theme)),
+        area,
+    );
+}
