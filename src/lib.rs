@@ -16,5 +16,6 @@ pub mod drills;
 pub mod engine;
 pub mod exposition;
 pub mod monitor;
+pub mod redact;
 pub mod sim;
 pub mod tui;

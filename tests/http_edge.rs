@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use common::backends::{Kind, TestDb};
 use idemwatch::drills::{self, DrillOptions, Scenario, Verdict};
+use idemwatch::engine::api_keys::ApiKeys;
 use idemwatch::engine::consumers::ConsumerMode;
 use idemwatch::engine::http_api::{self, ApiConfig, ApiState};
+use idemwatch::engine::http_server::{self, ConnectionLimits};
 use idemwatch::engine::metrics::Metrics;
 use idemwatch::engine::store::edge::{IdemBegin, IdemRequest};
 use idemwatch::engine::store::{self, Stores};
@@ -38,6 +40,28 @@ struct Api {
     _server: tokio::task::JoinHandle<()>,
 }
 
+/// The callers the tests' keys file knows: the principal `alice` sends
+/// `token("alice")`.
+fn keys() -> Arc<ApiKeys> {
+    let text: String = ["alice", "bob"]
+        .iter()
+        .map(|name| format!("{name} {}\n", token(name)))
+        .collect();
+    Arc::new(ApiKeys::from_text(&text).unwrap())
+}
+
+fn token(principal: &str) -> String {
+    format!("tok-{principal}-0123456789abcdef")
+}
+
+/// The default config with the tests' keys.
+fn keyed() -> ApiConfig {
+    ApiConfig {
+        keys: Some(keys()),
+        ..ApiConfig::default()
+    }
+}
+
 async fn api(db: &TestDb, config: ApiConfig) -> Api {
     let stores = store::open_with_edge(&db.url).await.expect("open store");
     let metrics = Arc::new(Metrics::new());
@@ -51,7 +75,13 @@ async fn api(db: &TestDb, config: ApiConfig) -> Api {
         .unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, http_api::router(state)).await;
+        let _ = http_server::serve(
+            listener,
+            http_api::router(state),
+            ConnectionLimits::default(),
+            std::future::pending(),
+        )
+        .await;
     });
     Api {
         base,
@@ -67,15 +97,16 @@ fn note_url(api: &Api) -> String {
     format!("{}/v1/trips/{DEVICE}/notes", api.base)
 }
 
+/// POST as `principal` (its token from the keys file), or without credentials.
 async fn post(
     url: &str,
-    token: Option<&str>,
+    principal: Option<&str>,
     key: Option<&str>,
     body: &Value,
 ) -> reqwest::Response {
     let mut req = reqwest::Client::new().post(url).json(body);
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
+    if let Some(p) = principal {
+        req = req.bearer_auth(token(p));
     }
     if let Some(k) = key {
         req = req.header("Idempotency-Key", k);
@@ -95,7 +126,7 @@ async fn problem_code(resp: reqwest::Response) -> (u16, String, Value) {
 }
 
 async fn missing_key_is_a_400_problem(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let (status, ct, body) =
         problem_code(post(&note_url(&api), Some("alice"), None, &json!({"text": "x"})).await).await;
     assert_eq!((status, ct.as_str()), (400, "application/problem+json"));
@@ -110,7 +141,7 @@ async fn missing_key_is_a_400_problem(db: &TestDb) {
 }
 
 async fn retry_replays_the_stored_response_byte_for_byte(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let body = json!({"text": "tyre pressure low"});
     let first = post(&note_url(&api), Some("alice"), Some("k-1"), &body).await;
     assert_eq!(first.status().as_u16(), 201);
@@ -136,7 +167,7 @@ async fn retry_replays_the_stored_response_byte_for_byte(db: &TestDb) {
 }
 
 async fn same_key_other_body_is_422(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     post(
         &note_url(&api),
         Some("alice"),
@@ -192,12 +223,17 @@ fn request_for<'a>(scope: &'a str, key: &'a str, fp: &'a str, lease: Duration) -
 
 fn alice_scope() -> String {
     let mut h = axum::http::HeaderMap::new();
-    h.insert("authorization", "Bearer alice".parse().unwrap());
-    http_api::scope_of(&h, false).unwrap()
+    h.insert(
+        "authorization",
+        format!("Bearer {}", token("alice")).parse().unwrap(),
+    );
+    http_api::authenticate(&h, Some(&keys()), false)
+        .unwrap()
+        .scope()
 }
 
 async fn in_flight_key_is_409_with_retry_after(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let body = json!({"text": "slow"});
     let path = format!("/v1/trips/{DEVICE}/notes");
     let fp = http_api::fingerprint("POST", &path, body.to_string().as_bytes());
@@ -230,7 +266,7 @@ async fn in_flight_key_is_409_with_retry_after(db: &TestDb) {
 }
 
 async fn expired_lease_is_taken_over(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let body = json!({"text": "the process died mid-request"});
     let path = format!("/v1/trips/{DEVICE}/notes");
     let fp = http_api::fingerprint("POST", &path, body.to_string().as_bytes());
@@ -273,7 +309,7 @@ async fn expired_lease_is_taken_over(db: &TestDb) {
 }
 
 async fn keys_are_scoped_to_the_caller(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let a = post(
         &note_url(&api),
         Some("alice"),
@@ -305,7 +341,7 @@ async fn keys_are_scoped_to_the_caller(db: &TestDb) {
 }
 
 async fn concurrent_pair_writes_once(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     for round in 0..5 {
         let key = format!("race-{round}");
         let body = json!({"text": format!("race {round}")});
@@ -339,7 +375,7 @@ async fn concurrent_pair_writes_once(db: &TestDb) {
 }
 
 async fn validation_answer_is_stored_and_replayed(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let cmd = format!("{}/v1/vehicles/{DEVICE}/commands", api.base);
     let first = post(
         &cmd,
@@ -400,7 +436,7 @@ async fn rename_notes(db: &TestDb, from: &str, to: &str) {
 }
 
 async fn our_own_failure_releases_the_key(db: &TestDb) {
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let body = json!({"text": "written on the second try"});
     rename_notes(db, "trip_notes", "trip_notes_away").await;
     let (status, _, problem) =
@@ -425,7 +461,7 @@ async fn expired_keys_execute_again_and_are_purged(db: &TestDb) {
         db,
         ApiConfig {
             ttl: Duration::from_millis(300),
-            ..ApiConfig::default()
+            ..keyed()
         },
     )
     .await;
@@ -463,7 +499,7 @@ async fn expired_keys_execute_again_and_are_purged(db: &TestDb) {
 }
 
 async fn anonymous_callers_need_permission(db: &TestDb) {
-    let strict = api(db, ApiConfig::default()).await;
+    let strict = api(db, keyed()).await;
     let (status, _, problem) =
         problem_code(post(&note_url(&strict), None, Some("k-9"), &json!({"text": "x"})).await)
             .await;

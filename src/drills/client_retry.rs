@@ -12,10 +12,16 @@ use serde_json::json;
 
 use super::rig::Rig;
 use super::{DrillError, Findings};
+use crate::engine::api_keys::ApiKeys;
 use crate::engine::consumers::ConsumerMode;
 use crate::engine::http_api::{self, ApiConfig, ApiState};
+use crate::engine::http_server::{self, ConnectionLimits};
+use crate::engine::idempotency_key::{self, IdempotencyKey};
 use crate::engine::metrics::Metrics;
 use crate::engine::store;
+
+/// The principal the drill's client authenticates as.
+const CLIENT: &str = "drill-mobile-client";
 
 /// One response as the client saw it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -32,18 +38,23 @@ struct Seen {
 async fn drop_response(
     addr: std::net::SocketAddr,
     path: &str,
-    key: &str,
+    token: &str,
+    key: Option<&IdempotencyKey>,
     body: &str,
 ) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let key_header = if key.is_empty() {
-        String::new()
-    } else {
-        format!("Idempotency-Key: {key}\r\n")
-    };
+    let key_header = key
+        .map(|k| {
+            let value = k.header_value();
+            format!(
+                "Idempotency-Key: {}\r\n",
+                value.to_str().unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer drill-mobile-client\r\n\
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
          Content-Type: application/json\r\n{key_header}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
@@ -59,11 +70,16 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
     let stores = store::open_with_edge(&rig.db_url)
         .await
         .map_err(|e| DrillError::Setup(e.to_string()))?;
+    // The client authenticates as a real one would: a token from the API's keys.
+    let token = format!("drill-token-{:032x}", rand::random::<u128>());
+    let keys = ApiKeys::from_text(&format!("{CLIENT} {token}"))
+        .map_err(|e| DrillError::Setup(e.to_string()))?;
     let state = ApiState {
         edge: stores.edge.clone(),
         metrics: Arc::new(Metrics::new()),
         config: ApiConfig {
             lease: Duration::from_secs(5),
+            keys: Some(Arc::new(keys)),
             idempotent: rig.mode != ConsumerMode::Naive,
             ..ApiConfig::default()
         },
@@ -74,23 +90,29 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
     let addr = listener
         .local_addr()
         .map_err(|e| DrillError::Setup(e.to_string()))?;
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, http_api::router(state)).await;
-    });
+    let server = tokio::spawn(http_server::serve(
+        listener,
+        http_api::router(state),
+        ConnectionLimits::default(),
+        std::future::pending(),
+    ));
     let url = format!("http://{addr}/v1/trips/{}/notes", rig.device);
     // Naive: the client sends no key at all.
     let key = if rig.mode == ConsumerMode::Naive {
-        String::new()
+        None
     } else {
-        format!("{}-save-note", rig.namespace)
+        Some(
+            IdempotencyKey::new(&format!("{}-save-note", rig.namespace))
+                .map_err(|e| DrillError::Setup(e.to_string()))?,
+        )
     };
     let body = json!({"text": format!("tyre pressure low ({})", rig.namespace)});
     let send = |attempt: u32, timeout: Duration, note: &'static str| {
-        let (url, key, body) = (url.clone(), key.clone(), body.clone());
+        let (url, key, body, token) = (url.clone(), key.clone(), body.clone(), token.clone());
         async move {
             let client = reqwest::Client::builder().timeout(timeout).build().ok();
             let mut req = match &client {
-                Some(c) => c.post(&url).bearer_auth("drill-mobile-client").json(&body),
+                Some(c) => c.post(&url).bearer_auth(&token).json(&body),
                 None => {
                     return Seen {
                         attempt,
@@ -101,13 +123,13 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
                     }
                 }
             };
-            if !key.is_empty() {
-                req = req.header("Idempotency-Key", key.as_str());
+            if let Some(key) = &key {
+                req = req.header(idempotency_key::HEADER, key.header_value());
             }
             match req.send().await {
                 Ok(r) => {
                     let status = r.status().as_u16();
-                    let replayed = r.headers().contains_key(http_api::REPLAYED);
+                    let replayed = idempotency_key::is_replayed(r.headers());
                     let body = r.text().await.ok();
                     Seen {
                         attempt,
@@ -132,7 +154,7 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
     ));
     // 1: the request reaches the server, the response never reaches the client.
     let path = format!("/v1/trips/{}/notes", rig.device);
-    drop_response(addr, &path, &key, &body.to_string())
+    drop_response(addr, &path, &token, key.as_ref(), &body.to_string())
         .await
         .map_err(|e| DrillError::Setup(format!("first request: {e}")))?;
     let mut seen = vec![Seen {

@@ -21,6 +21,21 @@ pub const MAX_SEQ: u64 = i64::MAX as u64;
 /// Longest accepted `device_id`, in bytes.
 pub const MAX_DEVICE_ID_BYTES: usize = 128;
 
+/// The rule for a `device_id` (SPEC §1: non-empty, at most 128 bytes), shared with
+/// the write API's `{device}` path segment: one device, one rule on every way in.
+pub fn check_device_id(device_id: &str) -> Result<(), String> {
+    if device_id.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if device_id.len() > MAX_DEVICE_ID_BYTES {
+        return Err(format!(
+            "is {} bytes, limit {MAX_DEVICE_ID_BYTES}",
+            device_id.len()
+        ));
+    }
+    Ok(())
+}
+
 /// The five event types a telematics device emits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -257,16 +272,10 @@ impl Envelope {
         };
 
         let device_id = match take_required(&mut obj, "device_id")? {
-            Value::String(s) if s.is_empty() => {
-                return Err(invalid("device_id", "must not be empty"));
+            Value::String(s) => {
+                check_device_id(&s).map_err(|detail| invalid("device_id", &detail))?;
+                s
             }
-            Value::String(s) if s.len() > MAX_DEVICE_ID_BYTES => {
-                return Err(invalid(
-                    "device_id",
-                    &format!("is {} bytes, limit {MAX_DEVICE_ID_BYTES}", s.len()),
-                ));
-            }
-            Value::String(s) => s,
             other => return Err(wrong_type("device_id", "a string", &other)),
         };
         let seq = match take_required(&mut obj, "seq")? {

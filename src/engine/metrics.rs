@@ -182,7 +182,7 @@ impl Metrics {
         );
         registry.register(
             "idem_http_requests",
-            "Write requests at the HTTP edge by route and outcome (executed, replayed, conflict, mismatch, missing_key, unauthorized, error)",
+            "Write requests at the HTTP edge by route and outcome (executed, replayed, conflict, mismatch, missing_key, invalid_key, invalid_request, too_large, timeout, overloaded, unauthorized, error)",
             http_requests.clone(),
         );
         // A gauge rather than OpenMetrics' `info` type: the classic text format (and

@@ -10,11 +10,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+pub mod api_keys;
 pub mod consumers;
 pub mod crash;
 pub mod envelope;
 pub mod exporter;
 pub mod http_api;
+pub mod http_server;
+pub mod idempotency_key;
 pub mod metrics;
 pub mod provider;
 pub mod queue;

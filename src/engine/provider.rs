@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::idempotency_key::{self, IdempotencyKey};
+
 /// The provider's answer to one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderReply {
@@ -88,18 +90,20 @@ impl ProviderClient {
     ) -> Result<ProviderReply, ProviderError> {
         let mut req = self.http.post(url).json(body);
         if let Some(key) = idempotency_key {
-            req = req.header("Idempotency-Key", key);
+            // A key the rule refuses is refused here with the 400 the provider would
+            // answer, without sending it (ours are derived hex: this is a bug).
+            let key = IdempotencyKey::new(key).map_err(|e| ProviderError::Rejected {
+                status: 400,
+                body: e.to_string(),
+            })?;
+            req = req.header(idempotency_key::HEADER, key.header_value());
         }
         let resp = req
             .send()
             .await
             .map_err(|e| ProviderError::Transport(e.to_string()))?;
         let status = resp.status().as_u16();
-        let replayed = resp
-            .headers()
-            .get("Idempotent-Replayed")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let replayed = idempotency_key::is_replayed(resp.headers());
         let body = resp
             .text()
             .await

@@ -12,8 +12,10 @@
 //!   and whitespace do not matter; anything else different is `idempotency_key_reused`.
 //! - Only successful (200) responses are stored under a key. A 422 or an injected
 //!   503 leaves the key free, so a corrected or retried request can still go through.
-//! - An empty, non-UTF-8 or over-long (> 255 bytes) `Idempotency-Key` is a 422
-//!   `invalid_request`: silently treating it as "no key" would hide a client bug.
+//! - The key is read by the one rule of `engine::idempotency_key` (bare or quoted
+//!   string form); an empty, non-ASCII, malformed or over-long (> 255 bytes) key is
+//!   a 400 `invalid_idempotency_key`: silently treating it as "no key" would hide a
+//!   client bug.
 //! - Every POST, whatever its outcome (200, replay, 422, 503), is appended to the
 //!   `/…/requests` log.
 
@@ -37,13 +39,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// Request header carrying the caller's idempotency key.
-pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
-/// Response header set to `true` on a stored response returned for a repeated key,
-/// so a caller (and a drill) can tell "sent now" from "already sent before".
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-/// Longest accepted idempotency key, in bytes (the limit common real providers use).
-pub const MAX_KEY_BYTES: usize = 255;
+use crate::engine::idempotency_key::{IdempotencyKey, InvalidKey, REPLAYED_HEADER};
 
 /// One SMS the sandbox actually "sent": the thing a customer would have received.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +101,8 @@ pub struct ErpRequest {
 enum ApiError {
     #[error("{0}")]
     InvalidRequest(String),
+    #[error("{0}")]
+    InvalidKey(InvalidKey),
     #[error("Idempotency-Key {0:?} was already used with a different request body")]
     KeyReused(String),
     #[error("injected fault: the provider is temporarily unavailable, retry later")]
@@ -115,6 +113,7 @@ impl ApiError {
     fn code(&self) -> &'static str {
         match self {
             ApiError::InvalidRequest(_) => "invalid_request",
+            ApiError::InvalidKey(_) => "invalid_idempotency_key",
             ApiError::KeyReused(_) => "idempotency_key_reused",
             ApiError::Unavailable => "unavailable",
         }
@@ -125,6 +124,7 @@ impl ApiError {
             ApiError::InvalidRequest(_) | ApiError::KeyReused(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
+            ApiError::InvalidKey(_) => StatusCode::BAD_REQUEST,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -426,26 +426,12 @@ fn validate_sms(parsed: Option<&Value>) -> Result<(), ApiError> {
     }
 }
 
-/// Read the optional `Idempotency-Key`; a present but unusable key is rejected.
+/// Read the optional `Idempotency-Key` by the one rule (`engine::idempotency_key`);
+/// a present but unusable key is rejected.
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(raw) = headers.get(IDEMPOTENCY_KEY_HEADER) else {
-        return Ok(None);
-    };
-    let key = raw
-        .to_str()
-        .map_err(|_| ApiError::InvalidRequest("Idempotency-Key must be visible ASCII".into()))?;
-    if key.is_empty() {
-        return Err(ApiError::InvalidRequest(
-            "Idempotency-Key must not be empty".into(),
-        ));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(ApiError::InvalidRequest(format!(
-            "Idempotency-Key is {} bytes, limit {MAX_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    Ok(Some(key.to_owned()))
+    IdempotencyKey::from_headers(headers)
+        .map(|key| key.map(|k| k.as_str().to_owned()))
+        .map_err(ApiError::InvalidKey)
 }
 
 async fn post_sms(State(state): State<SandboxState>, headers: HeaderMap, body: Bytes) -> Reply {
@@ -716,6 +702,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn quoted_and_bare_key_are_one_key() {
+        let (handle, _client, http) = start().await;
+        let url = format!("{}/sms", handle.url());
+        assert_eq!(post(&http, &url, Some("\"k-7\""), SMS).await.1, None);
+        assert_eq!(
+            post(&http, &url, Some("k-7"), SMS).await.1.as_deref(),
+            Some("true")
+        );
+        assert_eq!(handle.state().sent_sms().len(), 1);
+        assert_eq!(
+            handle.state().sent_sms()[0].idempotency_key.as_deref(),
+            Some("k-7")
+        );
+    }
+
+    #[tokio::test]
     async fn without_key_every_request_sends() {
         let (handle, client, http) = start().await;
         let url = format!("{}/sms", handle.url());
@@ -760,8 +762,10 @@ mod tests {
             let err: Value = serde_json::from_slice(&bytes).expect("json error");
             assert_eq!(err["error"], "invalid_request", "{body}");
         }
-        let (status, _, _) = post(&http, &url, Some(""), SMS).await;
-        assert_eq!(status, 422, "empty key");
+        let (status, _, bytes) = post(&http, &url, Some(""), SMS).await;
+        assert_eq!(status, 400, "empty key");
+        let err: Value = serde_json::from_slice(&bytes).expect("json error");
+        assert_eq!(err["error"], "invalid_idempotency_key");
         assert!(client.sent_sms().await.expect("sent").is_empty());
         assert_eq!(client.sms_requests().await.expect("requests").len(), 6);
         // A rejected request did not burn its key: the corrected one goes through.
