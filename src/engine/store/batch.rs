@@ -106,9 +106,9 @@ impl<'a> DedupBatch<'a> {
                     Some(s) => Ok(duplicate_or_conflict(s.clone(), &item.fingerprint)),
                     // Neither written nor found: deleted under us (a purge). Transient:
                     // the batch is retried.
-                    None => Err(StoreError::Other(format!(
-                        "dedup row for {key} neither inserted nor found"
-                    ))),
+                    None => Err(StoreError::RowVanished {
+                        key: key.to_string(),
+                    }),
                 }
             })
             .collect()

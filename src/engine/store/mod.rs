@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
 mod batch;
+pub(crate) mod dialect;
 pub mod edge;
 mod edge_mysql;
 mod edge_postgres;
@@ -21,26 +22,10 @@ mod edge_sqlite;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
+mod error;
 
-/// Errors from the database layer. All of them are transient from the engine's point
-/// of view: the delivery is not acked and comes back.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database error: {0}")]
-    Db(#[from] sqlx::Error),
-    #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("unsupported database URL {0} (expected sqlite://, postgres:// or mysql://)")]
-    UnsupportedUrl(String),
-    /// A durability the backend cannot give without changing what is not ours: bad
-    /// usage, refused before any connection is made.
-    #[error("{0}")]
-    DurabilityUnsupported(String),
-    #[error("{0}")]
-    Other(String),
-}
+pub use error::{Failure, StoreError, StoreResult};
 
-pub type StoreResult<T> = Result<T, StoreError>;
 
 pub(crate) use batch::{DedupBatch, ROWS_PER_STATEMENT};
 
@@ -347,7 +332,7 @@ pub trait Store: Send + Sync + 'static {
         self.record_batch(consumer, std::slice::from_ref(&item))
             .await?
             .pop()
-            .ok_or_else(|| StoreError::Other("record_batch returned no outcome".into()))
+            .ok_or(StoreError::Internal("record_batch returned no outcome"))
     }
 
     // ---- seen-set mode ------------------------------------------------------
@@ -526,7 +511,10 @@ impl<'a> VehicleFacts<'a> {
     pub fn of(env: &'a Envelope) -> StoreResult<Self> {
         use super::envelope::EventType;
         let seq = i64::try_from(env.seq)
-            .map_err(|_| StoreError::Other(format!("seq {} exceeds storage range", env.seq)))?;
+            .map_err(|_| StoreError::OutOfRange {
+            what: "seq",
+            value: env.seq.to_string(),
+        })?;
         let (lat, lon) = env.lat_lon().unzip();
         Ok(VehicleFacts {
             seq,
@@ -662,26 +650,12 @@ fn is_mysql_url(url: &str) -> bool {
 /// Kept here for the store's callers; the rule lives in [`crate::redact`].
 pub use crate::redact::redact_url;
 
-/// The fixed-width UTC timestamp format stored in TEXT columns: sorts as it reads.
+/// A time as stored in TEXT columns (see [`dialect::text_time`]).
 pub(crate) fn ts(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    dialect::text_time(t)
 }
 
+/// A stored TEXT time; an unreadable one reads as the epoch.
 pub(crate) fn parse_ts(s: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&Utc))
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stored_timestamps_sort_as_text() {
-        let a = DateTime::from_timestamp(1_700_000_000, 5_000).unwrap();
-        let b = DateTime::from_timestamp(1_700_000_000, 50_000_000).unwrap();
-        assert!(ts(a) < ts(b));
-        assert_eq!(parse_ts(&ts(b)), b);
-    }
+    dialect::parse_text_time(s).unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
 }

@@ -48,8 +48,9 @@ pub(crate) async fn connect_sqlite(
         .foreign_keys(true);
     if let Some(parent) = opts.get_filename().parent() {
         if !parent.as_os_str().is_empty() {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                StoreError::Other(format!("cannot create {}: {e}", parent.display()))
+            std::fs::create_dir_all(parent).map_err(|source| StoreError::CreateDir {
+                path: parent.to_path_buf(),
+                source,
             })?;
         }
     }

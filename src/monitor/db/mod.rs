@@ -503,22 +503,11 @@ pub fn purge_stalled(oldest_age: chrono::Duration, retention: Duration) -> bool 
     oldest_age > limit
 }
 
-/// The TEXT timestamp form the engine writes (fixed width, sorts as it reads); bound
-/// as the cutoff of range queries.
-pub(crate) fn db_time(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
-}
+/// The TEXT timestamp form the engine writes; bound as the cutoff of range queries.
+pub(crate) use crate::engine::store::dialect::text_time as db_time;
 
-/// Read a TEXT timestamp: RFC 3339 (the engine's form) or SQLite's
-/// `YYYY-MM-DD HH:MM:SS[.fff]` (a user's own table written with `datetime()`).
-pub(crate) fn parse_db_time(s: &str) -> Option<DateTime<Utc>> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
-        return Some(t.with_timezone(&Utc));
-    }
-    chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f")
-        .ok()
-        .map(|n| n.and_utc())
-}
+/// Read a TEXT timestamp (the engine's form or SQLite's `datetime()` form).
+pub(crate) use crate::engine::store::dialect::parse_text_time as parse_db_time;
 
 #[cfg(test)]
 mod tests {
@@ -530,14 +519,5 @@ mod tests {
         assert!(!purge_stalled(chrono::Duration::days(7), week));
         assert!(!purge_stalled(chrono::Duration::hours(7 * 24 + 23), week));
         assert!(purge_stalled(chrono::Duration::hours(8 * 24 + 1), week));
-    }
-
-    #[test]
-    fn reads_both_timestamp_forms() {
-        let engine = parse_db_time("2026-11-30T04:12:03.000000Z").unwrap();
-        let sqlite = parse_db_time("2026-11-30 04:12:03").unwrap();
-        assert_eq!(engine, sqlite);
-        assert_eq!(db_time(engine), "2026-11-30T04:12:03.000000Z");
-        assert!(parse_db_time("yesterday").is_none());
     }
 }

@@ -1,0 +1,157 @@
+//! What can go wrong in the database layer, and whose fault it is.
+//!
+//! The engine must tell two failures apart that look alike from far away: the
+//! database (or the way to it) could not do it now — an outage, a timeout, a lock, a
+//! lost race: retry later, and never hold it against the message — and the database
+//! refuses *this row* for what it holds — a constraint, a value too long, a NUL byte
+//! in PostgreSQL text: retrying the same message fails the same way, so it is
+//! dead-lettered (`store_rejected`). [`StoreError::failure`] says which; each
+//! backend's error codes are read in its dialect file (`dialect/{sqlite,postgres,mysql}.rs`).
+
+use serde::Serialize;
+
+/// Errors from the database layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unsupported database URL {0} (expected sqlite://, postgres:// or mysql://)")]
+    UnsupportedUrl(String),
+    /// A durability the backend cannot give without changing what is not ours: bad
+    /// usage, refused before any connection is made.
+    #[error("{0}")]
+    DurabilityUnsupported(String),
+    /// The directory of a SQLite file could not be created.
+    #[error("cannot create {path}: {source}")]
+    CreateDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// A value of the message does not fit the column that stores it.
+    #[error("{what} {value} exceeds storage range")]
+    OutOfRange { what: &'static str, value: String },
+    /// A row seen a moment ago was gone at the next statement (a purge ran in
+    /// between): the transaction was rolled back and is retried whole.
+    #[error("dedup row for {key} neither inserted nor found")]
+    RowVanished { key: String },
+    /// A broken promise inside the store (a bug), not a database's answer.
+    #[error("internal store error: {0}")]
+    Internal(&'static str),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Whose fault a [`StoreError`] is, for the caller deciding a message's fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failure {
+    /// The database, or the way to it, cannot do it now: unreachable, connection
+    /// reset, a timeout (statement, lock wait, pool), SQLITE_BUSY/LOCKED, a
+    /// serialization failure or deadlock, a race lost to another writer, a server
+    /// shutting down, full or read-only, privileges taken away. Says nothing about
+    /// the message: retry later, never dead-letter it for this.
+    Infrastructure,
+    /// The database refuses this row for what it holds: a constraint, a value too
+    /// long or out of range, an invalid byte sequence (NUL in PostgreSQL text), data
+    /// truncated. The same message fails the same way every time.
+    Content,
+    /// Neither: a bug or a schema that does not match (an SQL error, a missing
+    /// column, a value that cannot be decoded), a bad URL, a failed migration.
+    Other,
+}
+
+impl StoreError {
+    /// Whose fault this is (see [`Failure`]).
+    pub fn failure(&self) -> Failure {
+        match self {
+            StoreError::Db(e) => classify(e),
+            StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => classify(e),
+            StoreError::Migrate(_) => Failure::Other,
+            StoreError::UnsupportedUrl(_) | StoreError::DurabilityUnsupported(_) => {
+                Failure::Other
+            }
+            StoreError::CreateDir { .. } | StoreError::RowVanished { .. } => {
+                Failure::Infrastructure
+            }
+            StoreError::OutOfRange { .. } => Failure::Content,
+            StoreError::Internal(_) => Failure::Other,
+        }
+    }
+
+    /// The database or the way to it failed, not the message: retry later.
+    pub fn is_infrastructure(&self) -> bool {
+        self.failure() == Failure::Infrastructure
+    }
+
+    /// The database refused this message's row for its content.
+    pub fn is_content(&self) -> bool {
+        self.failure() == Failure::Content
+    }
+}
+
+/// A driver error: the connection-level ones here, a database's answer by the
+/// codes of the backend that gave it.
+fn classify(e: &sqlx::Error) -> Failure {
+    use super::dialect::{mysql, postgres, sqlite};
+    match e {
+        sqlx::Error::Database(db) => {
+            if let Some(e) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
+                sqlite::failure(e)
+            } else if let Some(e) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                postgres::failure(e.code())
+            } else if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                mysql::failure(e.number(), e.code())
+            } else {
+                Failure::Other
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Failure::Infrastructure,
+        // A row read a statement ago and gone now: a race with a purge.
+        sqlx::Error::RowNotFound => Failure::Infrastructure,
+        // The value cannot even be sent as this database's type.
+        sqlx::Error::Encode(_) => Failure::Content,
+        _ => Failure::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_level_failures_are_infrastructure() {
+        for e in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed,
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+        ] {
+            assert!(StoreError::Db(e).is_infrastructure());
+        }
+        let dir = StoreError::CreateDir {
+            path: "/x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        assert!(dir.is_infrastructure());
+    }
+
+    #[test]
+    fn a_message_value_out_of_range_is_content_and_a_bug_is_neither() {
+        let seq = StoreError::OutOfRange {
+            what: "seq",
+            value: u64::MAX.to_string(),
+        };
+        assert!(seq.is_content() && !seq.is_infrastructure());
+        assert_eq!(StoreError::Internal("x").failure(), Failure::Other);
+        let decode = StoreError::Db(sqlx::Error::ColumnNotFound("x".into()));
+        assert_eq!(decode.failure(), Failure::Other);
+    }
+}
