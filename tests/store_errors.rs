@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::backends::{Kind, TestDb};
 use idemwatch::engine::envelope::{Envelope, Fingerprint, RejectReason};
 use idemwatch::engine::store::{self, Failure, StoreError};
-use sqlx::Connection;
+use sqlx::{ConnectOptions, Connection};
 
 on_every_backend!(
     a_row_the_database_refuses_is_a_content_failure,
@@ -18,13 +18,15 @@ on_every_backend!(
     a_deadlock_is_an_infrastructure_failure,
 );
 
-fn failure<T: std::fmt::Debug>(r: Result<T, StoreError>) -> Failure {
-    let e = r.expect_err("the store refused");
+fn failure<T>(r: Result<T, StoreError>) -> Failure {
+    let Err(e) = r else {
+        panic!("the store did not refuse")
+    };
     eprintln!("{e}");
     e.failure()
 }
 
-fn db_failure<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Failure {
+fn db_failure<T>(r: Result<T, sqlx::Error>) -> Failure {
     failure(r.map_err(StoreError::from))
 }
 
@@ -68,6 +70,12 @@ async fn a_row_the_database_refuses_is_a_content_failure(db: &TestDb) {
     assert_eq!(failure(r), Failure::Content);
 }
 
+fn port_1(url: &str) -> String {
+    let mut url = url::Url::parse(url).unwrap();
+    url.set_port(Some(1)).unwrap();
+    url.to_string()
+}
+
 async fn an_unreachable_database_is_an_infrastructure_failure(db: &TestDb) {
     match db.kind {
         Kind::Sqlite => {
@@ -76,14 +84,15 @@ async fn an_unreachable_database_is_an_infrastructure_failure(db: &TestDb) {
             let url = format!("sqlite://{}", db.env.path("file/sub/x.db").display());
             assert_eq!(failure(store::open(&url).await), Failure::Infrastructure);
         }
-        Kind::Postgres | Kind::Mysql => {
-            // Nothing listens on port 1.
-            let mut url = url::Url::parse(&db.url).unwrap();
-            url.set_port(Some(1)).unwrap();
-            assert_eq!(
-                failure(store::open(url.as_str()).await),
-                Failure::Infrastructure
-            );
+        // Nothing listens on port 1 (one connection: the store's pool would retry
+        // for its whole acquire timeout, then fail as a pool timeout).
+        Kind::Postgres => {
+            let r = sqlx::PgConnection::connect(&port_1(&db.url)).await;
+            assert_eq!(db_failure(r), Failure::Infrastructure);
+        }
+        Kind::Mysql => {
+            let r = sqlx::MySqlConnection::connect(&port_1(&db.url)).await;
+            assert_eq!(db_failure(r), Failure::Infrastructure);
         }
     }
     // A store whose server drops its connections mid-flight.
@@ -105,8 +114,8 @@ async fn an_unreachable_database_is_an_infrastructure_failure(db: &TestDb) {
         }
         Kind::Mysql => {
             let mut admin = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
-            let ids: Vec<u64> = sqlx::query_scalar(
-                "SELECT ID FROM information_schema.PROCESSLIST
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST
                  WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
             )
             .fetch_all(&mut admin)
@@ -180,9 +189,10 @@ macro_rules! deadlock {
             sqlx::query("BEGIN").execute(&mut *c).await.unwrap();
             sqlx::query(&bump(first)).execute(&mut *c).await.unwrap();
         }
+        let (to_b, to_a) = (bump("D2"), bump("D1"));
         let (ra, rb) = tokio::join!(
-            sqlx::query(&bump("D2")).execute(&mut a),
-            sqlx::query(&bump("D1")).execute(&mut b)
+            sqlx::query(&to_b).execute(&mut a),
+            sqlx::query(&to_a).execute(&mut b)
         );
         match (ra, rb) {
             (Err(e), _) | (_, Err(e)) => StoreError::from(e).failure(),

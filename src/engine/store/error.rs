@@ -69,9 +69,7 @@ impl StoreError {
             StoreError::Db(e) => classify(e),
             StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => classify(e),
             StoreError::Migrate(_) => Failure::Other,
-            StoreError::UnsupportedUrl(_) | StoreError::DurabilityUnsupported(_) => {
-                Failure::Other
-            }
+            StoreError::UnsupportedUrl(_) | StoreError::DurabilityUnsupported(_) => Failure::Other,
             StoreError::CreateDir { .. } | StoreError::RowVanished { .. } => {
                 Failure::Infrastructure
             }

@@ -19,13 +19,12 @@ pub mod edge;
 mod edge_mysql;
 mod edge_postgres;
 mod edge_sqlite;
+mod error;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
-mod error;
 
 pub use error::{Failure, StoreError, StoreResult};
-
 
 pub(crate) use batch::{DedupBatch, ROWS_PER_STATEMENT};
 
@@ -510,8 +509,7 @@ pub(crate) struct VehicleFacts<'a> {
 impl<'a> VehicleFacts<'a> {
     pub fn of(env: &'a Envelope) -> StoreResult<Self> {
         use super::envelope::EventType;
-        let seq = i64::try_from(env.seq)
-            .map_err(|_| StoreError::OutOfRange {
+        let seq = i64::try_from(env.seq).map_err(|_| StoreError::OutOfRange {
             what: "seq",
             value: env.seq.to_string(),
         })?;

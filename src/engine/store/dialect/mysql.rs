@@ -16,9 +16,36 @@ pub(crate) fn failure(number: u16, sqlstate: Option<&str>) -> Failure {
         // database; disk or table full, out of memory; network read/write errors,
         // commit/rollback failures, disconnected for inactivity; client-side
         // can't connect, server gone away, lost connection.
-        1205 | 1213 | 1040 | 1053 | 1927 | 1317 | 1969 | 3024 | 1290 | 1836 | 1792 | 1044
-        | 1045 | 1142 | 1143 | 1227 | 1049 | 1021 | 1114 | 1037 | 1038 | 1041 | 1158..=1161
-        | 1180 | 1181 | 4031 | 2002 | 2003 | 2006 | 2013 => Failure::Infrastructure,
+        1205
+        | 1213
+        | 1040
+        | 1053
+        | 1927
+        | 1317
+        | 1969
+        | 3024
+        | 1290
+        | 1836
+        | 1792
+        | 1044
+        | 1045
+        | 1142
+        | 1143
+        | 1227
+        | 1049
+        | 1021
+        | 1114
+        | 1037
+        | 1038
+        | 1041
+        | 1158..=1161
+        | 1180
+        | 1181
+        | 4031
+        | 2002
+        | 2003
+        | 2006
+        | 2013 => Failure::Infrastructure,
         // Data too long, out of range, incorrect string value (invalid bytes), data
         // truncated, incorrect value, column cannot be null, foreign key, check
         // constraint (MySQL, MariaDB), invalid character string, illegal value,

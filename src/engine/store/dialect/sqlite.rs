@@ -13,8 +13,8 @@ pub(crate) fn failure(e: &sqlx::sqlite::SqliteError) -> Failure {
         // statements — a lost race, decided by the retry.
         1555 | 2067 => Failure::Infrastructure,
         _ => match code & 0xff {
-            // CONSTRAINT (check, not null, trigger, datatype…), TOOBIG, MISMATCH
-            19 | 18 | 20 => Failure::Content,
+            // TOOBIG, CONSTRAINT (check, not null, trigger, datatype…), MISMATCH
+            18..=20 => Failure::Content,
             // PERM, BUSY, LOCKED, NOMEM, READONLY, INTERRUPT, IOERR, FULL,
             // CANTOPEN, PROTOCOL, AUTH
             3 | 5 | 6 | 7 | 8 | 9 | 10 | 13 | 14 | 15 | 23 => Failure::Infrastructure,
