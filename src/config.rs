@@ -58,6 +58,8 @@ pub struct Config {
     /// Metric-name overrides, for consumers that are not idemwatch.
     pub metrics: MetricNames,
     pub drills: DrillPermissions,
+    /// When alerts fire.
+    pub alerts: AlertRules,
     pub theme: Theme,
 }
 
@@ -72,6 +74,7 @@ impl Default for Config {
             database: None,
             metrics: MetricNames::default(),
             drills: DrillPermissions::default(),
+            alerts: AlertRules::default(),
             theme: Theme::default(),
         }
     }
@@ -105,6 +108,29 @@ pub struct DrillPermissions {
     pub queue: Option<String>,
     /// The `/metrics` a live drill watches (default: the first `[[targets]]` URL).
     pub metrics_url: Option<String>,
+}
+
+/// Alert thresholds an operator may tune (`[alerts]`); the duplicate-rate ones are
+/// the field report's baselines and live in `monitor::alerts`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertRules {
+    /// A scrape target raises its CRIT only once it has failed this long: one
+    /// missed scrape during a restart is not an outage.
+    #[serde(with = "human_duration")]
+    pub target_down_after: Duration,
+    /// Dead letters of one reason within five minutes that make a burst (a single
+    /// `key_conflict` always does).
+    pub dead_letter_burst: u32,
+}
+
+impl Default for AlertRules {
+    fn default() -> Self {
+        AlertRules {
+            target_down_after: Duration::from_secs(15),
+            dead_letter_burst: 5,
+        }
+    }
 }
 
 /// Colour scheme. `no-color` is for terminals (and people) that need it; the
@@ -216,7 +242,8 @@ table_mapping!(
 table_mapping!(
     /// Messages that could not be processed, kept with a reason.
     DeadLettersTable, "dead_letters" {
-        consumer = "consumer", reason = "reason", received_at = "received_at",
+        id = "id", consumer = "consumer", reason = "reason", received_at = "received_at",
+        detail = "detail", raw = "raw",
     }
 );
 table_mapping!(

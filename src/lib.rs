@@ -17,5 +17,6 @@ pub mod engine;
 pub mod exposition;
 pub mod monitor;
 pub mod redact;
+pub mod report;
 pub mod sim;
 pub mod tui;

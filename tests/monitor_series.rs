@@ -195,40 +195,6 @@ proptest::proptest! {
     }
 }
 
-proptest::proptest! {
-    /// A mean kept up to date as points come (`track_mean`) equals the mean of the
-    /// window's points after every push: through gaps, repeated times, a clock that
-    /// goes back and forward again, points pruned, and a series that had points
-    /// before it was tracked.
-    #[test]
-    fn a_tracked_mean_equals_the_mean_of_the_window_after_every_push(
-        steps in proptest::collection::vec((-30i64..400, proptest::option::of(-5.0f64..5.0)), 1..400),
-        span in 0u64..=300,
-        tracked_from in 0usize..20,
-    ) {
-        let span = Duration::from_secs(span);
-        let mut tracked = Series::new(Duration::from_secs(7 * 86400));
-        let mut scanned = tracked.clone();
-        let mut at = 0;
-        for (i, (step, value)) in steps.into_iter().enumerate() {
-            if i == tracked_from {
-                tracked.track_mean(span);
-            }
-            at += step;
-            tracked.push(t(at), value);
-            scanned.push(t(at), value);
-            let (got, want) = (tracked.mean_over(t(at), span), scanned.mean_over(t(at), span));
-            proptest::prop_assert!(
-                match (got, want) {
-                    (Some(a), Some(b)) => (a - b).abs() < 1e-9,
-                    (a, b) => a == b,
-                },
-                "after push {}: tracked {:?}, scanned {:?}", i, got, want
-            );
-        }
-    }
-}
-
 #[test]
 fn times_come_back_to_the_nanosecond() {
     let mut s = Series::new(Duration::from_secs(7 * 86400));

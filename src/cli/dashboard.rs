@@ -42,6 +42,7 @@ pub async fn run(config_path: Option<PathBuf>) -> CliResult {
             }),
             banner: None,
             demo: None,
+            report_dir: default_data_dir().join("reports"),
             config,
         },
         None => {
@@ -64,6 +65,7 @@ pub async fn run(config_path: Option<PathBuf>) -> CliResult {
                     Some(e.metrics_url.clone()),
                 )),
                 banner: Some(banner),
+                report_dir: default_data_dir().join("reports"),
                 demo: Some(std::sync::Arc::new(demo)),
             }
         }

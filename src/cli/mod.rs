@@ -20,6 +20,7 @@ pub mod dashboard;
 pub mod drill;
 pub mod publish;
 pub mod purge;
+pub mod report;
 pub mod sandbox;
 pub mod serve;
 pub mod simulate;
@@ -113,6 +114,8 @@ pub enum Command {
     Snapshot(snapshot::SnapshotArgs),
     /// Retention purge of processed_messages, in batches.
     Purge(purge::PurgeArgs),
+    /// A post-mortem report of a window (HTML with its chart, JSON or CSV).
+    Report(report::ReportArgs),
     /// The SMS/ERP sandbox provider, standalone.
     SmsSandbox(sandbox::SandboxArgs),
     /// Print a deterministic fleet trace as JSON lines (feed it to `publish`).

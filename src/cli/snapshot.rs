@@ -61,7 +61,10 @@ pub async fn run(args: SnapshotArgs, config_path: Option<PathBuf>) -> CliResult 
             None => config.database = Some(DatabaseConfig::with_url(&url)),
         }
     }
-    let config = config.with_local_defaults();
+    let mut config = config.with_local_defaults();
+    // One look, seconds long: a target that does not answer it is down now (the
+    // dashboard's grace period is for one missed scrape in a long session).
+    config.alerts.target_down_after = Duration::ZERO;
     let snapshot = monitor::snapshot_once(&config, args.spacing)
         .await
         .map_err(|e| CliError::usage(e.to_string()))?;

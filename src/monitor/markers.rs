@@ -27,6 +27,18 @@ pub struct TimelineMarker {
     pub source: MarkerSource,
 }
 
+/// One letter per marker kind, for the chart's marker lane (terminal and report):
+/// distinct from the plotted data even without colour.
+pub fn glyph(kind: &str) -> &'static str {
+    match kind {
+        "deploy" => "D",
+        "restart" => "R",
+        "drill" => "X",
+        "manual" => "M",
+        _ => "•",
+    }
+}
+
 /// A restart marker for a target, from the scrape that revealed it.
 pub fn restart_marker(target: &str, at: DateTime<Utc>, cause: &str) -> TimelineMarker {
     TimelineMarker {

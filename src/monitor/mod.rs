@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Config;
 
 pub mod alerts;
+pub mod bytes;
 pub mod db;
 pub mod markers;
 /// The Prometheus text parser and scraper live below every layer that reads an
@@ -29,8 +30,8 @@ pub mod targets;
 pub mod vehicles;
 pub mod zoom;
 
-use alerts::Alert;
-use db::{DbError, DbPoller, DbStats};
+use alerts::{Alert, AlertInputs, AlertLog, AlertRecord};
+use db::{DbError, DbPoller, DbStats, DeadLetterDetail};
 use markers::TimelineMarker;
 use prometheus::Scraper;
 use series::{Point, MAX_RETENTION};
@@ -90,12 +91,21 @@ pub struct Snapshot {
     /// The database's view (dedup health, claims in doubt, dead letters, markers,
     /// drill runs, vehicle anomalies); None when no database is configured.
     pub database: Option<DbStats>,
+    /// What holds now, each with its start: incidents first, drills' effects last.
     pub alerts: Vec<Alert>,
+    /// Alerts of this session that ended (for a report of the window); not in the
+    /// JSON document.
+    #[serde(skip)]
+    pub ended_alerts: Vec<AlertRecord>,
     /// Database markers and scraped restarts, newest first.
     pub markers: Vec<TimelineMarker>,
     /// The vehicle selected with [`MonitorCommand::SelectVehicle`], refreshed each
     /// poll.
     pub vehicle: Option<VehicleDetail>,
+    /// The dead letter opened with [`MonitorCommand::OpenDeadLetter`], with all its
+    /// bytes; not in the JSON document.
+    #[serde(skip)]
+    pub dead_letter: Option<DeadLetterDetail>,
     /// Chart data for the current zoom; not part of the JSON document (scripts want
     /// the numbers, not the curves).
     #[serde(skip)]
@@ -113,6 +123,8 @@ pub struct Monitor {
     scraped_markers: VecDeque<TimelineMarker>,
     zoom: Zoom,
     selected_vehicle: Option<String>,
+    open_dead_letter: Option<i64>,
+    alert_log: AlertLog,
     polls: u64,
 }
 
@@ -147,6 +159,8 @@ impl Monitor {
             scraped_markers: VecDeque::new(),
             zoom: Zoom::new(config.chart_window, retention),
             selected_vehicle: None,
+            open_dead_letter: None,
+            alert_log: AlertLog::default(),
             polls: 0,
             config: config.clone(),
         })
@@ -182,7 +196,14 @@ impl Monitor {
                 _ => None,
             }
         };
-        let (scrapes, database, vehicle) = tokio::join!(scrapes, database, vehicle);
+        let dead_letter = async {
+            match (&self.database, self.open_dead_letter) {
+                (Some(db), Some(id)) => db.dead_letter(id).await.ok().flatten(),
+                _ => None,
+            }
+        };
+        let (scrapes, database, vehicle, dead_letter) =
+            tokio::join!(scrapes, database, vehicle, dead_letter);
         for (tracker, scrape) in self.targets.iter_mut().zip(&scrapes) {
             if let Some(marker) = tracker.observe(scrape, &self.config.metrics) {
                 self.scraped_markers.push_back(marker);
@@ -192,11 +213,13 @@ impl Monitor {
             }
         }
         self.polls += 1;
-        self.build_snapshot(now, database, vehicle)
+        let mut snapshot = self.build_snapshot(now, database, vehicle);
+        snapshot.dead_letter = dead_letter;
+        snapshot
     }
 
     fn build_snapshot(
-        &self,
+        &mut self,
         now: DateTime<Utc>,
         database: Option<DbStats>,
         vehicle: Option<VehicleDetail>,
@@ -213,7 +236,21 @@ impl Monitor {
             .map(|d| d.markers.as_slice())
             .unwrap_or(&[]);
         let markers = markers::merge(db_markers, &scraped, MARKERS_SHOWN);
-        let alerts = alerts::evaluate(&targets, &consumers, database.as_ref());
+        let mut alerts = alerts::evaluate_at(&AlertInputs {
+            now,
+            targets: &targets,
+            consumers: &consumers,
+            database: database.as_ref(),
+            markers: &markers,
+            rules: &self.config.alerts,
+        });
+        self.alert_log.track(now, &mut alerts);
+        let ended_alerts = self
+            .alert_log
+            .between(now - chrono::Duration::hours(24), now)
+            .into_iter()
+            .filter(|r| r.ended.is_some())
+            .collect();
         Snapshot {
             poll: self.polls,
             taken_at: now,
@@ -221,8 +258,10 @@ impl Monitor {
             consumers,
             database,
             alerts,
+            ended_alerts,
             markers,
             vehicle,
+            dead_letter: None,
             charts: self.charts(now),
             brokers: self
                 .targets
@@ -293,6 +332,7 @@ impl Monitor {
                         Some(MonitorCommand::ZoomIn) => { self.zoom.zoom_in(); }
                         Some(MonitorCommand::ZoomOut) => { self.zoom.zoom_out(); }
                         Some(MonitorCommand::SelectVehicle(device)) => self.select_vehicle(device),
+                        Some(MonitorCommand::OpenDeadLetter(id)) => self.open_dead_letter = id,
                     },
                 }
                 let snapshot = Arc::new(self.poll().await);
@@ -334,6 +374,8 @@ pub enum MonitorCommand {
     ZoomIn,
     ZoomOut,
     SelectVehicle(Option<String>),
+    /// Read one dead letter's raw bytes into every snapshot; None stops it.
+    OpenDeadLetter(Option<i64>),
 }
 
 /// The TUI's side of a spawned [`Monitor`].

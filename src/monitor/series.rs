@@ -36,96 +36,6 @@ pub struct Series {
     retention: Duration,
     /// The minute being accumulated: (minute start, sum, count of values).
     open_minute: Option<(i64, f64, u32)>,
-    /// The values of the last span kept summed as points come and go, for a
-    /// caller that asks for the same mean after every push ([`Series::track_mean`]).
-    running: Option<RunningMean>,
-}
-
-/// The sum of the values at or after `newest - span`: a point is added when pushed
-/// and taken off when the window passes it, so a mean reads two numbers instead of
-/// the window's points (thousands of series a scrape of a big target, each
-/// window's points out of cache since the last one).
-#[derive(Debug, Clone)]
-struct RunningMean {
-    span: Duration,
-    /// The oldest point in the window, counted from the first point ever pushed.
-    first: u64,
-    sum: f64,
-    values: u32,
-    /// False while the clock goes back (the window is then no suffix): recomputed
-    /// once the points are in order again.
-    valid: bool,
-    /// Pushes since the sum was last computed afresh: the additions and
-    /// subtractions' rounding is wiped out every [`RunningMean::RESUM`] pushes.
-    since_exact: u32,
-}
-
-impl RunningMean {
-    const RESUM: u32 = 4096;
-
-    fn new(span: Duration) -> RunningMean {
-        RunningMean {
-            span,
-            first: 0,
-            sum: 0.0,
-            values: 0,
-            valid: false,
-            since_exact: 0,
-        }
-    }
-
-    /// Sum the window of `points` afresh.
-    fn resum(&mut self, points: &Points) {
-        let start = match points.newest {
-            Some(newest) if points.in_order => {
-                points.first_at_or_after(newest.saturating_sub(span_nanos(self.span)))
-            }
-            _ => points.len(),
-        };
-        self.first = points.popped + start as u64;
-        (self.sum, self.values) = points
-            .value
-            .range(start..)
-            .filter(|v| !v.is_nan())
-            .fold((0.0, 0), |(s, n), v| (s + v, n + 1));
-        self.valid = points.in_order;
-        self.since_exact = 0;
-    }
-
-    /// `points` just got one more point, its value `value`.
-    fn pushed(&mut self, points: &Points, value: Option<f64>) {
-        if !points.in_order {
-            self.valid = false;
-            return;
-        }
-        if !self.valid || self.since_exact >= Self::RESUM {
-            self.resum(points);
-            return;
-        }
-        self.since_exact += 1;
-        if let Some(v) = value {
-            self.sum += v;
-            self.values += 1;
-        }
-        let Some(newest) = points.newest else { return };
-        let cut = newest.saturating_sub(span_nanos(self.span));
-        let end = points.popped + points.len() as u64;
-        while self.first < end {
-            let i = (self.first - points.popped) as usize;
-            if points.at[i] >= cut {
-                break;
-            }
-            let v = points.value[i];
-            if !v.is_nan() {
-                self.sum -= v;
-                self.values -= 1;
-            }
-            self.first += 1;
-        }
-        if self.values == 0 {
-            self.sum = 0.0;
-        }
-    }
 }
 
 /// Points in the order they came, as two columns: their times in nanoseconds since
@@ -143,9 +53,6 @@ struct Points {
     /// Every point is at or after the one before (false once the clock went back,
     /// until those points are gone): the points after a time are then a suffix.
     in_order: bool,
-    /// Points dropped from the front so far: a point's place counted from the first
-    /// point ever pushed is `popped` + its index.
-    popped: u64,
 }
 
 impl Points {
@@ -156,7 +63,6 @@ impl Points {
             oldest: None,
             newest: None,
             in_order: true,
-            popped: 0,
         }
     }
 
@@ -179,7 +85,6 @@ impl Points {
         while self.oldest.is_some_and(|at| at < cut) {
             self.at.pop_front();
             self.value.pop_front();
-            self.popped += 1;
             self.oldest = self.at.front().copied();
         }
         if self.at.is_empty() {
@@ -292,19 +197,6 @@ impl Series {
             minutes: Points::new(),
             retention,
             open_minute: None,
-            running: None,
-        }
-    }
-
-    /// Keep the mean of the last `span` up to date as points are pushed, for a
-    /// caller that asks [`Series::mean_over`] for it after every push: the mean then
-    /// reads a running sum instead of the window's points. Spans longer than the
-    /// raw points are kept for are computed from the points, as without this.
-    pub fn track_mean(&mut self, span: Duration) {
-        if span <= RAW_RETENTION.min(self.retention) {
-            let mut running = RunningMean::new(span);
-            running.resum(&self.raw);
-            self.running = Some(running);
         }
     }
 
@@ -315,10 +207,6 @@ impl Series {
         // The time in nanoseconds once: the point, its minute and the cuts read it.
         let at = nanos(at);
         self.raw.push(at, value);
-        if let Some(running) = &mut self.running {
-            // Before the prune: it drops only points older than any tracked window.
-            running.pushed(&self.raw, value);
-        }
         let minute = at.div_euclid(NANOS_PER_SECOND * MINUTE) * MINUTE;
         match &mut self.open_minute {
             Some((m, sum, n)) if *m == minute => {
@@ -379,12 +267,6 @@ impl Series {
 
     /// Mean of the values of the last `span` (gaps ignored); None without values.
     pub fn mean_over(&self, now: DateTime<Utc>, span: Duration) -> Option<f64> {
-        if let Some(r) = &self.running {
-            if r.valid && r.span == span && self.raw.in_order && self.raw.newest == Some(nanos(now))
-            {
-                return (r.values > 0).then(|| r.sum / f64::from(r.values));
-            }
-        }
         let (sum, n) = self
             .raw
             .since(now - to_chrono(span))

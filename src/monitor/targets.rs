@@ -10,7 +10,10 @@ use serde::Serialize;
 use super::db::SourceStatus;
 use super::markers::{restart_marker, TimelineMarker};
 use super::prometheus::{ByName, ScrapeResult};
-use super::rates::{duplicate_ratio, CounterRate, RateObservation, RestartDetector};
+use super::rates::{
+    duplicate_ratio, CounterRate, RateObservation, RestartCause, RestartDetector, WindowedCounter,
+    WINDOW_1M, WINDOW_5M,
+};
 use super::series::Series;
 use crate::config::MetricNames;
 use crate::engine::store::Durability;
@@ -18,8 +21,9 @@ use crate::engine::store::Durability;
 /// How long the duplicate counter may stay flat under traffic before the parachute
 /// alert ("the dedup path is never exercised").
 pub const PARACHUTE_QUIET: Duration = Duration::from_secs(3600);
-/// The span of the smoothed duplicate ratio used for alerts.
-pub const RATIO_SPAN: Duration = Duration::from_secs(60);
+/// A consumer with nothing processed in the last minute is *stalled* (not merely
+/// quiet) when the rate before that minute promised at least this many.
+pub const STALLED_EXPECTED_PER_MINUTE: f64 = 3.0;
 
 /// The names RabbitMQ's own exporter serves (the `rabbitmq_prometheus` plugin, 3.10+,
 /// on `:15692/metrics`): a target exposing them is a broker, charted beside the
@@ -55,6 +59,8 @@ pub struct TargetStatus {
     #[serde(flatten)]
     pub status: SourceStatus,
     pub scraped_at: Option<DateTime<Utc>>,
+    /// The first failed scrape of the current outage; None while up.
+    pub down_since: Option<DateTime<Utc>>,
     pub scrape_ms: Option<u64>,
     pub samples: usize,
     pub process_start_time: Option<f64>,
@@ -90,6 +96,15 @@ pub struct ConsumerStatus {
     pub duplicate_ratio: Option<f64>,
     /// Duplicate rate over the last minute: what the alert threshold reads.
     pub duplicate_ratio_1m: Option<f64>,
+    /// Counts and mean rates over the last minute and the last five: the dashboard's
+    /// default columns (the `per_second` values are the last poll's, on demand).
+    pub window_1m: WindowCounts,
+    pub window_5m: WindowCounts,
+    /// Sums over every incarnation the dashboard saw: unlike the counters, they do
+    /// not drop back at a restart.
+    pub totals: Totals,
+    /// Flowing, quiet, stalled, down, or no data yet.
+    pub flow: Flow,
     pub redelivered: CounterReading,
     pub out_of_order: CounterReading,
     pub dead_lettered: CounterReading,
@@ -101,6 +116,88 @@ pub struct ConsumerStatus {
     /// How long messages have flowed without a single duplicate being dropped, once
     /// that reaches [`PARACHUTE_QUIET`]; None otherwise.
     pub duplicates_quiet_seconds: Option<i64>,
+}
+
+/// One consumer's counts over a window, summed across restarts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct WindowCounts {
+    /// How much of the window the dashboard has watched (shorter at first).
+    pub seconds: f64,
+    pub processed: f64,
+    pub duplicate_dropped: f64,
+    pub redelivered: f64,
+    pub out_of_order: f64,
+    pub dead_lettered: f64,
+    pub dead_lettered_by_reason: BTreeMap<String, f64>,
+    pub processed_per_second: Option<f64>,
+    pub duplicate_dropped_per_second: Option<f64>,
+    /// dup / (processed + dup) over the window; None without traffic.
+    pub duplicate_ratio: Option<f64>,
+}
+
+impl WindowCounts {
+    /// A count of this window per second; None before the window has any length.
+    pub fn per_second(&self, count: f64) -> Option<f64> {
+        (self.seconds > 0.0).then(|| count / self.seconds)
+    }
+}
+
+/// Sums over every incarnation since the dashboard started watching (the first
+/// reading included), so a restart does not hide what the consumer did before it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Totals {
+    pub since: Option<DateTime<Utc>>,
+    /// Restarts seen since then.
+    pub restarts: u32,
+    pub processed: f64,
+    pub duplicate_dropped: f64,
+    pub redelivered: f64,
+    pub out_of_order: f64,
+    pub dead_lettered: f64,
+    /// `idem_side_effects_total` by result.
+    pub side_effects: BTreeMap<String, f64>,
+}
+
+/// Whether messages flow, so "0" can be told from "not yet" and from "stopped".
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Flow {
+    /// Fewer than two readings: no rate to show yet.
+    NoDataYet,
+    /// Something was processed in the last minute.
+    Flowing,
+    /// Nothing in the last minute, and the rate before did not promise anything: a
+    /// low-rate consumer between messages.
+    Quiet {
+        last_processed_at: Option<DateTime<Utc>>,
+    },
+    /// Nothing in the last minute although the rate before it promised at least
+    /// [`STALLED_EXPECTED_PER_MINUTE`].
+    Stalled {
+        last_processed_at: Option<DateTime<Utc>>,
+        expected_per_minute: f64,
+    },
+    /// The target did not answer its last scrape.
+    Down,
+}
+
+impl Flow {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Flow::NoDataYet => "no data yet",
+            Flow::Flowing => "flowing",
+            Flow::Quiet { .. } => "quiet",
+            Flow::Stalled { .. } => "STALLED",
+            Flow::Down => "DOWN",
+        }
+    }
+}
+
+/// The counters of one consumer over windows and incarnations.
+#[derive(Debug, Clone, Default)]
+struct ConsumerWindows {
+    roles: [WindowedCounter; ROLES],
+    dead_by_reason: BTreeMap<String, WindowedCounter>,
 }
 
 /// The chartable series of one consumer (rates per second; gaps where a scrape
@@ -132,6 +229,7 @@ impl ConsumerSeries {
 struct ConsumerTrack {
     status: ConsumerStatus,
     series: ConsumerSeries,
+    windows: ConsumerWindows,
     first_seen: DateTime<Utc>,
     duplicate_last_rose: Option<DateTime<Utc>>,
     processed_last_rose: Option<DateTime<Utc>>,
@@ -145,6 +243,10 @@ pub struct TargetTracker {
     restarts: RestartDetector,
     consumers: BTreeMap<String, ConsumerTrack>,
     broker: Option<BrokerTrack>,
+    /// The last scrape that answered: a label set first seen after it was born in
+    /// between, at zero.
+    last_answer: Option<DateTime<Utc>>,
+    restarts_seen: u32,
 }
 
 /// Which consumer a sample belongs to: its consumer label, else the target itself
@@ -168,6 +270,7 @@ impl TargetTracker {
                     error: "not scraped yet".into(),
                 },
                 scraped_at: None,
+                down_since: None,
                 scrape_ms: None,
                 samples: 0,
                 process_start_time: None,
@@ -179,6 +282,8 @@ impl TargetTracker {
             restarts: RestartDetector::default(),
             consumers: BTreeMap::new(),
             broker: None,
+            last_answer: None,
+            restarts_seen: 0,
         }
     }
 
@@ -228,6 +333,7 @@ impl TargetTracker {
                 self.status.status = SourceStatus::Down {
                     error: error.clone(),
                 };
+                self.status.down_since.get_or_insert(scrape.at);
                 self.status.samples = 0;
                 for track in self.consumers.values_mut() {
                     mark_down(track, scrape.at);
@@ -242,10 +348,13 @@ impl TargetTracker {
             }
             Ok(exposition) => {
                 self.status.status = SourceStatus::Up;
+                self.status.down_since = None;
                 self.status.samples = exposition.samples.len();
                 let by_name = exposition.by_name();
                 self.observe_broker(&by_name, scrape.at);
-                self.observe_exposition(&by_name, scrape.at, names)
+                let marker = self.observe_exposition(&by_name, scrape.at, names);
+                self.last_answer = Some(scrape.at);
+                marker
             }
         }
     }
@@ -258,7 +367,13 @@ impl TargetTracker {
         let mut reading = |metric: &str| {
             let total: f64 = exposition.named(metric).map(|s| s.value).sum();
             // Summed over every label: the unlabelled key.
-            let obs = observe_counter(&mut self.counters, metric, "", at, total);
+            let obs = observe_rate(
+                rates_of(&mut self.counters, metric),
+                "",
+                at,
+                total,
+                Born::Unknown,
+            );
             CounterReading {
                 total,
                 per_second: obs.rate,
@@ -299,6 +414,15 @@ impl TargetTracker {
         names: &MetricNames,
     ) -> Option<TimelineMarker> {
         let target = self.status.name.clone();
+        // The start time first: a restarted process's counters start again from zero
+        // even when they already climbed past their old values.
+        let start = exposition.first(&names.process_start_time);
+        let new_start = self.restarts.observe(start, None);
+        let born = match (self.last_answer, new_start.is_some()) {
+            (_, true) => Born::Restarted,
+            (Some(at), false) => Born::Since(at),
+            (None, false) => Born::Unknown,
+        };
         let mut reset_metric: Option<&str> = None;
         // What this scrape says per consumer, borrowing the names from the exposition.
         let mut consumers: FastMap<&str, ConsumerScrape<'_>> = FastMap::default();
@@ -317,7 +441,7 @@ impl TargetTracker {
             let rates = rates_of(&mut self.counters, metric);
             for sample in samples {
                 let consumer = consumer_of(sample, names, &target);
-                let obs = observe_rate(rates, sample.labels.as_key(), at, sample.value);
+                let obs = observe_rate(rates, sample.labels.as_key(), at, sample.value, born);
                 if obs.reset && reset_metric.is_none() {
                     reset_metric = Some(metric);
                 }
@@ -327,9 +451,15 @@ impl TargetTracker {
                 };
                 let scrape = consumers.entry(consumer).or_default();
                 add_reading(&mut scrape.roles[role], reading);
+                scrape.steps[role].add(sample.value, obs.increase);
                 if role == DEAD_LETTERED {
                     let reason = sample.label(&names.reason_label).unwrap_or("unknown");
                     *scrape.by_reason.entry(reason).or_default() += sample.value;
+                    scrape
+                        .reason_steps
+                        .entry(reason)
+                        .or_default()
+                        .add(sample.value, obs.increase);
                 }
                 if role == SIDE_EFFECTS {
                     let result = sample.label(&names.result_label).unwrap_or("unknown");
@@ -346,7 +476,7 @@ impl TargetTracker {
                 let outcome = sample.label("outcome").unwrap_or("unknown").to_string();
                 // The key of a sample labelled exactly (route, outcome), see `Labels::as_key`.
                 let key = format!("route\0{route}\0outcome\0{outcome}\0");
-                let obs = observe_rate(rates, &key, at, sample.value);
+                let obs = observe_rate(rates, &key, at, sample.value, born);
                 http.entry(route).or_default().insert(
                     outcome,
                     CounterReading {
@@ -366,10 +496,15 @@ impl TargetTracker {
             .map(|s| (consumer_of(s, names, &target), s.value))
             .collect();
 
-        let start = exposition.first(&names.process_start_time);
         self.status.process_start_time = start.or(self.status.process_start_time);
-        let marker = self.restarts.observe(start, reset_metric).map(|cause| {
+        let cause = new_start.or_else(|| {
+            reset_metric.map(|m| RestartCause::CounterReset {
+                metric: m.to_string(),
+            })
+        });
+        let marker = cause.map(|cause| {
             self.status.last_restart = Some(at);
+            self.restarts_seen += 1;
             restart_marker(&target, at, &cause.to_string())
         });
 
@@ -396,6 +531,9 @@ impl TargetTracker {
                 (Some(p), Some(d)) => duplicate_ratio(p, d),
                 _ => None,
             };
+            track.windows.take(&scrape, at);
+            s.totals.restarts = self.restarts_seen;
+            update_windows(track, at);
             update_series(track, at);
         }
         marker
@@ -418,6 +556,80 @@ struct ConsumerScrape<'e> {
     roles: [CounterReading; ROLES],
     by_reason: BTreeMap<&'e str, f64>,
     effects: BTreeMap<&'e str, CounterReading>,
+    /// What each role and dead-letter reason rose by since the last scrape.
+    steps: [Step; ROLES],
+    reason_steps: BTreeMap<&'e str, Step>,
+}
+
+/// One scrape's increase of a counter summed over its label sets, and the values of
+/// label sets read for the first time (the work before the dashboard looked).
+#[derive(Debug, Default, Clone, Copy)]
+struct Step {
+    increase: f64,
+    first_values: f64,
+}
+
+impl Step {
+    fn add(&mut self, value: f64, increase: Option<f64>) {
+        match increase {
+            Some(i) => self.increase += i,
+            None => self.first_values += value,
+        }
+    }
+
+    fn feed(self, counter: &mut WindowedCounter, at: DateTime<Utc>) {
+        if self.first_values > 0.0 || counter.watched_since().is_none() {
+            counter.first(at, self.first_values);
+        }
+        counter.add(at, self.increase);
+    }
+}
+
+impl ConsumerWindows {
+    fn take(&mut self, scrape: &ConsumerScrape<'_>, at: DateTime<Utc>) {
+        for (counter, step) in self.roles.iter_mut().zip(scrape.steps) {
+            step.feed(counter, at);
+        }
+        for (reason, step) in &scrape.reason_steps {
+            match self.dead_by_reason.get_mut(*reason) {
+                Some(counter) => step.feed(counter, at),
+                None => step.feed(
+                    self.dead_by_reason.entry(reason.to_string()).or_default(),
+                    at,
+                ),
+            }
+        }
+        // A reason not in this scrape still ages out of the windows.
+        for (reason, counter) in &mut self.dead_by_reason {
+            if !scrape.reason_steps.contains_key(reason.as_str()) {
+                counter.add(at, 0.0);
+            }
+        }
+    }
+
+    fn counts(&self, now: DateTime<Utc>, span: Duration) -> WindowCounts {
+        let processed = &self.roles[PROCESSED];
+        let count = |role: usize| self.roles[role].count(span);
+        let mut w = WindowCounts {
+            seconds: processed.covered(now, span).as_secs_f64(),
+            processed: count(PROCESSED),
+            duplicate_dropped: count(DUPLICATE_DROPPED),
+            redelivered: count(REDELIVERED),
+            out_of_order: count(OUT_OF_ORDER),
+            dead_lettered: count(DEAD_LETTERED),
+            dead_lettered_by_reason: self
+                .dead_by_reason
+                .iter()
+                .map(|(r, c)| (r.clone(), c.count(span)))
+                .filter(|(_, n)| *n > 0.0)
+                .collect(),
+            ..WindowCounts::default()
+        };
+        w.processed_per_second = w.per_second(w.processed);
+        w.duplicate_dropped_per_second = w.per_second(w.duplicate_dropped);
+        w.duplicate_ratio = duplicate_ratio(w.processed, w.duplicate_dropped);
+        w
+    }
 }
 
 /// Counter readings kept between scrapes: metric → label set
@@ -428,17 +640,16 @@ type Counters = FastMap<String, FastMap<Box<str>, CounterRate>>;
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// Feed one reading to the rate of one counter, created at its first reading (the
-/// broker's few global counters; a metric with many label sets goes through
-/// [`rates_of`] once and [`observe_rate`] per sample).
-fn observe_counter(
-    counters: &mut Counters,
-    metric: &str,
-    labels: &str,
-    at: DateTime<Utc>,
-    value: f64,
-) -> RateObservation {
-    observe_rate(rates_of(counters, metric), labels, at, value)
+/// What is known of a counter's life before this reading.
+#[derive(Debug, Clone, Copy)]
+enum Born {
+    /// Nothing (the target's first answer, or a broker's global counter).
+    Unknown,
+    /// The target answered at this time without it: a label set new now was born
+    /// in between, at zero.
+    Since(DateTime<Utc>),
+    /// The process restarted since the last reading: every counter started again.
+    Restarted,
 }
 
 /// The rates of one metric's label sets: looked up once per metric and scrape, not
@@ -459,10 +670,23 @@ fn observe_rate(
     labels: &str,
     at: DateTime<Utc>,
     value: f64,
+    born: Born,
 ) -> RateObservation {
+    let restarted = matches!(born, Born::Restarted);
     match rates.get_mut(labels) {
-        Some(rate) => rate.observe(at, value),
-        None => rates.entry(labels.into()).or_default().observe(at, value),
+        Some(rate) => rate.observe_with(at, value, restarted),
+        None => {
+            let rate = match born {
+                Born::Since(then) => CounterRate::born_at(then),
+                // Its previous process did not have it: all of it is new.
+                Born::Restarted => CounterRate::born_at(at - chrono::Duration::seconds(1)),
+                Born::Unknown => CounterRate::default(),
+            };
+            rates
+                .entry(labels.into())
+                .or_insert(rate)
+                .observe(at, value)
+        }
     }
 }
 
@@ -498,6 +722,10 @@ fn new_track(target: &str, consumer: &str, at: DateTime<Utc>) -> ConsumerTrack {
             duplicate_dropped: CounterReading::default(),
             duplicate_ratio: None,
             duplicate_ratio_1m: None,
+            window_1m: WindowCounts::default(),
+            window_5m: WindowCounts::default(),
+            totals: Totals::default(),
+            flow: Flow::NoDataYet,
             redelivered: CounterReading::default(),
             out_of_order: CounterReading::default(),
             dead_lettered: CounterReading::default(),
@@ -507,13 +735,8 @@ fn new_track(target: &str, consumer: &str, at: DateTime<Utc>) -> ConsumerTrack {
             last_restart: None,
             duplicates_quiet_seconds: None,
         },
-        series: {
-            let mut series = ConsumerSeries::default();
-            // What `update_series` asks of them after every scrape.
-            series.processed_per_s.track_mean(RATIO_SPAN);
-            series.duplicates_per_s.track_mean(RATIO_SPAN);
-            series
-        },
+        series: ConsumerSeries::default(),
+        windows: ConsumerWindows::default(),
         first_seen: at,
         duplicate_last_rose: None,
         processed_last_rose: None,
@@ -533,8 +756,52 @@ fn mark_down(track: &mut ConsumerTrack, at: DateTime<Utc>) {
         reading.per_second = None;
     }
     s.duplicate_ratio = None;
+    s.flow = Flow::Down;
     for series in track.series.all_mut() {
         series.push_gap(at);
+    }
+}
+
+/// The window counts, totals and flow state after a scrape.
+fn update_windows(track: &mut ConsumerTrack, at: DateTime<Utc>) {
+    let w = &track.windows;
+    let s = &mut track.status;
+    s.window_1m = w.counts(at, WINDOW_1M);
+    s.window_5m = w.counts(at, WINDOW_5M);
+    s.duplicate_ratio_1m = s.window_1m.duplicate_ratio;
+    let total = |role: usize| w.roles[role].total();
+    s.totals.since = w.roles[PROCESSED].watched_since();
+    s.totals.processed = total(PROCESSED);
+    s.totals.duplicate_dropped = total(DUPLICATE_DROPPED);
+    s.totals.redelivered = total(REDELIVERED);
+    s.totals.out_of_order = total(OUT_OF_ORDER);
+    s.totals.dead_lettered = total(DEAD_LETTERED);
+    s.flow = flow(&s.window_1m, &s.window_5m, w.roles[PROCESSED].last_rise());
+}
+
+/// Flowing, quiet or stalled, from the last minute and the four before it.
+fn flow(one: &WindowCounts, five: &WindowCounts, last: Option<DateTime<Utc>>) -> Flow {
+    if one.seconds <= 0.0 {
+        return Flow::NoDataYet;
+    }
+    if one.processed > 0.0 || one.duplicate_dropped > 0.0 {
+        return Flow::Flowing;
+    }
+    let before_seconds = five.seconds - one.seconds;
+    let expected_per_minute = if before_seconds > 0.0 {
+        (five.processed - one.processed) / before_seconds * 60.0
+    } else {
+        0.0
+    };
+    if expected_per_minute >= STALLED_EXPECTED_PER_MINUTE {
+        Flow::Stalled {
+            last_processed_at: last,
+            expected_per_minute,
+        }
+    } else {
+        Flow::Quiet {
+            last_processed_at: last,
+        }
     }
 }
 
@@ -563,18 +830,12 @@ fn update_series(track: &mut ConsumerTrack, at: DateTime<Utc>) {
     if rose(&s.processed) {
         track.processed_last_rose = Some(at);
     }
-    let processed_mean = track.series.processed_per_s.mean_over(at, RATIO_SPAN);
-    let duplicate_mean = track.series.duplicates_per_s.mean_over(at, RATIO_SPAN);
     let quiet_since = track.duplicate_last_rose.unwrap_or(track.first_seen);
     let quiet = at - quiet_since;
     let traffic_recently = track.processed_last_rose.is_some_and(|t| {
         t > quiet_since && (at - t).to_std().unwrap_or_default() < PARACHUTE_QUIET
     });
     let s = &mut track.status;
-    s.duplicate_ratio_1m = match (processed_mean, duplicate_mean) {
-        (Some(p), Some(d)) => duplicate_ratio(p, d),
-        _ => None,
-    };
     s.duplicates_quiet_seconds = (traffic_recently
         && quiet.to_std().unwrap_or_default() >= PARACHUTE_QUIET)
         .then(|| quiet.num_seconds());

@@ -11,6 +11,34 @@ use crate::monitor::Snapshot;
 
 use super::tab::Tab;
 
+/// What a line being typed is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptKind {
+    /// `/`: narrows every list of the tab as it is typed.
+    Filter,
+    /// `o`: open a vehicle by its device id.
+    VehicleId,
+    /// `m`: the label of a manual marker.
+    MarkerLabel,
+}
+
+impl PromptKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            PromptKind::Filter => "filter",
+            PromptKind::VehicleId => "open vehicle (device id)",
+            PromptKind::MarkerLabel => "marker label",
+        }
+    }
+}
+
+/// A line being typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    pub kind: PromptKind,
+    pub text: String,
+}
+
 /// Inputs to [`super::app::App::update`].
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -20,23 +48,45 @@ pub enum Action {
     GoTo(Tab),
     ToggleHelp,
     ToggleFreeze,
-    AddMarker,
-    StartFilter,
-    FilterInput(char),
-    FilterBackspace,
-    FilterDone,
-    /// Esc: close whatever is open (help, filter, a detail, a confirmation).
+    StartPrompt(PromptKind),
+    PromptInput(char),
+    PromptBackspace,
+    PromptDone,
+    /// Esc: close whatever is open (help, prompt, a detail, a confirmation).
     Back,
     ZoomIn,
     ZoomOut,
     Up,
     Down,
+    PageUp,
+    PageDown,
+    Home,
+    End,
+    /// ←/→: the next panel of the tab, or the chart cursor.
+    Left,
+    Right,
+    /// `s`: sort the focused list by its next column; `S` reverses.
+    Sort,
+    SortReverse,
     Enter,
     /// Duplicates tab: all consumers → one at a time → all.
     CycleConsumer,
+    /// Duplicates tab: show / hide one kind of marker.
+    ToggleMarkerKind(&'static str),
+    ToggleLogScale,
+    /// Overview: 1-minute → 5-minute → last-poll rates.
+    CycleRateWindow,
     /// Drills tab: idempotent ↔ naive.
     ToggleDrillMode,
+    /// `y` on a question (a drill).
     Confirm,
+    /// Overview alerts: acknowledge (kept, out of the badge) / silence (hidden).
+    Acknowledge,
+    Silence,
+    /// `y` elsewhere: copy the selected key or device id (OSC 52).
+    Copy,
+    /// `e`: write the post-mortem report of the current window.
+    Export,
     /// Demo only: simulate a deploy now.
     Deploy,
     /// A left click at a screen cell.
@@ -46,13 +96,18 @@ pub enum Action {
     },
     ScrollUp,
     ScrollDown,
-    /// The terminal changed size: redraw.
-    Resize,
+    /// The terminal's size (at start and on every change).
+    Resize {
+        width: u16,
+        height: u16,
+    },
     /// A new poll from the monitor.
     Snapshot(Arc<Snapshot>),
     DrillProgress(String),
     DrillFinished(Result<Box<DrillReport>, String>),
     TwiceChecked(Vec<crate::drills::twice::TwiceCheck>),
+    /// One line of feedback from an effect (report written, marker not saved…).
+    Status(String),
     /// Slow clock: relative times on screen move on.
     Tick(chrono::DateTime<chrono::Utc>),
 }
@@ -60,7 +115,7 @@ pub enum Action {
 /// I/O the event loop performs for the app.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    /// Ask the monitor for a poll now / a zoom / a vehicle's detail.
+    /// Ask the monitor for a poll now / a zoom / a vehicle's detail / a dead letter.
     Monitor(crate::monitor::MonitorCommand),
     StartDrill {
         scenario: Scenario,
@@ -70,4 +125,8 @@ pub enum Effect {
         label: String,
     },
     Deploy,
+    /// Put this text on the terminal's clipboard (OSC 52: works over SSH).
+    Copy(String),
+    /// Write the report of the window on screen.
+    Export,
 }

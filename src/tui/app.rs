@@ -1,26 +1,65 @@
 //! The dashboard's one state and its one `update`. Rendering only reads it; the
 //! event loop performs the [`Effect`]s it returns.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::action::{Action, Effect};
-use super::tab::{tab_spans, Tab};
+use super::action::{Action, Effect, Prompt, PromptKind};
+use super::lists::{self, ListId, ListState};
+use super::tab::{tab_spans, Tab, COMPACT_WIDTH};
 use crate::drills::twice::TwiceCheck;
 use crate::drills::{DrillReport, Scenario};
 use crate::engine::consumers::ConsumerMode;
+use crate::monitor::alerts::AlertObject;
+use crate::monitor::markers::{MarkerSource, TimelineMarker};
 use crate::monitor::{MonitorCommand, Snapshot};
+
+/// Rows PgUp/PgDn move (render is pure and does not report its heights).
+pub const PAGE: isize = 10;
+/// Steps of the chart cursor across the window.
+pub const CURSOR_STEPS: u16 = 120;
+
+/// Which rates the Overview shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RateWindow {
+    /// Means over the last minute (the default: steady, and what the alerts read).
+    #[default]
+    OneMinute,
+    FiveMinutes,
+    /// The last poll's rate: jumpy, on demand.
+    LastPoll,
+}
+
+impl RateWindow {
+    pub fn label(self) -> &'static str {
+        match self {
+            RateWindow::OneMinute => "1 min",
+            RateWindow::FiveMinutes => "5 min",
+            RateWindow::LastPoll => "last poll",
+        }
+    }
+
+    fn next(self) -> RateWindow {
+        match self {
+            RateWindow::OneMinute => RateWindow::FiveMinutes,
+            RateWindow::FiveMinutes => RateWindow::LastPoll,
+            RateWindow::LastPoll => RateWindow::OneMinute,
+        }
+    }
+}
 
 /// The Drills tab: what is picked, what runs, what came out.
 #[derive(Debug, Clone, Default)]
 pub struct DrillsView {
-    pub selected: usize,
     pub mode: ConsumerMode,
     /// Waiting for `y` to run the selected drill.
     pub confirming: bool,
     pub running: Option<RunningDrill>,
     pub last: Option<Result<Box<DrillReport>, String>>,
+    /// The verdict's lines scrolled past (every check stays reachable).
+    pub verdict_scroll: u16,
 }
 
 #[derive(Debug, Clone)]
@@ -31,18 +70,31 @@ pub struct RunningDrill {
     pub progress: Vec<String>,
 }
 
-impl DrillsView {
-    pub fn scenario(&self) -> Scenario {
-        Scenario::ALL[self.selected.min(Scenario::ALL.len() - 1)]
-    }
-}
-
-/// The Vehicles tab: the anomaly list and, when open, one vehicle's detail.
+/// The Vehicles tab: when open, one vehicle's detail.
 #[derive(Debug, Clone, Default)]
 pub struct VehiclesView {
-    pub selected: usize,
     /// The device whose state and history are shown.
     pub open: Option<String>,
+}
+
+/// The Duplicates chart's view.
+#[derive(Debug, Clone, Default)]
+pub struct ChartView {
+    /// None = every consumer, Some(i) = the i-th chart.
+    pub consumer: Option<usize>,
+    /// Marker kinds hidden from the marker lane.
+    pub hidden_kinds: BTreeSet<String>,
+    /// Log scale instead of the clamped linear one.
+    pub log: bool,
+    /// The inspected column, in [`CURSOR_STEPS`] from the left edge.
+    pub cursor: Option<u16>,
+}
+
+/// The Tables tab's dead letter opened to its raw bytes.
+#[derive(Debug, Clone, Default)]
+pub struct RawView {
+    pub id: i64,
+    pub scroll: u16,
 }
 
 #[derive(Debug, Clone)]
@@ -50,56 +102,92 @@ pub struct App {
     pub tab: Tab,
     /// The newest snapshot, or the one frozen on screen.
     pub snapshot: Option<Arc<Snapshot>>,
-    pub frozen: bool,
+    /// When `f` froze the display (wall clock); None while live.
+    pub frozen_at: Option<DateTime<Utc>>,
     /// Polls that arrived while frozen (shown, not applied).
     pub missed_while_frozen: u64,
-    pub show_help: bool,
+    /// The help overlay and how far it is scrolled.
+    pub help: Option<u16>,
     pub filter: String,
-    pub filter_editing: bool,
+    /// A line being typed (filter, vehicle id, marker label).
+    pub prompt: Option<Prompt>,
     /// A live demo: shows the banner and enables `D`.
     pub demo: bool,
     /// Drills may run against the watched database (the demo, or `allow_live`).
     pub drills_allowed: bool,
     /// Manual markers added in this session (shown even when the database is
     /// read-only for the dashboard).
-    pub local_markers: Vec<crate::monitor::markers::TimelineMarker>,
+    pub local_markers: Vec<TimelineMarker>,
     pub banner: Option<String>,
     /// "now" for relative times; the event loop sets it, tests fix it.
     pub now: DateTime<Utc>,
-    /// Duplicates tab: None = every consumer, Some(i) = the i-th.
-    pub chart_consumer: Option<usize>,
+    /// The terminal's size (clicks on the header, compact layouts).
+    pub width: u16,
+    pub height: u16,
+    pub rate_window: RateWindow,
+    pub chart: ChartView,
     pub vehicles: VehiclesView,
     pub drills: DrillsView,
-    pub tables_scroll: u16,
+    pub raw: Option<RawView>,
     pub inventory: Option<Vec<TwiceCheck>>,
+    /// Per list: selection (by identity) and sort.
+    pub lists: BTreeMap<ListId, ListState>,
+    /// Per tab: the list that keys act on.
+    pub focus: BTreeMap<Tab, ListId>,
+    /// Alerts acknowledged (kept, dimmed, out of the badge) and silenced (hidden)
+    /// for this session, by [`crate::monitor::alerts::Alert::key`].
+    pub acked: BTreeSet<String>,
+    pub silenced: BTreeSet<String>,
     /// One line of feedback (marker added, drill refused…).
     pub status: Option<String>,
     pub should_quit: bool,
 }
+
+static NO_LIST: ListState = ListState {
+    selected: None,
+    sort: 0,
+    reversed: false,
+};
 
 impl App {
     pub fn new(now: DateTime<Utc>, demo: bool, banner: Option<String>) -> App {
         App {
             tab: Tab::Overview,
             snapshot: None,
-            frozen: false,
+            frozen_at: None,
             missed_while_frozen: 0,
-            show_help: false,
+            help: None,
             filter: String::new(),
-            filter_editing: false,
+            prompt: None,
             demo,
             drills_allowed: demo,
             local_markers: Vec::new(),
             banner,
             now,
-            chart_consumer: None,
+            width: 160,
+            height: 45,
+            rate_window: RateWindow::default(),
+            chart: ChartView::default(),
             vehicles: VehiclesView::default(),
             drills: DrillsView::default(),
-            tables_scroll: 0,
+            raw: None,
             inventory: None,
+            lists: BTreeMap::new(),
+            focus: BTreeMap::new(),
+            acked: BTreeSet::new(),
+            silenced: BTreeSet::new(),
             status: None,
             should_quit: false,
         }
+    }
+
+    /// Under [`COMPACT_WIDTH`] columns.
+    pub fn compact(&self) -> bool {
+        self.width < COMPACT_WIDTH
+    }
+
+    pub fn frozen(&self) -> bool {
+        self.frozen_at.is_some()
     }
 
     /// Does `text` pass the `/` filter?
@@ -107,23 +195,36 @@ impl App {
         self.filter.is_empty() || text.to_lowercase().contains(&self.filter.to_lowercase())
     }
 
-    /// Devices in the anomaly list, filtered, in display order.
-    pub fn anomaly_devices(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        if let Some(v) = self
-            .snapshot
-            .as_ref()
-            .and_then(|s| s.database.as_ref())
-            .and_then(|d| d.vehicles.as_ref())
-        {
-            for a in &v.anomalies {
-                let d = a.device_id().to_string();
-                if self.matches(&d) && !out.contains(&d) {
-                    out.push(d);
-                }
-            }
+    pub fn list(&self, id: ListId) -> &ListState {
+        self.lists.get(&id).unwrap_or(&NO_LIST)
+    }
+
+    fn list_mut(&mut self, id: ListId) -> &mut ListState {
+        self.lists.entry(id).or_default()
+    }
+
+    /// The list keys act on in the current tab (the open vehicle's history while
+    /// one is open).
+    pub fn focused(&self) -> Option<ListId> {
+        if self.tab == Tab::Vehicles && self.vehicles.open.is_some() {
+            return Some(ListId::History);
         }
-        out
+        let lists = ListId::of(self.tab);
+        self.focus
+            .get(&self.tab)
+            .copied()
+            .filter(|f| lists.contains(f))
+            .or_else(|| lists.first().copied())
+    }
+
+    /// The selected scenario of the Drills tab.
+    pub fn scenario(&self) -> Scenario {
+        self.list(ListId::Scenarios)
+            .selected
+            .as_deref()
+            .and_then(|k| Scenario::ALL.iter().find(|s| s.as_str() == k))
+            .copied()
+            .unwrap_or(Scenario::ALL[0])
     }
 
     /// Consumers charted on the Duplicates tab, in snapshot order.
@@ -139,6 +240,25 @@ impl App {
             .unwrap_or_default()
     }
 
+    /// Incident alerts not acknowledged or silenced: (critical, warning), for the
+    /// header badge on every tab.
+    pub fn alert_badge(&self) -> (usize, usize) {
+        let Some(s) = &self.snapshot else {
+            return (0, 0);
+        };
+        s.alerts
+            .iter()
+            .filter(|a| {
+                a.is_incident()
+                    && !self.acked.contains(&a.key())
+                    && !self.silenced.contains(&a.key())
+            })
+            .fold((0, 0), |(c, w), a| match a.severity {
+                crate::monitor::alerts::Severity::Critical => (c + 1, w),
+                crate::monitor::alerts::Severity::Warning => (c, w + 1),
+            })
+    }
+
     /// Apply one action. Returns the I/O to perform.
     pub fn update(&mut self, action: Action) -> Vec<Effect> {
         let mut effects = Vec::new();
@@ -147,58 +267,88 @@ impl App {
             Action::NextTab => self.switch(self.tab.offset(1)),
             Action::PrevTab => self.switch(self.tab.offset(-1)),
             Action::GoTo(t) => self.switch(t),
-            Action::ToggleHelp => self.show_help = !self.show_help,
+            Action::ToggleHelp => {
+                self.help = match self.help {
+                    Some(_) => None,
+                    None => Some(0),
+                }
+            }
             Action::ToggleFreeze => {
-                self.frozen = !self.frozen;
                 self.missed_while_frozen = 0;
-                if !self.frozen {
-                    effects.push(Effect::Monitor(MonitorCommand::PollNow));
+                self.frozen_at = match self.frozen_at {
+                    Some(_) => {
+                        effects.push(Effect::Monitor(MonitorCommand::PollNow));
+                        None
+                    }
+                    None => Some(self.now),
+                };
+            }
+            Action::StartPrompt(kind) => {
+                self.help = None;
+                self.prompt = Some(Prompt {
+                    kind,
+                    text: String::new(),
+                });
+            }
+            Action::PromptInput(c) => {
+                if let Some(p) = &mut self.prompt {
+                    p.text.push(c);
+                    if p.kind == PromptKind::Filter {
+                        self.filter = p.text.clone();
+                    }
                 }
             }
-            Action::AddMarker => {
-                let label = format!("manual marker {}", self.now.format("%H:%M:%S"));
-                self.status = Some(format!("added \"{label}\""));
-                if self.demo {
-                    // The demo's own database takes the marker; it comes back with the
-                    // next poll like any other.
-                    effects.push(Effect::AddMarker { label });
-                } else {
-                    // The dashboard only reads a watched system: keep the marker here.
-                    self.local_markers
-                        .push(crate::monitor::markers::TimelineMarker {
-                            at: self.now,
-                            kind: "manual".into(),
-                            label,
-                            detail: None,
-                            source: crate::monitor::markers::MarkerSource::Database,
-                        });
+            Action::PromptBackspace => {
+                if let Some(p) = &mut self.prompt {
+                    p.text.pop();
+                    if p.kind == PromptKind::Filter {
+                        self.filter = p.text.clone();
+                    }
                 }
             }
-            Action::StartFilter => {
-                self.filter_editing = true;
-                self.show_help = false;
-            }
-            Action::FilterInput(c) => self.filter.push(c),
-            Action::FilterBackspace => {
-                self.filter.pop();
-            }
-            Action::FilterDone => self.filter_editing = false,
-            Action::Back => self.back(),
+            Action::PromptDone => effects.extend(self.prompt_done()),
+            Action::Back => effects.extend(self.back()),
             Action::ZoomIn => effects.push(Effect::Monitor(MonitorCommand::ZoomIn)),
             Action::ZoomOut => effects.push(Effect::Monitor(MonitorCommand::ZoomOut)),
-            Action::Up => self.move_selection(-1),
-            Action::Down => self.move_selection(1),
-            Action::ScrollUp => self.move_selection(-1),
-            Action::ScrollDown => self.move_selection(1),
+            Action::Up | Action::ScrollUp => self.scroll(-1),
+            Action::Down | Action::ScrollDown => self.scroll(1),
+            Action::PageUp => self.scroll(-PAGE),
+            Action::PageDown => self.scroll(PAGE),
+            Action::Home => self.scroll(isize::MIN / 2),
+            Action::End => self.scroll(isize::MAX / 2),
+            Action::Left => self.sideways(-1),
+            Action::Right => self.sideways(1),
+            Action::Sort => {
+                if let Some(id) = self.focused() {
+                    let n = id.sorts().len();
+                    let l = self.list_mut(id);
+                    l.sort = (l.sort + 1) % n;
+                    l.reversed = false;
+                    self.status = Some(format!("{} sorted by {}", id.title(), id.sorts()[l.sort]));
+                }
+            }
+            Action::SortReverse => {
+                if let Some(id) = self.focused() {
+                    let l = self.list_mut(id);
+                    l.reversed = !l.reversed;
+                }
+            }
             Action::Enter => effects.extend(self.enter()),
             Action::CycleConsumer => {
                 let n = self.chart_names().len();
-                self.chart_consumer = match self.chart_consumer {
+                self.chart.consumer = match self.chart.consumer {
                     None if n > 0 => Some(0),
                     Some(i) if i + 1 < n => Some(i + 1),
                     _ => None,
                 };
             }
+            Action::ToggleMarkerKind(kind) => {
+                if !self.chart.hidden_kinds.remove(kind) {
+                    self.chart.hidden_kinds.insert(kind.to_string());
+                }
+            }
+            Action::ToggleLogScale => self.chart.log = !self.chart.log,
+            Action::CycleRateWindow => self.rate_window = self.rate_window.next(),
             Action::ToggleDrillMode => {
                 self.drills.mode = match self.drills.mode {
                     ConsumerMode::Naive => ConsumerMode::Idempotent,
@@ -206,7 +356,11 @@ impl App {
                 };
                 self.drills.confirming = false;
             }
-            Action::Confirm => effects.extend(self.confirm_drill()),
+            Action::Confirm => effects.extend(self.confirm()),
+            Action::Acknowledge => self.mark_alert(false),
+            Action::Silence => self.mark_alert(true),
+            Action::Copy => effects.extend(self.copy()),
+            Action::Export => effects.push(Effect::Export),
             Action::Deploy => {
                 if self.demo {
                     self.status = Some("simulated deploy: consumers restart mid-flight".into());
@@ -215,7 +369,7 @@ impl App {
             }
             Action::Click { column, row } => {
                 if row == 0 {
-                    if let Some(i) = tab_spans()
+                    if let Some(i) = tab_spans(self.width, self.tab)
                         .iter()
                         .position(|(a, b)| (*a..=*b).contains(&column))
                     {
@@ -223,10 +377,12 @@ impl App {
                     }
                 }
             }
-            // Nothing to keep: the next frame lays itself out for the new size.
-            Action::Resize => {}
+            Action::Resize { width, height } => {
+                self.width = width;
+                self.height = height;
+            }
             Action::Snapshot(snapshot) => {
-                if self.frozen {
+                if self.frozen() {
                     self.missed_while_frozen += 1;
                 } else {
                     self.now = snapshot.taken_at;
@@ -243,6 +399,7 @@ impl App {
             }
             Action::DrillFinished(result) => {
                 self.drills.running = None;
+                self.drills.verdict_scroll = 0;
                 self.status = Some(match &result {
                     Ok(r) => format!(
                         "drill {} ({}): {}",
@@ -256,8 +413,9 @@ impl App {
                 effects.push(Effect::Monitor(MonitorCommand::PollNow));
             }
             Action::TwiceChecked(checks) => self.inventory = Some(checks),
+            Action::Status(line) => self.status = Some(line),
             Action::Tick(now) => {
-                if !self.frozen {
+                if !self.frozen() {
                     self.now = now.max(self.now);
                 }
             }
@@ -267,67 +425,167 @@ impl App {
 
     fn switch(&mut self, tab: Tab) {
         self.tab = tab;
-        self.show_help = false;
+        self.help = None;
         self.drills.confirming = false;
     }
 
-    fn back(&mut self) {
-        if self.filter_editing {
-            self.filter_editing = false;
-            self.filter.clear();
-        } else if self.show_help {
-            self.show_help = false;
+    fn prompt_done(&mut self) -> Vec<Effect> {
+        let Some(p) = self.prompt.take() else {
+            return Vec::new();
+        };
+        let text = p.text.trim().to_string();
+        match p.kind {
+            PromptKind::Filter => Vec::new(),
+            PromptKind::VehicleId if !text.is_empty() => {
+                self.tab = Tab::Vehicles;
+                self.open_vehicle(text)
+            }
+            PromptKind::MarkerLabel if !text.is_empty() => self.add_marker(text),
+            _ => Vec::new(),
+        }
+    }
+
+    fn add_marker(&mut self, label: String) -> Vec<Effect> {
+        self.status = Some(format!("marker \"{label}\" added"));
+        if self.demo {
+            // The demo's own database takes the marker; it comes back with the next
+            // poll like any other.
+            return vec![Effect::AddMarker { label }];
+        }
+        // The dashboard only reads a watched system: keep the marker here.
+        self.local_markers.push(TimelineMarker {
+            at: self.now,
+            kind: "manual".into(),
+            label,
+            detail: Some("added in this session".into()),
+            source: MarkerSource::Database,
+        });
+        Vec::new()
+    }
+
+    fn open_vehicle(&mut self, device: String) -> Vec<Effect> {
+        self.list_mut(ListId::History).selected = None;
+        self.vehicles.open = Some(device.clone());
+        vec![Effect::Monitor(MonitorCommand::SelectVehicle(Some(device)))]
+    }
+
+    fn back(&mut self) -> Vec<Effect> {
+        if let Some(p) = self.prompt.take() {
+            if p.kind == PromptKind::Filter {
+                self.filter.clear();
+            }
+        } else if self.help.is_some() {
+            self.help = None;
         } else if self.drills.confirming {
             self.drills.confirming = false;
+        } else if self.raw.is_some() && self.tab == Tab::Tables {
+            self.raw = None;
+            return vec![Effect::Monitor(MonitorCommand::OpenDeadLetter(None))];
         } else if self.vehicles.open.is_some() && self.tab == Tab::Vehicles {
             self.vehicles.open = None;
+            return vec![Effect::Monitor(MonitorCommand::SelectVehicle(None))];
+        } else if self.tab == Tab::Duplicates && self.chart.cursor.is_some() {
+            self.chart.cursor = None;
         } else if !self.filter.is_empty() {
             self.filter.clear();
         }
+        Vec::new()
     }
 
-    fn move_selection(&mut self, by: isize) {
-        let step = |i: usize, n: usize| -> usize {
-            if n == 0 {
-                0
-            } else {
-                (i as isize + by).clamp(0, n as isize - 1) as usize
+    /// Up/down by `by` rows in whatever has the keys: help, the raw view, the
+    /// verdict, the focused list.
+    fn scroll(&mut self, by: isize) {
+        let shift = |v: u16| -> u16 { (v as isize + by).clamp(0, 10_000) as u16 };
+        if let Some(h) = self.help {
+            self.help = Some(shift(h));
+            return;
+        }
+        if let Some(raw) = self.raw.as_mut().filter(|_| self.tab == Tab::Tables) {
+            raw.scroll = shift(raw.scroll);
+            return;
+        }
+        if self.tab == Tab::Drills && self.focused() == Some(ListId::Scenarios) {
+            if by.abs() >= PAGE {
+                // PgUp/PgDn/Home/End scroll the verdict; ↑/↓ pick the scenario.
+                self.drills.verdict_scroll = shift(self.drills.verdict_scroll);
+                return;
             }
-        };
-        match self.tab {
-            Tab::Vehicles if self.vehicles.open.is_none() => {
-                self.vehicles.selected = step(self.vehicles.selected, self.anomaly_devices().len());
+            if self.drills.running.is_some() || self.drills.confirming {
+                return;
             }
-            Tab::Drills if self.drills.running.is_none() => {
-                self.drills.selected = step(self.drills.selected, Scenario::ALL.len());
-                self.drills.confirming = false;
-            }
-            Tab::Tables => {
-                self.tables_scroll =
-                    (i32::from(self.tables_scroll) + by as i32).clamp(0, 500) as u16;
-            }
-            _ => {}
+        }
+        if let Some(id) = self.focused() {
+            self.move_selection(id, by);
         }
     }
 
+    fn move_selection(&mut self, id: ListId, by: isize) {
+        let keys = lists::keys(self, id);
+        if keys.is_empty() {
+            return;
+        }
+        let current = self
+            .list(id)
+            .selected
+            .as_ref()
+            .and_then(|k| keys.iter().position(|x| x == k))
+            // The scenario list always shows one picked: the first.
+            .or((id == ListId::Scenarios).then_some(0));
+        let next = match current {
+            None if by < 0 => keys.len() - 1,
+            None => 0,
+            Some(i) => (i as isize + by).clamp(0, keys.len() as isize - 1) as usize,
+        };
+        self.list_mut(id).selected = Some(keys[next].clone());
+        if id == ListId::Scenarios {
+            self.drills.confirming = false;
+            self.drills.verdict_scroll = 0;
+        }
+    }
+
+    /// ←/→: the chart cursor on the Duplicates tab, else the next panel.
+    fn sideways(&mut self, by: i16) {
+        if self.tab == Tab::Duplicates {
+            let at = self.chart.cursor.unwrap_or(CURSOR_STEPS) as i16;
+            self.chart.cursor = Some((at + by).clamp(0, CURSOR_STEPS as i16) as u16);
+            return;
+        }
+        let lists = ListId::of(self.tab);
+        if lists.len() < 2 || self.raw.is_some() {
+            return;
+        }
+        let i = self
+            .focused()
+            .and_then(|f| lists.iter().position(|l| *l == f))
+            .unwrap_or(0);
+        let next = lists[(i as isize + by as isize).rem_euclid(lists.len() as isize) as usize];
+        self.focus.insert(self.tab, next);
+    }
+
     fn enter(&mut self) -> Vec<Effect> {
-        match self.tab {
-            Tab::Vehicles => {
-                if self.vehicles.open.is_some() {
+        match (self.tab, self.focused()) {
+            (Tab::Overview, Some(ListId::Alerts)) => self.jump_to_alert(),
+            (Tab::Overview, Some(ListId::Consumers)) => {
+                // Open the consumer's duplicate-rate chart.
+                let Some(key) = self.list(ListId::Consumers).selected.clone() else {
                     return Vec::new();
-                }
-                let devices = self.anomaly_devices();
-                match devices.get(self.vehicles.selected) {
-                    Some(d) => {
-                        self.vehicles.open = Some(d.clone());
-                        vec![Effect::Monitor(MonitorCommand::SelectVehicle(Some(
-                            d.clone(),
-                        )))]
-                    }
+                };
+                self.chart.consumer = self.chart_names().iter().position(|n| *n == key);
+                self.switch(Tab::Duplicates);
+                Vec::new()
+            }
+            (Tab::Vehicles, Some(ListId::Anomalies)) => {
+                let selected = self.list(ListId::Anomalies).selected.clone();
+                let device = selected
+                    .as_deref()
+                    .and_then(|k| k.split('|').next())
+                    .map(str::to_string);
+                match device {
+                    Some(d) => self.open_vehicle(d),
                     None => Vec::new(),
                 }
             }
-            Tab::Drills => {
+            (Tab::Drills, Some(ListId::Scenarios)) => {
                 if !self.drills_allowed {
                     self.status = Some(
                         "drills against a configured system are off: set [drills] allow_live = true".into(),
@@ -339,16 +597,186 @@ impl App {
                 }
                 Vec::new()
             }
+            (Tab::Tables, Some(ListId::DeadLetters)) if self.raw.is_none() => {
+                let Some(id) = self
+                    .list(ListId::DeadLetters)
+                    .selected
+                    .as_deref()
+                    .and_then(|k| k.parse::<i64>().ok())
+                else {
+                    return Vec::new();
+                };
+                self.raw = Some(RawView {
+                    id,
+                    ..RawView::default()
+                });
+                vec![Effect::Monitor(MonitorCommand::OpenDeadLetter(Some(id)))]
+            }
             _ => Vec::new(),
         }
     }
 
-    fn confirm_drill(&mut self) -> Vec<Effect> {
+    /// Enter on an alert: its tab, and its row there.
+    fn jump_to_alert(&mut self) -> Vec<Effect> {
+        let Some(key) = self.list(ListId::Alerts).selected.clone() else {
+            return Vec::new();
+        };
+        let Some(alert) = self
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.alerts.iter().find(|a| a.key() == key))
+            .cloned()
+        else {
+            return Vec::new();
+        };
+        self.status = Some(format!("from alert: {}", alert.message));
+        match alert.object {
+            AlertObject::Target { target } => {
+                let first = lists::consumers(self)
+                    .rows
+                    .iter()
+                    .find(|(_, c)| c.target == target)
+                    .map(|(k, _)| k.clone());
+                self.focus.insert(Tab::Overview, ListId::Consumers);
+                self.list_mut(ListId::Consumers).selected = first;
+                Vec::new()
+            }
+            AlertObject::Consumer { target, consumer } => {
+                let name = format!("{target}/{consumer}");
+                self.chart.consumer = self.chart_names().iter().position(|n| *n == name);
+                self.list_mut(ListId::Consumers).selected = Some(name);
+                self.switch(Tab::Duplicates);
+                Vec::new()
+            }
+            AlertObject::Database => {
+                self.switch(Tab::Tables);
+                Vec::new()
+            }
+            AlertObject::Claim {
+                consumer,
+                message_key,
+            } => {
+                self.switch(Tab::Tables);
+                self.focus.insert(Tab::Tables, ListId::Claims);
+                self.list_mut(ListId::Claims).selected = Some(format!("{consumer}|{message_key}"));
+                Vec::new()
+            }
+            AlertObject::DeadLetters { consumer, reason } => {
+                self.switch(Tab::Tables);
+                self.raw = None;
+                self.focus.insert(Tab::Tables, ListId::DeadLetters);
+                let newest = lists::dead_letters(self)
+                    .rows
+                    .iter()
+                    .filter(|(_, d)| d.consumer == consumer && d.reason == reason)
+                    .max_by_key(|(_, d)| d.id)
+                    .map(|(k, _)| k.clone());
+                self.list_mut(ListId::DeadLetters).selected = newest;
+                Vec::new()
+            }
+            AlertObject::Device { device_id } => {
+                self.switch(Tab::Vehicles);
+                self.open_vehicle(device_id)
+            }
+        }
+    }
+
+    /// `a` acknowledges (kept, out of the badge), `z` silences (hidden) the selected
+    /// alert for this session.
+    fn mark_alert(&mut self, silence: bool) {
+        if self.tab != Tab::Overview {
+            return;
+        }
+        let Some(key) = self.list(ListId::Alerts).selected.clone() else {
+            self.status = Some("select an alert first (→ focuses the alerts)".into());
+            return;
+        };
+        if silence {
+            self.silenced.insert(key);
+            self.list_mut(ListId::Alerts).selected = None;
+            self.status = Some("alert silenced for this session".into());
+        } else if !self.acked.remove(&key) {
+            self.acked.insert(key);
+            self.status = Some("alert acknowledged".into());
+        }
+    }
+
+    /// `y`: the selected row's key or device id, to the terminal's clipboard.
+    fn copy(&mut self) -> Vec<Effect> {
+        let text = match (self.tab, self.focused()) {
+            (Tab::Vehicles, Some(ListId::History)) => self.vehicles.open.clone(),
+            (Tab::Vehicles, _) => self
+                .list(ListId::Anomalies)
+                .selected
+                .as_deref()
+                .and_then(|k| k.split('|').next())
+                .map(str::to_string),
+            (Tab::Tables, Some(ListId::Claims)) => self
+                .list(ListId::Claims)
+                .selected
+                .as_deref()
+                .and_then(|k| k.split_once('|'))
+                .map(|(_, key)| key.to_string()),
+            (Tab::Tables, Some(ListId::DeadLetters)) => self.selected_dead_letter_key(),
+            (Tab::Overview, Some(ListId::Consumers)) => {
+                self.list(ListId::Consumers).selected.clone()
+            }
+            (Tab::Overview, Some(ListId::Alerts)) => self.selected_alert_object(),
+            _ => None,
+        };
+        match text {
+            Some(t) => {
+                self.status = Some(format!("copied {t} (OSC 52)"));
+                vec![Effect::Copy(t)]
+            }
+            None => {
+                self.status = Some("nothing to copy here".into());
+                Vec::new()
+            }
+        }
+    }
+
+    fn selected_alert_object(&self) -> Option<String> {
+        let key = self.list(ListId::Alerts).selected.as_ref()?;
+        let a = self
+            .snapshot
+            .as_ref()?
+            .alerts
+            .iter()
+            .find(|a| a.key() == *key)?;
+        Some(match &a.object {
+            AlertObject::Claim { message_key, .. } => message_key.clone(),
+            AlertObject::Device { device_id } => device_id.clone(),
+            other => other.label(),
+        })
+    }
+
+    /// The message key of the selected dead letter (or its device id when the raw
+    /// bytes do not parse that far).
+    fn selected_dead_letter_key(&self) -> Option<String> {
+        let id: i64 = self
+            .list(ListId::DeadLetters)
+            .selected
+            .as_ref()?
+            .parse()
+            .ok()?;
+        let row = self
+            .snapshot
+            .as_ref()?
+            .database
+            .as_ref()?
+            .recent_dead_letters
+            .iter()
+            .find(|d| d.id == id)?;
+        row.message_key.clone().or_else(|| row.device_id.clone())
+    }
+
+    fn confirm(&mut self) -> Vec<Effect> {
         if self.tab != Tab::Drills || !self.drills.confirming || self.drills.running.is_some() {
             return Vec::new();
         }
         self.drills.confirming = false;
-        let scenario = self.drills.scenario();
+        let scenario = self.scenario();
         let mode = self.drills.mode;
         self.drills.running = Some(RunningDrill {
             scenario,
@@ -360,13 +788,9 @@ impl App {
     }
 
     fn clamp_selections(&mut self) {
-        let n = self.anomaly_devices().len();
-        if self.vehicles.selected >= n {
-            self.vehicles.selected = n.saturating_sub(1);
-        }
         let charts = self.chart_names().len();
-        if self.chart_consumer.is_some_and(|i| i >= charts) {
-            self.chart_consumer = None;
+        if self.chart.consumer.is_some_and(|i| i >= charts) {
+            self.chart.consumer = None;
         }
     }
 }
@@ -374,9 +798,18 @@ impl App {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tui::fixtures;
 
     fn app() -> App {
         App::new(DateTime::UNIX_EPOCH, true, None)
+    }
+
+    fn with_snapshot() -> App {
+        let mut a = App::new(fixtures::now(), true, None);
+        a.update(Action::Snapshot(Arc::new(fixtures::snapshot(
+            fixtures::now(),
+        ))));
+        a
     }
 
     #[test]
@@ -420,10 +853,11 @@ mod tests {
     }
 
     #[test]
-    fn frozen_display_keeps_its_snapshot() {
+    fn frozen_display_keeps_its_snapshot_and_says_since_when() {
         let mut a = app();
         a.update(Action::ToggleFreeze);
-        let snap = Arc::new(crate::tui::fixtures::snapshot(DateTime::UNIX_EPOCH));
+        assert_eq!(a.frozen_at, Some(DateTime::UNIX_EPOCH));
+        let snap = Arc::new(fixtures::snapshot(DateTime::UNIX_EPOCH));
         a.update(Action::Snapshot(snap));
         assert!(a.snapshot.is_none());
         assert_eq!(a.missed_while_frozen, 1);
@@ -436,19 +870,20 @@ mod tests {
     #[test]
     fn escape_closes_the_innermost_thing_first() {
         let mut a = app();
-        a.update(Action::StartFilter);
-        a.update(Action::FilterInput('x'));
+        a.update(Action::StartPrompt(PromptKind::Filter));
+        a.update(Action::PromptInput('x'));
+        assert_eq!(a.filter, "x");
         a.update(Action::Back);
-        assert!(!a.filter_editing && a.filter.is_empty());
+        assert!(a.prompt.is_none() && a.filter.is_empty());
         a.update(Action::ToggleHelp);
         a.update(Action::Back);
-        assert!(!a.show_help);
+        assert!(a.help.is_none());
     }
 
     #[test]
     fn clicking_a_tab_title_opens_it() {
         let mut a = app();
-        let (first, _) = tab_spans()[4];
+        let (first, _) = tab_spans(a.width, a.tab)[4];
         a.update(Action::Click {
             column: first + 2,
             row: 0,
@@ -466,5 +901,85 @@ mod tests {
         let mut real = App::new(DateTime::UNIX_EPOCH, false, None);
         assert!(real.update(Action::Deploy).is_empty());
         assert_eq!(app().update(Action::Deploy), vec![Effect::Deploy]);
+    }
+
+    #[test]
+    fn the_selected_vehicle_stays_selected_when_a_poll_reorders_the_list() {
+        let mut a = with_snapshot();
+        a.update(Action::GoTo(Tab::Vehicles));
+        a.update(Action::Down);
+        a.update(Action::Down);
+        let picked = a.list(ListId::Anomalies).selected.clone();
+        let mut snap = fixtures::snapshot(fixtures::now());
+        if let Some(v) = snap.database.as_mut().and_then(|d| d.vehicles.as_mut()) {
+            v.anomalies.reverse();
+        }
+        a.update(Action::Snapshot(Arc::new(snap)));
+        assert_eq!(a.list(ListId::Anomalies).selected, picked);
+        let device = picked
+            .as_deref()
+            .and_then(|k| k.split('|').next())
+            .map(str::to_string);
+        let effects = a.update(Action::Enter);
+        assert_eq!(a.vehicles.open, device, "Enter opens the selected device");
+        assert_eq!(
+            effects,
+            vec![Effect::Monitor(MonitorCommand::SelectVehicle(device))]
+        );
+    }
+
+    #[test]
+    fn enter_on_an_alert_jumps_to_its_object() {
+        let mut a = with_snapshot();
+        a.update(Action::Right); // focus the alerts
+        a.update(Action::Down);
+        let first = a.list(ListId::Alerts).selected.clone();
+        assert!(first.is_some());
+        // The fixture's first alert is the claim in doubt: Tables, its row.
+        a.update(Action::Enter);
+        assert_eq!(a.tab, Tab::Tables);
+        assert_eq!(a.focused(), Some(ListId::Claims));
+        assert_eq!(
+            a.list(ListId::Claims).selected.as_deref(),
+            Some("zone-exit-sms|34-SIM-0003:311:zone_exit")
+        );
+    }
+
+    #[test]
+    fn acknowledged_and_silenced_alerts_leave_the_badge() {
+        let mut a = with_snapshot();
+        let (crit, _) = a.alert_badge();
+        assert!(crit >= 2, "{crit}");
+        a.update(Action::Right);
+        a.update(Action::Down);
+        a.update(Action::Acknowledge);
+        assert_eq!(a.alert_badge().0, crit - 1);
+        a.update(Action::Down);
+        a.update(Action::Silence);
+        assert_eq!(a.alert_badge().0, crit - 2);
+        assert_eq!(lists::alerts(&a).rows.len(), lists::alerts(&a).total);
+    }
+
+    #[test]
+    fn a_marker_asks_for_its_label() {
+        let mut a = App::new(fixtures::now(), false, None);
+        a.update(Action::StartPrompt(PromptKind::MarkerLabel));
+        for c in "db failover".chars() {
+            a.update(Action::PromptInput(c));
+        }
+        a.update(Action::PromptDone);
+        assert_eq!(a.local_markers.len(), 1);
+        assert_eq!(a.local_markers[0].label, "db failover");
+    }
+
+    #[test]
+    fn help_scrolls() {
+        let mut a = app();
+        a.update(Action::ToggleHelp);
+        a.update(Action::PageDown);
+        a.update(Action::Down);
+        assert_eq!(a.help, Some(PAGE as u16 + 1));
+        a.update(Action::Home);
+        assert_eq!(a.help, Some(0));
     }
 }

@@ -29,6 +29,12 @@ pub async fn run(terminal: &mut DefaultTerminal, opts: TuiOptions) -> Result<(),
     let theme = opts.theme;
     let mut app = App::new(chrono::Utc::now(), opts.demo.is_some(), opts.banner.clone());
     app.drills_allowed = opts.demo.is_some() || opts.config.drills.allow_live;
+    if let Ok(size) = terminal.size() {
+        app.update(Action::Resize {
+            width: size.width,
+            height: size.height,
+        });
+    }
 
     // The Inventory's "twice" check runs once, on a scratch database.
     let twice_tx = tx.clone();
@@ -68,7 +74,7 @@ pub async fn run(terminal: &mut DefaultTerminal, opts: TuiOptions) -> Result<(),
         };
         if let Some(action) = action {
             for effect in app.update(action) {
-                perform(effect, &opts, &handle.commands, &tx);
+                perform(effect, &app, &opts, &handle.commands, &tx);
             }
             dirty = true;
         }
@@ -91,13 +97,14 @@ fn translate(event: Event, app: &App) -> Option<Action> {
             MouseEventKind::ScrollDown => Some(Action::ScrollDown),
             _ => None,
         },
-        Event::Resize(..) => Some(Action::Resize),
+        Event::Resize(width, height) => Some(Action::Resize { width, height }),
         _ => None,
     }
 }
 
 fn perform(
     effect: Effect,
+    app: &App,
     opts: &TuiOptions,
     monitor: &mpsc::Sender<crate::monitor::MonitorCommand>,
     tx: &mpsc::UnboundedSender<Action>,
@@ -105,6 +112,39 @@ fn perform(
     match effect {
         Effect::Monitor(cmd) => {
             let _ = monitor.try_send(cmd);
+        }
+        Effect::Copy(text) => {
+            // OSC 52: the terminal (or tmux, or the SSH client's terminal) puts the
+            // text on its clipboard; the dashboard never touches a local clipboard.
+            use std::io::Write;
+            let mut out = std::io::stdout();
+            let _ = write!(out, "\x1b]52;c;{}\x07", base64(text.as_bytes()));
+            let _ = out.flush();
+        }
+        Effect::Export => {
+            let Some(snapshot) = app.snapshot.clone() else {
+                let _ = tx.send(Action::Status(
+                    "nothing to export before the first poll".into(),
+                ));
+                return;
+            };
+            let dir = opts.report_dir.clone();
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let report = crate::report::Report::from_snapshot(&snapshot);
+                let name = format!(
+                    "idemwatch-report-{}.html",
+                    report.to.format("%Y%m%d-%H%M%S")
+                );
+                let path = dir.join(name);
+                let line = match std::fs::create_dir_all(&dir)
+                    .and_then(|()| report.write(crate::report::Format::Html, &path))
+                {
+                    Ok(()) => format!("report written to {}", path.display()),
+                    Err(e) => format!("report not written to {}: {e}", path.display()),
+                };
+                let _ = tx.send(Action::Status(line));
+            });
         }
         Effect::Deploy => {
             if let Some(demo) = &opts.demo {
@@ -118,7 +158,7 @@ fn perform(
             let tx = tx.clone();
             tokio::spawn(async move {
                 if let Err(e) = demo.add_marker(&label).await {
-                    let _ = tx.send(Action::DrillProgress(format!("marker not saved: {e}")));
+                    let _ = tx.send(Action::Status(format!("marker not saved: {e}")));
                 }
             });
         }
@@ -152,5 +192,39 @@ fn perform(
                 let _ = done.send(Action::DrillFinished(result));
             });
         }
+    }
+}
+
+/// Standard base64 (RFC 4648, padded) for OSC 52; a dozen lines are lighter than a
+/// dependency for the few bytes of a key.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_is_the_standard_padded_alphabet() {
+        assert_eq!(super::base64(b"34-SIM-0007"), "MzQtU0lNLTAwMDc=");
+        assert_eq!(super::base64(b"ab"), "YWI=");
+        assert_eq!(super::base64(b"abc"), "YWJj");
+        assert_eq!(super::base64(b""), "");
     }
 }

@@ -6,14 +6,16 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 use crate::engine::store::Durability;
-use crate::monitor::alerts::{Alert, AlertKind, Severity};
+use crate::monitor::alerts::{Alert, AlertKind, AlertObject, AlertRecord, Cause, Severity};
 use crate::monitor::db::{
-    ConsumerInserts, CountMethod, DbStats, DeadLetterGroup, DedupStats, DrillRunSummary,
-    InDoubtClaim, RowEstimate, SourceStatus,
+    ConsumerInserts, CountMethod, DbStats, DeadLetterDetail, DeadLetterGroup, DeadLetterRow,
+    DedupStats, DrillRunSummary, InDoubtClaim, RowEstimate, SourceStatus,
 };
 use crate::monitor::markers::{MarkerSource, TimelineMarker};
 use crate::monitor::series::Point;
-use crate::monitor::targets::{BrokerStatus, ConsumerStatus, CounterReading, TargetStatus};
+use crate::monitor::targets::{
+    BrokerStatus, ConsumerStatus, CounterReading, Flow, TargetStatus, Totals, WindowCounts,
+};
 use crate::monitor::vehicles::{
     DetailEvent, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
 };
@@ -56,7 +58,82 @@ fn consumer(name: &str, processed: f64, rate: f64, dups: f64, dup_rate: f64) -> 
         claims_in_doubt: Some(if name == "zone-exit-sms" { 1.0 } else { 0.0 }),
         last_restart: Some(now() - Duration::seconds(95)),
         duplicates_quiet_seconds: None,
+        window_1m: window(
+            60.0,
+            rate,
+            dup_rate,
+            if name == "vehicle-state" { 3.0 } else { 0.0 },
+        ),
+        window_5m: window(300.0, rate, dup_rate * 0.6, 2.0),
+        totals: Totals {
+            since: Some(now() - Duration::seconds(1200)),
+            restarts: 3,
+            processed: processed * 1.4,
+            duplicate_dropped: dups * 1.5,
+            redelivered: dups * 1.5 + 4.0,
+            out_of_order: 6.0,
+            dead_lettered: 5.0,
+            side_effects: if name == "zone-exit-sms" {
+                BTreeMap::from([
+                    ("sent".to_string(), 590.0),
+                    ("suppressed".to_string(), 5.0),
+                    ("failed".to_string(), 0.0),
+                ])
+            } else {
+                BTreeMap::new()
+            },
+        },
+        flow: match name {
+            "erp-webhook" => Flow::Quiet {
+                last_processed_at: Some(now() - Duration::seconds(42)),
+            },
+            _ => Flow::Flowing,
+        },
     }
+}
+
+/// Counts over a window at these rates (a redelivery burst in the last minute).
+fn window(seconds: f64, rate: f64, dup_rate: f64, burst: f64) -> WindowCounts {
+    let processed = (rate * seconds).round();
+    let dups = (dup_rate * seconds).round();
+    WindowCounts {
+        seconds,
+        processed,
+        duplicate_dropped: dups,
+        redelivered: dups + burst,
+        out_of_order: burst.min(1.0),
+        dead_lettered: if seconds > 60.0 { 2.0 } else { 0.0 },
+        dead_lettered_by_reason: if seconds > 60.0 {
+            BTreeMap::from([("invalid_field".to_string(), 2.0)])
+        } else {
+            BTreeMap::new()
+        },
+        processed_per_second: Some(processed / seconds),
+        duplicate_dropped_per_second: Some(dups / seconds),
+        duplicate_ratio: crate::monitor::rates::duplicate_ratio(processed, dups),
+    }
+}
+
+fn alert(
+    severity: Severity,
+    kind: AlertKind,
+    object: AlertObject,
+    message: &str,
+    since: i64,
+) -> Alert {
+    Alert {
+        severity,
+        kind,
+        message: message.into(),
+        object,
+        cause: Cause::Incident,
+        since: Some(now() - Duration::seconds(since)),
+    }
+}
+
+/// The raw bytes of the fixture's dead letter #7 (a key conflict).
+pub fn conflict_raw() -> Vec<u8> {
+    br#"{"device_id":"34-SIM-0003","seq":311,"event_type":"zone_exit","occurred_at":"2026-11-30T04:10:03Z","payload":{"zone":"Y","phone":"+905551112233"}}"#.to_vec()
 }
 
 /// A duplicate-ratio series: quiet, a spike at the deploy, a gap where a scrape
@@ -127,6 +204,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             url: "http://127.0.0.1:40123/metrics".into(),
             status: SourceStatus::Up,
             scraped_at: Some(at),
+            down_since: None,
             scrape_ms: Some(2),
             samples: 131,
             process_start_time: Some(1_700_000_000.0),
@@ -178,13 +256,50 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                 age_seconds: 140,
                 attempts: 2,
             }],
-            dead_letters: vec![DeadLetterGroup {
-                consumer: "vehicle-state".into(),
-                reason: "invalid_field".into(),
-                total: 2,
-                last_hour: 2,
-                newest_at: Some(now() - Duration::seconds(30)),
-            }],
+            dead_letters: vec![
+                DeadLetterGroup {
+                    consumer: "vehicle-state".into(),
+                    reason: "invalid_field".into(),
+                    total: 2,
+                    last_hour: 2,
+                    newest_at: Some(now() - Duration::seconds(30)),
+                },
+                DeadLetterGroup {
+                    consumer: "trip-counter".into(),
+                    reason: "key_conflict".into(),
+                    total: 1,
+                    last_hour: 1,
+                    newest_at: Some(now() - Duration::seconds(50)),
+                },
+            ],
+            recent_dead_letters: vec![
+                DeadLetterRow {
+                    id: 8,
+                    consumer: "vehicle-state".into(),
+                    reason: "invalid_field".into(),
+                    received_at: now() - Duration::seconds(30),
+                    detail: Some("seq: expected an unsigned integer".into()),
+                    size: 63,
+                    preview: r#"{"device_id":"34-SIM-0003","seq":"oops","event_type":"position"}"#
+                        .into(),
+                    message_key: None,
+                    device_id: Some("34-SIM-0003".into()),
+                },
+                DeadLetterRow {
+                    id: 7,
+                    consumer: "trip-counter".into(),
+                    reason: "key_conflict".into(),
+                    received_at: now() - Duration::seconds(50),
+                    detail: Some("same key 34-SIM-0003:311:zone_exit, different payload".into()),
+                    size: conflict_raw().len() as i64,
+                    preview: crate::monitor::bytes::escaped(&conflict_raw())
+                        .chars()
+                        .take(80)
+                        .collect(),
+                    message_key: Some("34-SIM-0003:311:zone_exit".into()),
+                    device_id: Some("34-SIM-0003".into()),
+                },
+            ],
             markers: markers.clone(),
             drill_runs: vec![
                 DrillRunSummary {
@@ -231,17 +346,74 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             failures: Vec::new(),
         }),
         alerts: vec![
+            alert(
+                Severity::Critical,
+                AlertKind::ClaimsInDoubt { count: 1 },
+                AlertObject::Claim {
+                    consumer: "zone-exit-sms".into(),
+                    message_key: "34-SIM-0003:311:zone_exit".into(),
+                },
+                "1 side-effect claim(s) in doubt: the send may or may not have happened",
+                80,
+            ),
+            alert(
+                Severity::Critical,
+                AlertKind::DeadLetterBurst {
+                    consumer: "trip-counter".into(),
+                    reason: "key_conflict".into(),
+                    count: 1.0,
+                    window_seconds: 300,
+                },
+                AlertObject::DeadLetters {
+                    consumer: "trip-counter".into(),
+                    reason: "key_conflict".into(),
+                },
+                "trip-counter: 1 key_conflict dead letter(s) in 5 min: same key, different payload",
+                50,
+            ),
             Alert {
-                severity: Severity::Critical,
-                kind: AlertKind::ClaimsInDoubt { count: 1 },
-                message: "1 side effect in doubt (claimed, never recorded): check before any manual resend".into(),
-            },
-            Alert {
-                severity: Severity::Critical,
-                kind: AlertKind::StateBehind { devices: 1 },
-                message: "1 vehicle state is behind its own applied history".into(),
+                cause: Cause::Drill {
+                    what: "a drill's own device".into(),
+                },
+                ..alert(
+                    Severity::Critical,
+                    AlertKind::StateBehind { devices: 1 },
+                    AlertObject::Device {
+                        device_id: "DRILL-1-ab12".into(),
+                    },
+                    "1 vehicle state(s) behind their applied history",
+                    300,
+                )
             },
         ],
+        ended_alerts: vec![AlertRecord {
+            alert: alert(
+                Severity::Warning,
+                AlertKind::DuplicateRateHigh {
+                    target: "demo-engine".into(),
+                    consumer: "vehicle-state".into(),
+                    ratio: 0.012,
+                    window_seconds: 60,
+                    deploy_window: false,
+                },
+                AlertObject::Consumer {
+                    target: "demo-engine".into(),
+                    consumer: "vehicle-state".into(),
+                },
+                "demo-engine/vehicle-state: 1.20% duplicates over the last minute",
+                560,
+            ),
+            started: now() - Duration::seconds(560),
+            ended: Some(now() - Duration::seconds(470)),
+        }],
+        dead_letter: Some(DeadLetterDetail {
+            id: 7,
+            consumer: "trip-counter".into(),
+            reason: "key_conflict".into(),
+            received_at: now() - Duration::seconds(50),
+            detail: Some("same key 34-SIM-0003:311:zone_exit, different payload".into()),
+            raw: conflict_raw(),
+        }),
         markers,
         vehicle: Some(VehicleDetail {
             device_id: "34-SIM-0007".into(),
@@ -254,9 +426,18 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                 updated_at: Some(now() - Duration::seconds(45)),
             }),
             history: vec![
-                DetailEvent { event: history(317, "position", 50, true), late: false },
-                DetailEvent { event: history(319, "ignition_off", 45, true), late: false },
-                DetailEvent { event: history(318, "ignition_on", 40, false), late: true },
+                DetailEvent {
+                    event: history(317, "position", 50, true),
+                    late: false,
+                },
+                DetailEvent {
+                    event: history(319, "ignition_off", 45, true),
+                    late: false,
+                },
+                DetailEvent {
+                    event: history(318, "ignition_on", 40, false),
+                    late: true,
+                },
             ],
             truncated: false,
         }),
@@ -267,7 +448,13 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                 target: "demo-engine".into(),
                 consumer: c.to_string(),
                 span_seconds: 900,
-                processed_per_s: Vec::new(),
+                processed_per_s: ratio_series(0.0)
+                    .into_iter()
+                    .map(|p| Point {
+                        at: p.at,
+                        value: p.value.map(|_| 8.0),
+                    })
+                    .collect(),
                 duplicates_per_s: rate_series(0.5 + i as f64 * 0.2),
                 duplicate_ratio: ratio_series(0.004 + i as f64 * 0.001),
             })

@@ -3,7 +3,7 @@
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use super::action::Action;
+use super::action::{Action, PromptKind};
 use super::app::App;
 use super::tab::Tab;
 
@@ -59,7 +59,7 @@ pub const BINDINGS: &[Binding] = &[
     b(
         &[KeyCode::Char('?')],
         "?",
-        "help",
+        "help (scrolls with ↑↓ PgUp PgDn)",
         Scope::Global,
         true,
         || Action::ToggleHelp,
@@ -129,6 +129,110 @@ pub const BINDINGS: &[Binding] = &[
         || Action::GoTo(Tab::Inventory),
     ),
     b(
+        &[KeyCode::Up, KeyCode::Char('k')],
+        "↑/k",
+        "select previous / scroll up",
+        Scope::Global,
+        false,
+        || Action::Up,
+    ),
+    b(
+        &[KeyCode::Down, KeyCode::Char('j')],
+        "↓/j",
+        "select next / scroll down",
+        Scope::Global,
+        false,
+        || Action::Down,
+    ),
+    b(
+        &[KeyCode::PageUp],
+        "PgUp",
+        "a page up",
+        Scope::Global,
+        false,
+        || Action::PageUp,
+    ),
+    b(
+        &[KeyCode::PageDown],
+        "PgDn",
+        "a page down",
+        Scope::Global,
+        false,
+        || Action::PageDown,
+    ),
+    b(
+        &[KeyCode::Home],
+        "Home",
+        "to the top",
+        Scope::Global,
+        false,
+        || Action::Home,
+    ),
+    b(
+        &[KeyCode::End],
+        "End",
+        "to the bottom",
+        Scope::Global,
+        false,
+        || Action::End,
+    ),
+    b(
+        &[KeyCode::Left, KeyCode::Char('h')],
+        "←/h",
+        "previous panel of the tab",
+        Scope::Global,
+        false,
+        || Action::Left,
+    ),
+    b(
+        &[KeyCode::Right, KeyCode::Char('l')],
+        "→/l",
+        "next panel of the tab",
+        Scope::Global,
+        false,
+        || Action::Right,
+    ),
+    b(
+        &[KeyCode::Char('s')],
+        "s",
+        "sort the list by its next column",
+        Scope::Global,
+        false,
+        || Action::Sort,
+    ),
+    b(
+        &[KeyCode::Char('S')],
+        "S",
+        "reverse the sort",
+        Scope::Global,
+        false,
+        || Action::SortReverse,
+    ),
+    b(
+        &[KeyCode::Char('/')],
+        "/",
+        "filter every list of the tab",
+        Scope::Global,
+        true,
+        || Action::StartPrompt(PromptKind::Filter),
+    ),
+    b(
+        &[KeyCode::Char('o')],
+        "o",
+        "open a vehicle by its device id",
+        Scope::Global,
+        false,
+        || Action::StartPrompt(PromptKind::VehicleId),
+    ),
+    b(
+        &[KeyCode::Char('y')],
+        "y",
+        "copy the selected key or device id (OSC 52)",
+        Scope::Global,
+        false,
+        || Action::Copy,
+    ),
+    b(
         &[KeyCode::Char('f')],
         "f",
         "freeze / unfreeze the display",
@@ -139,18 +243,18 @@ pub const BINDINGS: &[Binding] = &[
     b(
         &[KeyCode::Char('m')],
         "m",
-        "add a manual marker now",
+        "add a labelled manual marker now",
         Scope::Global,
-        true,
-        || Action::AddMarker,
+        false,
+        || Action::StartPrompt(PromptKind::MarkerLabel),
     ),
     b(
-        &[KeyCode::Char('/')],
-        "/",
-        "filter rows by text",
+        &[KeyCode::Char('e')],
+        "e",
+        "export the window as an HTML report",
         Scope::Global,
         true,
-        || Action::StartFilter,
+        || Action::Export,
     ),
     b(
         &[KeyCode::Esc],
@@ -167,6 +271,38 @@ pub const BINDINGS: &[Binding] = &[
         Scope::Demo,
         true,
         || Action::Deploy,
+    ),
+    b(
+        &[KeyCode::Enter],
+        "Enter",
+        "jump to the alert's object (on a consumer: its chart)",
+        Scope::Tab(Tab::Overview),
+        true,
+        || Action::Enter,
+    ),
+    b(
+        &[KeyCode::Char('w')],
+        "w",
+        "rates over 1 min / 5 min / the last poll",
+        Scope::Tab(Tab::Overview),
+        true,
+        || Action::CycleRateWindow,
+    ),
+    b(
+        &[KeyCode::Char('a')],
+        "a",
+        "acknowledge the selected alert",
+        Scope::Tab(Tab::Overview),
+        true,
+        || Action::Acknowledge,
+    ),
+    b(
+        &[KeyCode::Char('z')],
+        "z",
+        "silence the selected alert for this session",
+        Scope::Tab(Tab::Overview),
+        false,
+        || Action::Silence,
     ),
     b(
         &[KeyCode::Char('+'), KeyCode::Char('=')],
@@ -193,20 +329,60 @@ pub const BINDINGS: &[Binding] = &[
         || Action::CycleConsumer,
     ),
     b(
-        &[KeyCode::Up, KeyCode::Char('k')],
-        "↑/k",
-        "select previous",
-        Scope::Tab(Tab::Vehicles),
+        &[KeyCode::Left, KeyCode::Char('h')],
+        "←/→",
+        "move the cursor (values at one time; Esc hides it)",
+        Scope::Tab(Tab::Duplicates),
         true,
-        || Action::Up,
+        || Action::Left,
     ),
     b(
-        &[KeyCode::Down, KeyCode::Char('j')],
-        "↓/j",
-        "select next",
-        Scope::Tab(Tab::Vehicles),
+        &[KeyCode::Right, KeyCode::Char('l')],
+        "→",
+        "cursor right",
+        Scope::Tab(Tab::Duplicates),
+        false,
+        || Action::Right,
+    ),
+    b(
+        &[KeyCode::Char('g')],
+        "g",
+        "log scale / clamped linear scale",
+        Scope::Tab(Tab::Duplicates),
         true,
-        || Action::Down,
+        || Action::ToggleLogScale,
+    ),
+    b(
+        &[KeyCode::Char('x')],
+        "x",
+        "hide / show drill markers",
+        Scope::Tab(Tab::Duplicates),
+        true,
+        || Action::ToggleMarkerKind("drill"),
+    ),
+    b(
+        &[KeyCode::Char('d')],
+        "d",
+        "hide / show deploy markers",
+        Scope::Tab(Tab::Duplicates),
+        false,
+        || Action::ToggleMarkerKind("deploy"),
+    ),
+    b(
+        &[KeyCode::Char('r')],
+        "r",
+        "hide / show restart markers",
+        Scope::Tab(Tab::Duplicates),
+        false,
+        || Action::ToggleMarkerKind("restart"),
+    ),
+    b(
+        &[KeyCode::Char('u')],
+        "u",
+        "hide / show manual markers",
+        Scope::Tab(Tab::Duplicates),
+        false,
+        || Action::ToggleMarkerKind("manual"),
     ),
     b(
         &[KeyCode::Enter],
@@ -215,22 +391,6 @@ pub const BINDINGS: &[Binding] = &[
         Scope::Tab(Tab::Vehicles),
         true,
         || Action::Enter,
-    ),
-    b(
-        &[KeyCode::Up, KeyCode::Char('k')],
-        "↑/k",
-        "previous scenario",
-        Scope::Tab(Tab::Drills),
-        true,
-        || Action::Up,
-    ),
-    b(
-        &[KeyCode::Down, KeyCode::Char('j')],
-        "↓/j",
-        "next scenario",
-        Scope::Tab(Tab::Drills),
-        true,
-        || Action::Down,
     ),
     b(
         &[KeyCode::Char('n')],
@@ -257,20 +417,12 @@ pub const BINDINGS: &[Binding] = &[
         || Action::Confirm,
     ),
     b(
-        &[KeyCode::Up, KeyCode::Char('k')],
-        "↑/k",
-        "scroll",
+        &[KeyCode::Enter],
+        "Enter",
+        "open the dead letter: raw bytes, reason, detail",
         Scope::Tab(Tab::Tables),
-        false,
-        || Action::Up,
-    ),
-    b(
-        &[KeyCode::Down, KeyCode::Char('j')],
-        "↓/j",
-        "scroll",
-        Scope::Tab(Tab::Tables),
-        false,
-        || Action::Down,
+        true,
+        || Action::Enter,
     ),
 ];
 
@@ -289,14 +441,18 @@ pub fn action_for(key: KeyEvent, app: &App) -> Option<Action> {
     if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
         return Some(Action::Quit);
     }
-    if app.filter_editing {
+    if app.prompt.is_some() {
         return match key.code {
-            KeyCode::Enter => Some(Action::FilterDone),
+            KeyCode::Enter => Some(Action::PromptDone),
             KeyCode::Esc => Some(Action::Back),
-            KeyCode::Backspace => Some(Action::FilterBackspace),
-            KeyCode::Char(c) => Some(Action::FilterInput(c)),
+            KeyCode::Backspace => Some(Action::PromptBackspace),
+            KeyCode::Char(c) => Some(Action::PromptInput(c)),
             _ => None,
         };
+    }
+    // A question on screen takes `y` (run the drill).
+    if key.code == KeyCode::Char('y') && app.drills.confirming {
+        return Some(Action::Confirm);
     }
     // A tab's own binding wins over a global one on the same key.
     BINDINGS

@@ -8,6 +8,7 @@ pub mod event_loop;
 pub(crate) mod fixtures;
 pub mod format;
 pub mod keymap;
+pub mod lists;
 pub mod render;
 #[cfg(test)]
 mod screens_test;
@@ -43,6 +44,8 @@ pub struct TuiOptions {
     pub theme: Theme,
     /// Where the Drills tab runs drills (None: no database to drill against).
     pub drill_target: Option<Arc<DrillTarget>>,
+    /// Where `e` writes its report.
+    pub report_dir: std::path::PathBuf,
 }
 
 /// Run the dashboard until `q`; the terminal is restored on every exit path

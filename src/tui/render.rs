@@ -1,23 +1,34 @@
-//! The frame: header with tabs, the demo banner, the current tab, the status and
-//! filter line, the hint bar, and the help overlay. Pure: reads `&App`, draws.
+//! The frame. Pure: reads `&App`, draws.
+//!
+//! ```text
+//! ┌ header: tabs · live clock or FROZEN at HH:MM:SS · alert badge ┐
+//! │ demo banner (wraps, at most two rows)                         │
+//! │ the current tab                                               │
+//! │ status / prompt line (what the filter hides)                  │
+//! └ hint bar (as many hints as fit, then "? more")                ┘
+//! ```
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
+use ratatui::widgets::{Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
 use super::app::App;
 use super::format;
 use super::keymap;
-use super::tab::{tab_spans, Tab, HEADER_PREFIX};
+use super::lists;
+use super::tab::{header_prefix, header_title, Tab};
 use super::tabs;
 use super::theme::Theme;
-use super::widgets::centered;
+use super::widgets::{centered, panel};
 
 pub fn render(frame: &mut Frame, app: &App, theme: &Theme) {
     let area = frame.area();
-    let banner_rows = u16::from(app.banner.is_some());
+    let banner_rows = app.banner.as_ref().map_or(0, |b| {
+        let width = usize::from(area.width.max(1));
+        (b.chars().count().div_ceil(width)).clamp(1, 2) as u16
+    });
     let [header, banner, body, status, hints] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(banner_rows),
@@ -28,7 +39,12 @@ pub fn render(frame: &mut Frame, app: &App, theme: &Theme) {
     .areas(area);
     render_header(frame, header, app, theme);
     if let Some(text) = &app.banner {
-        frame.render_widget(Paragraph::new(text.as_str()).style(theme.banner), banner);
+        frame.render_widget(
+            Paragraph::new(text.as_str())
+                .style(theme.banner)
+                .wrap(Wrap { trim: true }),
+            banner,
+        );
     }
     match app.tab {
         Tab::Overview => tabs::overview::render(frame, body, app, theme),
@@ -40,75 +56,112 @@ pub fn render(frame: &mut Frame, app: &App, theme: &Theme) {
     }
     render_status(frame, status, app, theme);
     render_hints(frame, hints, app, theme);
-    if app.show_help {
-        render_help(frame, area, app, theme);
+    if let Some(scroll) = app.help {
+        render_help(frame, body, app, scroll, theme);
     }
 }
 
 fn render_header(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let spans = tab_spans();
-    let mut line = vec![Span::styled(HEADER_PREFIX, theme.title)];
+    let mut line = vec![Span::styled(header_prefix(area.width), theme.title)];
     for (i, tab) in Tab::ALL.iter().enumerate() {
-        let label = format!(" {} {} ", i + 1, tab.title());
         let style = if *tab == app.tab {
             theme.selected.add_modifier(Modifier::BOLD)
         } else {
             theme.base
         };
-        line.push(Span::styled(label, style));
-        if i + 1 < spans.len() {
+        line.push(Span::styled(
+            header_title(i, *tab, area.width, app.tab),
+            style,
+        ));
+        if i + 1 < Tab::ALL.len() {
             line.push(Span::styled("│", theme.dim));
         }
     }
-    let live = match (&app.snapshot, app.frozen) {
-        (_, true) => Span::styled(
-            format!(" ❚❚ FROZEN (+{} polls) ", app.missed_while_frozen),
+    line.push(Span::raw(" "));
+    line.push(match (&app.snapshot, app.frozen_at) {
+        (_, Some(at)) => Span::styled(
+            format!(
+                " ❚❚ FROZEN at {} (+{} polls) ",
+                format::clock(at),
+                app.missed_while_frozen
+            ),
             theme.warn.add_modifier(Modifier::REVERSED),
         ),
-        (Some(s), false) => {
-            Span::styled(format!(" ● {} UTC ", format::clock(s.taken_at)), theme.ok)
-        }
-        (None, false) => Span::styled(" ○ waiting for the first poll… ", theme.dim),
-    };
-    line.push(Span::raw("  "));
-    line.push(live);
+        (Some(s), None) => Span::styled(format!(" ● {} ", format::clock(s.taken_at)), theme.ok),
+        (None, None) => Span::styled(" ○ waiting… ", theme.dim),
+    });
+    // The badge: incidents not acknowledged, on every tab.
+    let (crit, warn) = app.alert_badge();
+    if crit > 0 {
+        line.push(Span::styled(
+            format!(" ▲ {crit} CRIT "),
+            theme.crit.add_modifier(Modifier::REVERSED),
+        ));
+    }
+    if warn > 0 {
+        line.push(Span::styled(
+            format!(" △ {warn} WARN "),
+            theme.warn.add_modifier(Modifier::REVERSED),
+        ));
+    }
+    if crit + warn == 0 && app.snapshot.is_some() {
+        line.push(Span::styled(" ✓ no alerts ", theme.ok));
+    }
     frame.render_widget(Paragraph::new(Line::from(line)), area);
 }
 
 fn render_status(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let line = if app.filter_editing {
-        Line::from(vec![
-            Span::styled("filter: ", theme.key),
-            Span::raw(app.filter.clone()),
-            Span::styled("▏", theme.key),
-            Span::styled("  (Enter keeps it, Esc clears it)", theme.dim),
-        ])
-    } else {
-        let mut spans = Vec::new();
-        if !app.filter.is_empty() {
-            spans.push(Span::styled(
-                format!("filter \"{}\"  ", app.filter),
-                theme.key,
-            ));
-        }
+    let mut spans = Vec::new();
+    if let Some(p) = &app.prompt {
+        spans.push(Span::styled(format!("{}: ", p.kind.label()), theme.key));
+        spans.push(Span::raw(p.text.clone()));
+        spans.push(Span::styled("▏", theme.key));
+        spans.push(Span::styled("  Enter keeps it, Esc cancels", theme.dim));
+    }
+    if !app.filter.is_empty() {
+        let (shown, total) = lists::tab_counts(app);
+        let hidden = total - shown;
+        spans.push(Span::styled(
+            format!(
+                "  filter \"{}\": {shown} of {total} rows shown, {hidden} hidden  ",
+                app.filter
+            ),
+            if shown == 0 { theme.warn } else { theme.key },
+        ));
+    }
+    if app.prompt.is_none() {
         if let Some(s) = &app.status {
             spans.push(Span::styled(s.clone(), theme.dim));
         }
-        Line::from(spans)
-    };
-    frame.render_widget(Paragraph::new(line), area);
-}
-
-fn render_hints(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let mut spans = Vec::new();
-    for (keys, what) in keymap::hints(app) {
-        spans.push(Span::styled(format!(" {keys}"), theme.key));
-        spans.push(Span::styled(format!(" {what} "), theme.dim));
     }
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
-fn render_help(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+/// As many hints as fit, the current tab's first, then "? more".
+fn render_hints(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let more = " ? more";
+    let budget = usize::from(area.width).saturating_sub(more.len());
+    let mut used = 0;
+    let mut spans = Vec::new();
+    let all = keymap::hints(app);
+    let mut shown = 0;
+    for (keys, what) in &all {
+        let w = keys.chars().count() + what.chars().count() + 3;
+        if used + w > budget {
+            continue;
+        }
+        used += w;
+        shown += 1;
+        spans.push(Span::styled(format!(" {keys}"), theme.key));
+        spans.push(Span::styled(format!(" {what} "), theme.dim));
+    }
+    if shown < all.len() && !spans.iter().any(|s| s.content.trim() == "?") {
+        spans.push(Span::styled(more, theme.key));
+    }
+    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+fn render_help(frame: &mut Frame, area: Rect, app: &App, scroll: u16, theme: &Theme) {
     let mut lines = Vec::new();
     for (title, rows) in keymap::help_sections(app) {
         lines.push(Line::from(Span::styled(title, theme.title)));
@@ -120,14 +173,25 @@ fn render_help(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         }
         lines.push(Line::raw(""));
     }
-    let popup = centered(area, 64, lines.len() as u16 + 2);
+    let total = lines.len() as u16;
+    let popup = centered(area, 70, total + 2);
+    let visible = popup.height.saturating_sub(2);
+    let scroll = scroll.min(total.saturating_sub(visible));
+    let title = if total > visible {
+        format!(
+            " keys {}-{} of {} — ↑↓ PgUp PgDn scroll, ? or Esc closes ",
+            scroll + 1,
+            (scroll + visible).min(total),
+            total
+        )
+    } else {
+        " keys — ? or Esc closes ".to_string()
+    };
     frame.render_widget(Clear, popup);
     frame.render_widget(
-        Paragraph::new(lines).wrap(Wrap { trim: false }).block(
-            Block::default()
-                .borders(Borders::ALL)
-                .title(" keys — ? or Esc closes "),
-        ),
+        Paragraph::new(lines)
+            .scroll((scroll, 0))
+            .block(panel(title, theme)),
         popup,
     );
 }

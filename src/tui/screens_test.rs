@@ -1,14 +1,16 @@
 //! Snapshot tests of every screen, rendered with `TestBackend` from fixture data
-//! with a fixed clock. Review changes with `cargo insta review`.
+//! with a fixed clock, at 160×45 and at 80×24 (the compact layouts). Review changes
+//! with `cargo insta review`.
 
 use std::sync::Arc;
 
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
-use super::action::Action;
+use super::action::{Action, PromptKind};
 use super::app::App;
 use super::fixtures;
+use super::lists::ListId;
 use super::render::render;
 use super::tab::Tab;
 use super::theme::Theme;
@@ -32,14 +34,25 @@ fn app_with(snapshot: Snapshot) -> App {
     app
 }
 
-fn draw(app: &App) -> TestBackend {
-    draw_with(app, &Theme::no_color())
+fn draw_at(app: &App, width: u16, height: u16, theme: &Theme) -> TestBackend {
+    let mut app = app.clone();
+    app.update(Action::Resize { width, height });
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("test terminal");
+    terminal.draw(|f| render(f, &app, theme)).expect("draw");
+    terminal.backend().clone()
 }
 
-fn draw_with(app: &App, theme: &Theme) -> TestBackend {
-    let mut terminal = Terminal::new(TestBackend::new(120, 34)).expect("test terminal");
-    terminal.draw(|f| render(f, app, theme)).expect("draw");
-    terminal.backend().clone()
+fn draw(app: &App) -> TestBackend {
+    draw_at(app, 160, 45, &Theme::no_color())
+}
+
+/// The screen at 160×45 and at 80×24, both snapshotted.
+fn both(name: &str, app: &App) -> (String, String) {
+    let wide = draw_at(app, 160, 45, &Theme::no_color());
+    let small = draw_at(app, 80, 24, &Theme::no_color());
+    insta::assert_snapshot!(format!("{name}_160x45"), wide);
+    insta::assert_snapshot!(format!("{name}_80x24"), small);
+    (wide.to_string(), small.to_string())
 }
 
 fn on(tab: Tab) -> App {
@@ -50,7 +63,25 @@ fn on(tab: Tab) -> App {
 
 #[test]
 fn overview() {
-    insta::assert_snapshot!(draw(&on(Tab::Overview)));
+    let (wide, small) = both("overview", &on(Tab::Overview));
+    // Rates over a minute by default, totals labelled, quiet told from no data.
+    assert!(wide.contains("over the last 1 min"), "{wide}");
+    assert!(wide.contains("Σ processed"), "{wide}");
+    assert!(wide.contains("quiet 42s"), "{wide}");
+    // The badge, on every tab, counts incidents only (the drill's ghost is not one).
+    assert!(wide.contains("▲ 2 CRIT"), "{wide}");
+    assert!(wide.contains("DRILL"), "{wide}");
+    // Compact: full consumer names, the badge still there.
+    assert!(small.contains("zone-exit-sms"), "{small}");
+    assert!(small.contains("▲ 2 CRIT"), "{small}");
+}
+
+#[test]
+fn overview_five_minute_rates() {
+    let mut a = on(Tab::Overview);
+    a.update(Action::CycleRateWindow);
+    let screen = draw(&a).to_string();
+    assert!(screen.contains("over the last 5 min"), "{screen}");
 }
 
 #[test]
@@ -61,20 +92,18 @@ fn overview_flags_a_relaxed_target_in_the_warning_style() {
     snap.alerts
         .extend(alerts::evaluate(&snap.targets, &[], None));
     let a = app_with(snap);
-    let screen = draw(&a);
-    let text = screen.to_string();
+    let text = draw(&a).to_string();
     assert!(
         text.contains("demo-engine up  relaxed durability"),
         "{text}"
     );
     assert!(
-        text.contains("WARN demo-engine runs with relaxed durability: a power cut can"),
+        text.contains("demo-engine runs with relaxed durability: a power cut can"),
         "{text}"
     );
-    insta::assert_snapshot!(screen);
 
     let theme = Theme::default_colors();
-    let coloured = draw_with(&a, &theme);
+    let coloured = draw_at(&a, 160, 45, &theme);
     let buffer = coloured.buffer();
     let width = buffer.area.width;
     let (x, y) = (0..buffer.area.height)
@@ -97,29 +126,67 @@ fn overview_before_the_first_poll() {
 
 #[test]
 fn duplicates_all_consumers_with_markers() {
-    insta::assert_snapshot!(draw(&on(Tab::Duplicates)));
+    let (wide, small) = both("duplicates", &on(Tab::Duplicates));
+    // Markers are labelled ticks on their own lane, letters not data glyphs.
+    assert!(wide.contains("D demo deploy #1"), "{wide}");
+    assert!(wide.contains("deploy day 0.4%"), "{wide}");
+    assert!(
+        wide.contains("04:12:03") || wide.contains("04:12"),
+        "{wide}"
+    );
+    assert!(small.contains("Duplicate rate"), "{small}");
 }
 
 #[test]
-fn duplicates_one_consumer() {
+fn duplicates_one_consumer_with_the_cursor_and_drills_hidden() {
     let mut a = on(Tab::Duplicates);
     a.update(Action::CycleConsumer);
     a.update(Action::CycleConsumer);
     a.update(Action::CycleConsumer);
-    insta::assert_snapshot!(draw(&a));
+    a.update(Action::ToggleMarkerKind("drill"));
+    for _ in 0..40 {
+        a.update(Action::Left);
+    }
+    let (wide, _) = both("duplicates_cursor", &a);
+    assert!(wide.contains("cursor 04:"), "{wide}");
+    assert!(wide.contains("hidden: drill"), "{wide}");
+}
+
+#[test]
+fn duplicates_log_scale() {
+    let mut a = on(Tab::Duplicates);
+    a.update(Action::ToggleLogScale);
+    let screen = draw(&a).to_string();
+    assert!(screen.contains("log scale"), "{screen}");
+    assert!(screen.contains("0.001%"), "{screen}");
 }
 
 #[test]
 fn vehicles_anomaly_list() {
-    insta::assert_snapshot!(draw(&on(Tab::Vehicles)));
+    both("vehicles", &on(Tab::Vehicles));
 }
 
 #[test]
 fn vehicle_state_beside_history() {
     let mut a = on(Tab::Vehicles);
+    a.update(Action::Down);
+    a.update(Action::Down);
     a.update(Action::Enter);
     assert_eq!(a.vehicles.open.as_deref(), Some("34-SIM-0007"));
-    insta::assert_snapshot!(draw(&a));
+    let (_, small) = both("vehicle_detail", &a);
+    assert!(small.contains("ignition_off"), "{small}");
+}
+
+#[test]
+fn vehicle_opened_by_id() {
+    let mut a = on(Tab::Overview);
+    a.update(Action::StartPrompt(PromptKind::VehicleId));
+    for c in "34-SIM-0007".chars() {
+        a.update(Action::PromptInput(c));
+    }
+    a.update(Action::PromptDone);
+    assert_eq!(a.tab, Tab::Vehicles);
+    assert_eq!(a.vehicles.open.as_deref(), Some("34-SIM-0007"));
 }
 
 #[test]
@@ -135,7 +202,7 @@ fn drills_live_confirmation_says_it_is_live() {
     for _ in 0..Scenario::ALL.len() {
         a.update(Action::Down);
     }
-    assert_eq!(a.drills.scenario(), Scenario::LiveRedelivery);
+    assert_eq!(a.scenario(), Scenario::LiveRedelivery);
     a.update(Action::Enter);
     let screen = draw(&a);
     let text = format!("{screen:?}");
@@ -143,10 +210,11 @@ fn drills_live_confirmation_says_it_is_live() {
     insta::assert_snapshot!(screen);
 }
 
-#[test]
-fn drills_verdict() {
-    let mut a = on(Tab::Drills);
-    let report = DrillReport {
+fn verdict(checks: usize) -> DrillReport {
+    let checks: Vec<serde_json::Value> = (0..checks)
+        .map(|i| serde_json::json!({"name": format!("check {i}"), "expected": 1, "actual": 1, "ok": true}))
+        .collect();
+    DrillReport {
         run_id: 3,
         scenario: Scenario::CrashBeforeAck,
         mode: ConsumerMode::Idempotent,
@@ -161,13 +229,22 @@ fn drills_verdict() {
         state_ok: true,
         verdict: Verdict::Pass,
         duration_ms: 1919,
-        details: serde_json::json!({"checks": [
-            {"name": "SMS actually sent", "expected": 1, "actual": 1, "ok": true},
-            {"name": "duplicates dropped", "expected": 6, "actual": 6, "ok": true}
-        ]}),
-    };
-    a.update(Action::DrillFinished(Ok(Box::new(report))));
-    insta::assert_snapshot!(draw(&a));
+        details: serde_json::json!({ "checks": checks }),
+    }
+}
+
+#[test]
+fn drills_verdict_every_check_reachable_at_80x24() {
+    let mut a = on(Tab::Drills);
+    a.update(Action::DrillFinished(Ok(Box::new(verdict(9)))));
+    let (_, small) = both("drills_verdict", &a);
+    assert!(
+        !small.contains("check 8"),
+        "the ninth check is below the fold"
+    );
+    a.update(Action::PageDown);
+    let scrolled = draw_at(&a, 80, 24, &Theme::no_color()).to_string();
+    assert!(scrolled.contains("check 8"), "{scrolled}");
 }
 
 #[test]
@@ -183,7 +260,35 @@ fn drills_running() {
 
 #[test]
 fn tables() {
-    insta::assert_snapshot!(draw(&on(Tab::Tables)));
+    let (wide, small) = both("tables", &on(Tab::Tables));
+    assert!(wide.contains("key_conflict"), "{wide}");
+    assert!(small.contains("claims in doubt 1"), "{small}");
+}
+
+#[test]
+fn a_dead_letter_opens_to_its_raw_bytes() {
+    let mut a = on(Tab::Tables);
+    a.update(Action::Right); // the dead letters
+    assert_eq!(a.focused(), Some(ListId::DeadLetters));
+    a.update(Action::Down);
+    a.update(Action::Down);
+    a.update(Action::Enter);
+    assert_eq!(a.raw.as_ref().map(|r| r.id), Some(7));
+    let (wide, small) = both("dead_letter_raw", &a);
+    assert!(wide.contains("00000000  7b 22 64 65 76 69 63 65"), "{wide}");
+    assert!(
+        wide.contains("same key 34-SIM-0003:311:zone_exit"),
+        "{wide}"
+    );
+    assert!(small.contains("key_conflict"), "{small}");
+    // y copies the key.
+    let effects = a.update(Action::Copy);
+    assert_eq!(
+        effects,
+        vec![super::action::Effect::Copy(
+            "34-SIM-0003:311:zone_exit".into()
+        )]
+    );
 }
 
 #[test]
@@ -201,37 +306,45 @@ fn inventory_with_twice_checks() {
         })
         .collect();
     a.update(Action::TwiceChecked(checks));
-    insta::assert_snapshot!(draw(&a));
+    both("inventory", &a);
 }
 
 #[test]
-fn help_overlay_lists_the_keymap() {
+fn help_overlay_lists_the_keymap_and_scrolls() {
     let mut a = on(Tab::Duplicates);
     a.update(Action::ToggleHelp);
-    insta::assert_snapshot!(draw(&a));
+    let (_, small) = both("help", &a);
+    assert!(small.contains("scroll"), "{small}");
+    a.update(Action::End);
+    let end = draw_at(&a, 80, 24, &Theme::no_color()).to_string();
+    assert_ne!(end, small, "End scrolls the help");
 }
 
 #[test]
-fn filter_narrows_the_consumers() {
-    let mut a = on(Tab::Overview);
-    a.update(Action::StartFilter);
+fn filter_says_how_many_rows_it_hides_on_every_list_of_the_tab() {
+    let mut a = on(Tab::Tables);
+    a.update(Action::StartPrompt(PromptKind::Filter));
     for c in "sms".chars() {
-        a.update(Action::FilterInput(c));
+        a.update(Action::PromptInput(c));
     }
+    a.update(Action::PromptDone);
     let screen = draw(&a).to_string();
-    assert!(screen.contains("zone-exit-sms"));
-    assert!(!screen.contains("trip-counter   "), "{screen}");
+    assert!(screen.contains("filter \"sms\":"), "{screen}");
+    assert!(screen.contains("rows shown"), "{screen}");
+    assert!(screen.contains("Inserts (1 of 3"), "{screen}");
     insta::assert_snapshot!(screen);
 }
 
 #[test]
-fn frozen_header() {
+fn frozen_header_says_since_when() {
     let mut a = on(Tab::Overview);
     a.update(Action::ToggleFreeze);
     a.update(Action::Snapshot(Arc::new(fixtures::snapshot(
         fixtures::now(),
     ))));
-    assert!(draw(&a).to_string().contains("FROZEN (+1 polls)"));
+    assert!(draw(&a)
+        .to_string()
+        .contains("FROZEN at 04:12:03 (+1 polls)"));
 }
 
 #[test]
@@ -239,9 +352,9 @@ fn narrow_terminal_does_not_panic() {
     for tab in Tab::ALL {
         let mut a = on(tab);
         a.update(Action::ToggleHelp);
-        let mut terminal = Terminal::new(TestBackend::new(40, 12)).expect("test terminal");
-        terminal
-            .draw(|f| render(f, &a, &Theme::default_colors()))
-            .expect("draw");
+        draw_at(&a, 40, 12, &Theme::default_colors());
+        a.update(Action::ToggleHelp);
+        draw_at(&a, 40, 12, &Theme::default_colors());
+        draw_at(&a, 220, 60, &Theme::default_colors());
     }
 }

@@ -39,3 +39,12 @@ pub fn waiting(frame: &mut Frame, area: Rect, what: &str, theme: &Theme) {
         area,
     );
 }
+
+/// A panel title marked when its list has the keys (↑↓, Enter, s act on it).
+pub fn focus_title<'a>(title: String, focused: bool) -> Line<'a> {
+    if focused {
+        Line::from(format!("▶{title}"))
+    } else {
+        Line::from(title)
+    }
+}

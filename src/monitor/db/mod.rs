@@ -123,6 +123,84 @@ pub struct DeadLetterGroup {
     pub newest_at: Option<DateTime<Utc>>,
 }
 
+/// How much of each listed dead letter's bytes a poll reads (for its preview and
+/// its message key); the whole message is read only when one is opened.
+pub const DEAD_LETTER_PREFIX: i64 = 1024;
+
+/// One dead letter as listed: who refused it, why, when, and what it starts with.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetterRow {
+    pub id: i64,
+    pub consumer: String,
+    pub reason: String,
+    pub received_at: DateTime<Utc>,
+    pub detail: Option<String>,
+    /// The whole message's size in bytes.
+    pub size: i64,
+    /// The first bytes as escaped text (no control sequence reaches a terminal).
+    pub preview: String,
+    /// The message key when the bytes are an envelope (a key conflict's are).
+    pub message_key: Option<String>,
+    /// The device id when the bytes are JSON that names one.
+    pub device_id: Option<String>,
+}
+
+/// One dead letter opened: its whole raw bytes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetterDetail {
+    pub id: i64,
+    pub consumer: String,
+    pub reason: String,
+    pub received_at: DateTime<Utc>,
+    pub detail: Option<String>,
+    pub raw: Vec<u8>,
+}
+
+/// A listed dead letter's columns as each backend reads them: id, consumer, reason,
+/// received_at, detail, size, the first bytes of raw.
+pub(crate) type DeadLetterColumns = (
+    i64,
+    String,
+    String,
+    Option<DateTime<Utc>>,
+    Option<String>,
+    i64,
+    Vec<u8>,
+);
+
+/// A listed dead letter from its stored columns and the first bytes of its raw.
+pub(crate) fn dead_letter_row(
+    (id, consumer, reason, received_at, detail, size, prefix): DeadLetterColumns,
+) -> DeadLetterRow {
+    let (message_key, device_id) = identity(&prefix);
+    let preview: String = super::bytes::escaped(&prefix).chars().take(80).collect();
+    DeadLetterRow {
+        id,
+        consumer,
+        reason,
+        received_at: received_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
+        detail,
+        size,
+        preview,
+        message_key,
+        device_id,
+    }
+}
+
+/// The key of an envelope, else the device id of any JSON naming one.
+fn identity(raw: &[u8]) -> (Option<String>, Option<String>) {
+    if let Ok(envelope) = crate::engine::envelope::Envelope::parse(raw) {
+        return (
+            Some(envelope.key().as_str().to_string()),
+            Some(envelope.device_id.clone()),
+        );
+    }
+    let device = serde_json::from_slice::<serde_json::Value>(raw)
+        .ok()
+        .and_then(|v| v.get("device_id")?.as_str().map(str::to_string));
+    (None, device)
+}
+
 /// One past drill, without its (large) report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DrillRunSummary {
@@ -157,6 +235,8 @@ pub struct DbStats {
     /// Oldest first, at most [`LIST_LIMIT`].
     pub claims_in_doubt: Vec<InDoubtClaim>,
     pub dead_letters: Vec<DeadLetterGroup>,
+    /// The newest dead letters, one by one (at most [`LIST_LIMIT`]).
+    pub recent_dead_letters: Vec<DeadLetterRow>,
     pub markers: Vec<TimelineMarker>,
     pub drill_runs: Vec<DrillRunSummary>,
     pub vehicles: Option<VehicleAnomalies>,
@@ -216,6 +296,11 @@ pub(crate) trait DashboardSql: Send + Sync {
     /// Dead letters by consumer and reason, with those received since `since`.
     async fn dead_letters(&self, since: DateTime<Utc>)
         -> Result<Vec<DeadLetterGroup>, sqlx::Error>;
+    /// The newest [`LIST_LIMIT`] dead letters with the first [`DEAD_LETTER_PREFIX`]
+    /// bytes of each.
+    async fn recent_dead_letters(&self) -> Result<Vec<DeadLetterRow>, sqlx::Error>;
+    /// One dead letter with all its bytes.
+    async fn dead_letter(&self, id: i64) -> Result<Option<DeadLetterDetail>, sqlx::Error>;
     async fn markers(&self) -> Result<Vec<TimelineMarker>, sqlx::Error>;
     async fn drill_runs(&self) -> Result<Vec<DrillRunSummary>, sqlx::Error>;
     /// The newest history rows received since `since`, at most `limit`.
@@ -323,6 +408,7 @@ impl DbPoller {
             claims_in_doubt_total: 0,
             claims_in_doubt: Vec::new(),
             dead_letters: Vec::new(),
+            recent_dead_letters: Vec::new(),
             markers: Vec::new(),
             drill_runs: Vec::new(),
             vehicles: None,
@@ -352,12 +438,14 @@ impl DbPoller {
             .sql
             .dead_letters(now - chrono::Duration::hours(1))
             .await;
+        let recent_dead = self.sql.recent_dead_letters().await;
         let markers = self.sql.markers().await;
         let drills = self.sql.drill_runs().await;
         let vehicles = self.vehicle_anomalies(now).await;
         let dedup = dedup.map_err(|e| fail("dedup", e)).ok();
         let in_doubt = in_doubt.map_err(|e| fail("claims_in_doubt", e)).ok();
         let dead = dead.map_err(|e| fail("dead_letters", e)).ok();
+        let recent_dead = recent_dead.map_err(|e| fail("recent_dead_letters", e)).ok();
         let markers = markers.map_err(|e| fail("markers", e)).ok();
         let drills = drills.map_err(|e| fail("drill_runs", e)).ok();
         let vehicles = vehicles.map_err(|e| fail("vehicles", e)).ok();
@@ -367,6 +455,7 @@ impl DbPoller {
             stats.claims_in_doubt = list;
         }
         stats.dead_letters = dead.unwrap_or_default();
+        stats.recent_dead_letters = recent_dead.unwrap_or_default();
         stats.markers = markers.unwrap_or_default();
         stats.drill_runs = drills.unwrap_or_default();
         stats.vehicles = vehicles;
@@ -451,6 +540,11 @@ impl DbPoller {
             late_events_in_window,
             anomalies,
         })
+    }
+
+    /// One dead letter with all its raw bytes (None: no such id).
+    pub async fn dead_letter(&self, id: i64) -> Result<Option<DeadLetterDetail>, DbError> {
+        Ok(self.sql.dead_letter(id).await?)
     }
 
     /// One vehicle's state beside its newest `limit` history rows in arrival order.

@@ -46,6 +46,8 @@ struct Queries {
     in_doubt_count: String,
     in_doubt_list: String,
     dead_letters: String,
+    recent_dead_letters: String,
+    dead_letter: String,
     markers: String,
     drill_runs: String,
     history_window: String,
@@ -134,6 +136,29 @@ impl Queries {
                 r = q(&dl.reason),
                 at = q(&dl.received_at),
                 t = q(&dl.table)
+            ),
+            recent_dead_letters: format!(
+                "SELECT {}::bigint, {}::text, {}::text, {}::timestamptz, {}::text, octet_length({})::bigint, substring({} from 1 for $1) FROM {} ORDER BY {} DESC LIMIT $2",
+                q(&dl.id),
+                q(&dl.consumer),
+                q(&dl.reason),
+                q(&dl.received_at),
+                q(&dl.detail),
+                q(&dl.raw),
+                q(&dl.raw),
+                q(&dl.table),
+                q(&dl.id)
+            ),
+            dead_letter: format!(
+                "SELECT {}::bigint, {}::text, {}::text, {}::timestamptz, {}::text, {} FROM {} WHERE {} = $1",
+                q(&dl.id),
+                q(&dl.consumer),
+                q(&dl.reason),
+                q(&dl.received_at),
+                q(&dl.detail),
+                q(&dl.raw),
+                q(&dl.table),
+                q(&dl.id)
             ),
             markers: format!(
                 "SELECT {}::text, {}::timestamptz, {}::text, {}::text FROM {} ORDER BY {} DESC LIMIT $1",
@@ -386,6 +411,48 @@ impl DashboardSql for PostgresPoller {
                 })
             })
             .collect()
+    }
+
+    async fn recent_dead_letters(&self) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
+        let rows = sqlx::query(&self.sql.recent_dead_letters)
+            .bind(DEAD_LETTER_PREFIX)
+            .bind(LIST_LIMIT)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(dead_letter_row((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    r.try_get(2)?,
+                    r.try_get::<Option<DateTime<Utc>>, _>(3)?,
+                    r.try_get(4)?,
+                    r.try_get::<Option<i64>, _>(5)?.unwrap_or(0),
+                    r.try_get::<Option<Vec<u8>>, _>(6)?.unwrap_or_default(),
+                )))
+            })
+            .collect()
+    }
+
+    async fn dead_letter(&self, id: i64) -> Result<Option<DeadLetterDetail>, sqlx::Error> {
+        let row = sqlx::query(&self.sql.dead_letter)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r: PgRow| {
+            let r = &r;
+            Ok(DeadLetterDetail {
+                id: r.try_get(0)?,
+                consumer: r.try_get(1)?,
+                reason: r.try_get(2)?,
+                received_at: r
+                    .try_get::<Option<DateTime<Utc>>, _>(3)?
+                    .unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
+                detail: r.try_get(4)?,
+                raw: r.try_get::<Option<Vec<u8>>, _>(5)?.unwrap_or_default(),
+            })
+        })
+        .transpose()
     }
 
     async fn markers(&self) -> Result<Vec<TimelineMarker>, sqlx::Error> {

@@ -1,24 +1,45 @@
 //! Drills: pick a scenario and a mode, confirm, watch it run, read the verdict with
 //! its counts; the history of runs comes from `drill_runs`.
+//!
+//! ```text
+//! ┌ Redelivery drills ─────┐┌ Verdict (PgUp/PgDn scroll) ──────────────┐
+//! │ mode: idempotent       ││ PASS crash-before-ack … every check      │
+//! │ ▶ crash-before-ack     ││  ok  SMS actually sent: expected 1, got 1 │
+//! ├ History (drill_runs) ──┴──────────────────────────────────────────┤
+//! └────────────────────────────────────────────────────────────────────┘
+//! ```
+//! Under 100 columns the scenario list narrows to its names.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Cell, Clear, Paragraph, Row, Table, Wrap};
+use ratatui::widgets::{Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
 use crate::drills::{Scenario, Verdict};
 use crate::tui::app::App;
 use crate::tui::format;
+use crate::tui::lists::{self, ListId};
 use crate::tui::theme::Theme;
-use crate::tui::widgets::{centered, panel};
+use crate::tui::widgets::{centered, focus_title, panel};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let history_rows = if app.compact() { 6 } else { 8 };
     let [top, history_area] =
-        Layout::vertical([Constraint::Min(12), Constraint::Length(8)]).areas(area);
+        Layout::vertical([Constraint::Min(8), Constraint::Length(history_rows)]).areas(area);
+    let list_width = if app.compact() { 28 } else { 46 };
     let [list_area, result_area] =
-        Layout::horizontal([Constraint::Length(46), Constraint::Min(30)]).areas(top);
+        Layout::horizontal([Constraint::Length(list_width), Constraint::Min(30)]).areas(top);
+    scenarios_panel(frame, list_area, app, theme);
+    verdict_panel(frame, result_area, app, theme);
+    history_panel(frame, history_area, app, theme);
+    if app.drills.confirming {
+        confirm_popup(frame, area, app, theme);
+    }
+}
 
+fn scenarios_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let selected = app.scenario();
     let mut lines = vec![
         Line::from(vec![
             Span::raw("mode: "),
@@ -27,24 +48,31 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         ]),
         Line::raw(""),
     ];
-    for (i, s) in Scenario::ALL.iter().enumerate() {
-        let style = if i == app.drills.selected {
+    for (_, s) in lists::scenarios(app).rows {
+        let style = if *s == selected {
             theme.selected
         } else {
             theme.base
         };
         lines.push(Line::styled(format!(" {} ", s.as_str()), style));
-        if i == app.drills.selected {
+        if *s == selected && !app.compact() {
             lines.push(Line::styled(format!("   {}", s.describe()), theme.dim));
         }
     }
+    let focused = app.focused() == Some(ListId::Scenarios);
     frame.render_widget(
         Paragraph::new(lines)
             .wrap(Wrap { trim: false })
-            .block(panel(" Redelivery drills (Enter runs) ", theme)),
-        list_area,
+            .block(panel(
+                focus_title(" Redelivery drills (Enter runs) ".to_string(), focused),
+                theme,
+            )),
+        area,
     );
+}
 
+/// The running drill's progress, or the last verdict with every check (scrolls).
+fn verdict_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let result: Vec<Line> = if let Some(r) = &app.drills.running {
         let mut l = vec![Line::styled(
             format!(
@@ -125,20 +153,24 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             }
         }
     };
+    let total = result.len();
+    let title = if total > usize::from(area.height.saturating_sub(2)) {
+        format!(" Verdict ({total} lines; PgUp/PgDn scroll) ")
+    } else {
+        " Verdict ".to_string()
+    };
     frame.render_widget(
         Paragraph::new(result)
             .wrap(Wrap { trim: false })
-            .block(panel(" Verdict ", theme)),
-        result_area,
+            .scroll((app.drills.verdict_scroll, 0))
+            .block(panel(title, theme)),
+        area,
     );
+}
 
-    let runs = app
-        .snapshot
-        .as_ref()
-        .and_then(|s| s.database.as_ref())
-        .map(|d| d.drill_runs.clone())
-        .unwrap_or_default();
-    let rows = runs.iter().filter(|r| app.matches(&r.scenario)).map(|r| {
+fn history_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let arranged = lists::drill_runs(app);
+    let rows = arranged.rows.iter().map(|(_, r)| {
         let verdict = r.verdict.clone().unwrap_or_else(|| "running".into());
         let style = match verdict.as_str() {
             "pass" => theme.ok,
@@ -154,7 +186,10 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             Cell::from(format::ago(r.started_at, app.now)),
         ])
     });
-    frame.render_widget(
+    let focused = app.focused() == Some(ListId::DrillRuns);
+    let mut state =
+        TableState::default().with_selected(arranged.selected(app.list(ListId::DrillRuns)));
+    frame.render_stateful_widget(
         Table::new(
             rows,
             [
@@ -166,59 +201,67 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             ],
         )
         .header(Row::new(["run", "scenario", "mode", "verdict", "started"]).style(theme.title))
-        .block(panel(" History (drill_runs) ", theme)),
-        history_area,
+        .row_highlight_style(theme.selected)
+        .block(panel(
+            focus_title(
+                format!(" History (drill_runs: {}) ", arranged.count_label()),
+                focused,
+            ),
+            theme,
+        )),
+        area,
+        &mut state,
     );
+}
 
-    if app.drills.confirming {
-        let live = app.drills.scenario() == Scenario::LiveRedelivery;
-        let popup = centered(area, 62, if live { 10 } else { 7 });
-        frame.render_widget(Clear, popup);
-        let mut text = if live {
-            vec![
-                Line::styled(
-                    "LIVE drill: this touches the watched system.",
-                    theme.crit.add_modifier(Modifier::BOLD),
-                ),
-                Line::raw(format!(
-                    "Re-publish {} already-processed messages to its own queues",
-                    Scenario::LiveRedelivery.default_times()
-                )),
-                Line::raw("and watch its /metrics: duplicate_dropped must rise by"),
-                Line::raw("exactly that, and no counter, state or SMS may move."),
-            ]
-        } else {
-            vec![
-                Line::raw(format!(
-                    "Run {} in {} mode?",
-                    app.drills.scenario(),
-                    app.drills.mode.as_str()
-                )),
-                Line::styled(
-                    "It writes a drill_runs row and a drill marker, in its own namespace.",
-                    theme.dim,
-                ),
-            ]
-        };
-        text.extend([
-            Line::raw(""),
-            Line::from(vec![
-                Span::styled(" y ", theme.key),
-                Span::raw(if live { "run it live   " } else { "run   " }),
-                Span::styled(" Esc ", theme.key),
-                Span::raw("cancel"),
-            ]),
-        ]);
-        frame.render_widget(
-            Paragraph::new(text).wrap(Wrap { trim: false }).block(panel(
-                if live {
-                    " Confirm LIVE drill "
-                } else {
-                    " Confirm drill "
-                },
-                theme,
+fn confirm_popup(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let live = app.scenario() == Scenario::LiveRedelivery;
+    let popup = centered(area, 62, if live { 10 } else { 7 });
+    frame.render_widget(Clear, popup);
+    let mut text = if live {
+        vec![
+            Line::styled(
+                "LIVE drill: this touches the watched system.",
+                theme.crit.add_modifier(Modifier::BOLD),
+            ),
+            Line::raw(format!(
+                "Re-publish {} already-processed messages to its own queues",
+                Scenario::LiveRedelivery.default_times()
             )),
-            popup,
-        );
-    }
+            Line::raw("and watch its /metrics: duplicate_dropped must rise by"),
+            Line::raw("exactly that, and no counter, state or SMS may move."),
+        ]
+    } else {
+        vec![
+            Line::raw(format!(
+                "Run {} in {} mode?",
+                app.scenario(),
+                app.drills.mode.as_str()
+            )),
+            Line::styled(
+                "It writes a drill_runs row and a drill marker, in its own namespace.",
+                theme.dim,
+            ),
+        ]
+    };
+    text.extend([
+        Line::raw(""),
+        Line::from(vec![
+            Span::styled(" y ", theme.key),
+            Span::raw(if live { "run it live   " } else { "run   " }),
+            Span::styled(" Esc ", theme.key),
+            Span::raw("cancel"),
+        ]),
+    ]);
+    frame.render_widget(
+        Paragraph::new(text).wrap(Wrap { trim: false }).block(panel(
+            if live {
+                " Confirm LIVE drill "
+            } else {
+                " Confirm drill "
+            },
+            theme,
+        )),
+        popup,
+    );
 }

@@ -1,25 +1,47 @@
 //! Duplicates: the duplicate rate over time, one line per consumer (or the selected
-//! one), deploy / restart / drill markers as vertical lines, a normal-day baseline,
-//! zoom from one minute up to the retention window.
+//! one), with the field report's baselines, a marker lane of labelled ticks
+//! (deploys, restarts, drills, manual notes; kinds toggleable), a cursor to read one
+//! column, and zoom from one minute up to the retention.
+//!
+//! ```text
+//! ┌ Duplicate rate — all consumers — last 15 min · clamped at 0.60% (2 peaks ▲) ┐
+//! │ 0.60%┤        ▲                                                          │
+//! │      │   ⣀⡠⠔⠊⠉⠢⡀          ┊(cursor)                                      │
+//! │ 0.30%┤┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄┄ deploy day 0.4%   │
+//! │   0% ┼────┴────────────┴─────────────────────────────────────────────────│
+//! │      04:00      04:04      04:08      04:12                               │
+//! │      D deploy #1  R restart   X drill…   (the marker lane)               │
+//! │ ── vehicle-state 0.010%  ── trip-counter 0%   cursor 04:08:12: …         │
+//! ├ Broker redeliveries vs duplicates dropped (when a RabbitMQ target exists) ┤
+//! ├ Markers in the window (newest first) ─────────────────────────────────────┤
+//! ```
+//! The y axis is clamped at the 95th percentile (×1.5, never below the deploy-day
+//! baseline), so one 48 % spike does not flatten the 0.01 % and 0.4 % baselines
+//! onto the zero row; clipped peaks are marked ▲. `g` switches to a log scale.
 
 use chrono::{DateTime, Utc};
+use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
 use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Axis, Chart, Dataset, GraphType, Paragraph};
+use ratatui::widgets::canvas::{Canvas, Line as CanvasLine};
+use ratatui::widgets::{Axis, Chart, Dataset, GraphType, Paragraph, Wrap};
 use ratatui::Frame;
 
+use crate::monitor::alerts::{DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
+use crate::monitor::markers::{glyph, TimelineMarker};
 use crate::monitor::series::Point;
 use crate::monitor::{BrokerChart, ConsumerChart};
-use crate::tui::app::App;
+use crate::tui::app::{App, CURSOR_STEPS};
 use crate::tui::format;
 use crate::tui::theme::Theme;
-use crate::tui::widgets::panel;
+use crate::tui::widgets::{panel, waiting};
 
-/// A normal day's duplicate rate (the field report: ~0.01 %).
-const NORMAL_DAY_PCT: f64 = 0.01;
-/// What a deploy day reaches (~0.4 %).
-const DEPLOY_DAY_PCT: f64 = 0.4;
+/// The floor of the log scale, in percent (0.001 %): zero sits there.
+const LOG_FLOOR_PCT: f64 = 0.001;
+/// Width of the y-axis labels.
+const Y_LABELS: u16 = 7;
 
 /// Runs of chart points, one line each.
 pub type Segments = Vec<Vec<(f64, f64)>>;
@@ -45,54 +67,114 @@ pub fn segments(points: &[Point], now: DateTime<Utc>, scale: f64) -> Segments {
     out
 }
 
-fn span_label(seconds: u64) -> String {
+/// `1 min`, `15 min`, `6 h`, `7 d`.
+pub fn span_label(seconds: u64) -> String {
     match seconds {
-        s if s < 3600 => format!("{}m", s / 60),
-        s if s < 86_400 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
+        s if s < 3600 => format!("{} min", s / 60),
+        s if s < 86_400 => format!("{} h", s / 3600),
+        s => format!("{} d", s / 86_400),
     }
 }
 
-pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let Some(snap) = &app.snapshot else {
-        return crate::tui::widgets::waiting(frame, area, "the duplicate rate", theme);
-    };
-    let charts: Vec<(usize, &ConsumerChart)> = snap
-        .charts
-        .iter()
-        .enumerate()
-        .filter(|(i, c)| {
-            app.chart_consumer.is_none_or(|sel| sel == *i)
-                && app.matches(&format!("{}/{}", c.target, c.consumer))
-        })
-        .collect();
+/// A time on the x axis, as precise as the span needs.
+pub fn axis_time(t: DateTime<Utc>, span_seconds: u64) -> String {
+    match span_seconds {
+        s if s <= 600 => t.format("%H:%M:%S").to_string(),
+        s if s <= 86_400 => t.format("%H:%M").to_string(),
+        _ => t.format("%m-%d %H:%M").to_string(),
+    }
+}
+
+/// The chart's data in one place: what is drawn, over which window, at which scale.
+struct Plot<'a> {
+    now: DateTime<Utc>,
+    span: u64,
+    series: Vec<(usize, String, Segments)>,
+    markers: Vec<&'a TimelineMarker>,
+    scale: Scale,
+}
+
+/// The y axis: a clamped linear scale, or a log one.
+#[derive(Debug, Clone, Copy)]
+enum Scale {
+    Linear { max: f64, clipped: usize, peak: f64 },
+    Log { max_decade: f64 },
+}
+
+impl Scale {
+    /// Percent values in, y coordinates out.
+    fn y(self, pct: f64) -> f64 {
+        match self {
+            Scale::Linear { max, .. } => pct.min(max),
+            Scale::Log { .. } => pct.max(LOG_FLOOR_PCT).log10(),
+        }
+    }
+
+    fn bounds(self) -> [f64; 2] {
+        match self {
+            Scale::Linear { max, .. } => [0.0, max],
+            Scale::Log { max_decade } => [LOG_FLOOR_PCT.log10(), max_decade],
+        }
+    }
+
+    fn clipped(self, pct: f64) -> bool {
+        matches!(self, Scale::Linear { max, .. } if pct > max)
+    }
+
+    /// (value in percent, label) ticks of the axis.
+    fn ticks(self) -> Vec<(f64, String)> {
+        match self {
+            Scale::Linear { max, .. } => vec![
+                (0.0, "0%".into()),
+                (max / 2.0, format!("{:.2}%", max / 2.0)),
+                (max, format!("{max:.2}%")),
+            ],
+            Scale::Log { max_decade } => (LOG_FLOOR_PCT.log10() as i32..=max_decade as i32)
+                .map(|d| {
+                    let v = 10f64.powi(d);
+                    (v, format!("{}%", trim_pct(v)))
+                })
+                .collect(),
+        }
+    }
+}
+
+fn trim_pct(v: f64) -> String {
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// The clamped linear scale: the 95th percentile ×1.5, never below the deploy-day
+/// baseline ×1.25 (so both baselines stay readable).
+fn linear_scale(values: &mut [f64]) -> Scale {
+    let floor = DEPLOY_DAY_RATIO * 100.0 * 1.25;
+    if values.is_empty() {
+        return Scale::Linear {
+            max: floor,
+            clipped: 0,
+            peak: 0.0,
+        };
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let p95 = values[((values.len() - 1) as f64 * 0.95).round() as usize];
+    let peak = values[values.len() - 1];
+    let max = (p95 * 1.5).max(floor).min(peak.max(floor));
+    Scale::Linear {
+        max,
+        clipped: values.iter().filter(|v| **v > max).count(),
+        peak,
+    }
+}
+
+fn plot<'a>(app: &'a App, charts: &[(usize, &ConsumerChart)]) -> Option<Plot<'a>> {
+    let snap = app.snapshot.as_ref()?;
+    let now = snap.taken_at;
     let span = snap
         .charts
         .first()
         .map(|c| c.span_seconds)
         .unwrap_or(900)
         .max(60);
-    let now = snap.taken_at;
-    let x0 = -(span as f64);
-    let markers: Vec<_> = snap
-        .markers
-        .iter()
-        .chain(&app.local_markers)
-        .filter(|m| (now - m.at).num_seconds() <= span as i64 && m.at <= now)
-        .collect();
-
-    let broker_rows = if snap.brokers.is_empty() { 0 } else { 10 };
-    let [chart_area, broker_area, legend_area] = Layout::vertical([
-        Constraint::Min(8),
-        Constraint::Length(broker_rows),
-        Constraint::Length(markers.len().clamp(1, 6) as u16 + 2),
-    ])
-    .areas(area);
-    if broker_rows > 0 {
-        render_broker(frame, broker_area, app, &charts, span, theme);
-    }
-
-    // The data must outlive the chart widget.
     let series: Vec<(usize, String, Segments)> = charts
         .iter()
         .map(|(i, c)| {
@@ -103,132 +185,407 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             )
         })
         .collect();
-    let peak = series
+    let mut values: Vec<f64> = series
         .iter()
-        .flat_map(|(_, _, segs)| segs.iter().flatten().map(|(_, y)| *y))
-        .fold(0.0f64, f64::max);
-    let y_max = (peak * 1.2).max(DEPLOY_DAY_PCT * 1.25);
-    let baseline = [(x0, NORMAL_DAY_PCT), (0.0, NORMAL_DAY_PCT)];
-    let deploy_day = [(x0, DEPLOY_DAY_PCT), (0.0, DEPLOY_DAY_PCT)];
-    let marker_lines: Vec<[(f64, f64); 2]> = markers
+        .flat_map(|(_, _, s)| s.iter().flatten().map(|(_, y)| *y))
+        .collect();
+    let scale = if app.chart.log {
+        let peak = values.iter().copied().fold(0.0f64, f64::max);
+        Scale::Log {
+            max_decade: (peak.max(DEPLOY_DAY_RATIO * 100.0) * 1.2).log10().ceil(),
+        }
+    } else {
+        linear_scale(&mut values)
+    };
+    let markers = snap
+        .markers
         .iter()
-        .map(|m| {
-            let x = -(now - m.at).num_milliseconds() as f64 / 1000.0;
-            [(x, 0.0), (x, y_max)]
+        .chain(&app.local_markers)
+        .filter(|m| {
+            m.at <= now
+                && (now - m.at).num_seconds() <= span as i64
+                && !app.chart.hidden_kinds.contains(&m.kind)
+                && app.matches(&format!("{} {}", m.kind, m.label))
         })
         .collect();
+    Some(Plot {
+        now,
+        span,
+        series,
+        markers,
+        scale,
+    })
+}
 
-    let mut datasets = vec![
-        Dataset::default()
-            .name(format!("normal day {NORMAL_DAY_PCT}%"))
-            .marker(Marker::Dot)
-            .graph_type(GraphType::Line)
-            .style(theme.dim)
-            .data(&baseline),
-        Dataset::default()
-            .name(format!("deploy day {DEPLOY_DAY_PCT}%"))
-            .marker(Marker::Dot)
-            .graph_type(GraphType::Line)
-            .style(theme.dim)
-            .data(&deploy_day),
-    ];
-    for (m, line) in markers.iter().zip(&marker_lines) {
-        datasets.push(
-            Dataset::default()
-                .marker(Marker::Braille)
-                .graph_type(GraphType::Line)
-                .style(theme.marker(&m.kind))
-                .data(line),
-        );
+pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let Some(snap) = &app.snapshot else {
+        return waiting(frame, area, "the duplicate rate", theme);
+    };
+    let charts: Vec<(usize, &ConsumerChart)> = snap
+        .charts
+        .iter()
+        .enumerate()
+        .filter(|(i, c)| {
+            app.chart.consumer.is_none_or(|sel| sel == *i)
+                && app.matches(&format!("{}/{}", c.target, c.consumer))
+        })
+        .collect();
+    let Some(plot) = plot(app, &charts) else {
+        return;
+    };
+    let broker_rows = if snap.brokers.is_empty() || app.compact() {
+        0
+    } else {
+        9
+    };
+    let marker_rows = if app.compact() {
+        3
+    } else {
+        plot.markers.len().clamp(1, 6) as u16 + 2
+    };
+    let [chart_area, broker_area, list_area] = Layout::vertical([
+        Constraint::Min(10),
+        Constraint::Length(broker_rows),
+        Constraint::Length(marker_rows),
+    ])
+    .areas(area);
+    chart_panel(frame, chart_area, app, &plot, theme);
+    if broker_rows > 0 {
+        broker_panel(frame, broker_area, app, &charts, plot.span, theme);
     }
-    for (i, name, segs) in &series {
-        for (k, seg) in segs.iter().enumerate() {
-            let mut d = Dataset::default()
-                .marker(Marker::Braille)
-                .graph_type(GraphType::Line)
-                .style(theme.series(*i))
-                .data(seg);
-            if k == 0 {
-                d = d.name(name.clone());
-            }
-            datasets.push(d);
-        }
-    }
-    let which = match app.chart_consumer.and_then(|i| snap.charts.get(i)) {
+    markers_panel(frame, list_area, app, &plot, theme);
+}
+
+/// The chart with its axes, baselines, marker lane, legend and cursor line.
+fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme: &Theme) {
+    let which = match app
+        .chart
+        .consumer
+        .and_then(|i| app.snapshot.as_ref()?.charts.get(i))
+    {
         Some(c) => format!("{}/{}", c.target, c.consumer),
         None => "all consumers".to_string(),
     };
+    let scale_note = match plot.scale {
+        Scale::Linear {
+            max, clipped: 0, ..
+        } => format!("y to {max:.2}%"),
+        Scale::Linear {
+            max, clipped, peak, ..
+        } => format!("y clamped at {max:.2}%: {clipped} points above ▲ (peak {peak:.2}%)"),
+        Scale::Log { .. } => "log scale".to_string(),
+    };
     let title = format!(
-        " Duplicate rate — {which} — last {} (+/- zoom, c consumer) ",
-        span_label(span)
+        " Duplicate rate — {which} — last {} · {scale_note} ",
+        span_label(plot.span)
     );
-    let x_labels = vec![
-        Span::raw(format!("-{}", span_label(span))),
-        Span::raw(format!("-{}", span_label(span / 2))),
-        Span::raw("now"),
-    ];
-    let y_labels = vec![
-        Span::raw("0%"),
-        Span::raw(format!("{:.2}%", y_max / 2.0)),
-        Span::raw(format!("{y_max:.2}%")),
-    ];
+    let block = panel(title, theme);
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    if inner.height < 6 || inner.width < Y_LABELS + 10 {
+        return;
+    }
+    // Rows: the plot, the axis, the time labels, the marker lane, the legend (two
+    // rows when narrow, so every consumer stays named).
+    let [plot_rows, axis_row, time_row, lane_row, legend_row] = Layout::vertical([
+        Constraint::Min(2),
+        Constraint::Length(1),
+        Constraint::Length(1),
+        Constraint::Length(1),
+        Constraint::Length(if app.compact() { 2 } else { 1 }),
+    ])
+    .areas(inner);
+    let [labels, canvas_area] =
+        Layout::horizontal([Constraint::Length(Y_LABELS), Constraint::Min(4)]).areas(plot_rows);
+    let x0 = -(plot.span as f64);
+    let scale = plot.scale;
+    let series_styles: Vec<Color> = plot
+        .series
+        .iter()
+        .map(|(i, _, _)| theme.series(*i).fg.unwrap_or(Color::Reset))
+        .collect();
     frame.render_widget(
-        Chart::new(datasets)
-            .block(panel(title, theme))
-            .x_axis(
-                Axis::default()
-                    .bounds([x0, 0.0])
-                    .labels(x_labels)
-                    .style(theme.dim),
-            )
-            .y_axis(
-                Axis::default()
-                    .bounds([0.0, y_max])
-                    .labels(y_labels)
-                    .style(theme.dim),
-            )
-            .legend_position(Some(ratatui::widgets::LegendPosition::TopLeft))
-            .hidden_legend_constraints((Constraint::Percentage(60), Constraint::Percentage(80))),
-        chart_area,
+        Canvas::default()
+            .x_bounds([x0, 0.0])
+            .y_bounds(scale.bounds())
+            .marker(Marker::Braille)
+            .paint(|ctx| {
+                for ((_, _, segs), color) in plot.series.iter().zip(&series_styles) {
+                    for seg in segs {
+                        for w in seg.windows(2) {
+                            ctx.draw(&CanvasLine::new(
+                                w[0].0,
+                                scale.y(w[0].1),
+                                w[1].0,
+                                scale.y(w[1].1),
+                                *color,
+                            ));
+                        }
+                        if let [only] = seg.as_slice() {
+                            ctx.draw(&CanvasLine::new(
+                                only.0,
+                                scale.y(only.1),
+                                only.0,
+                                scale.y(only.1),
+                                *color,
+                            ));
+                        }
+                    }
+                }
+            }),
+        canvas_area,
     );
+    let buf = frame.buffer_mut();
+    let col_of = |secs_before: f64| -> u16 {
+        let f = ((secs_before - x0) / -x0).clamp(0.0, 1.0);
+        canvas_area.x + ((f * f64::from(canvas_area.width - 1)).round() as u16)
+    };
+    let row_of = |pct: f64| -> u16 {
+        let [lo, hi] = scale.bounds();
+        let f = ((scale.y(pct) - lo) / (hi - lo)).clamp(0.0, 1.0);
+        canvas_area.bottom() - 1 - (f * f64::from(canvas_area.height - 1)).round() as u16
+    };
+    baselines(buf, canvas_area, &row_of, theme);
+    // Clipped peaks: ▲ on the top row, at their columns.
+    for (_, _, segs) in &plot.series {
+        for (x, y) in segs.iter().flatten() {
+            if scale.clipped(*y) {
+                put(buf, col_of(*x), canvas_area.y, "▲", theme.crit);
+            }
+        }
+    }
+    // The y labels.
+    for (v, label) in scale.ticks() {
+        let row = row_of(v);
+        let text = format!("{label:>w$}┤", w = usize::from(Y_LABELS) - 1);
+        buf.set_string(labels.x, row, text, theme.dim);
+    }
+    // The x axis with a tick per marker, the time labels under it.
+    buf.set_string(
+        canvas_area.x - 1,
+        axis_row.y,
+        format!("└{}", "─".repeat(usize::from(canvas_area.width))),
+        theme.dim,
+    );
+    time_labels(buf, time_row, canvas_area, plot);
+    marker_lane(buf, axis_row, lane_row, canvas_area, plot, &col_of, theme);
+    if let Some(step) = app.chart.cursor {
+        cursor(buf, canvas_area, legend_row, axis_row, step, plot, theme);
+    } else {
+        let line = legend(app, plot, theme);
+        frame.render_widget(Paragraph::new(line).wrap(Wrap { trim: true }), legend_row);
+    }
+}
 
+fn put(buf: &mut Buffer, x: u16, y: u16, symbol: &str, style: Style) {
+    if let Some(cell) = buf.cell_mut((x, y)) {
+        cell.set_symbol(symbol).set_style(style);
+    }
+}
+
+/// The normal-day and deploy-day baselines: dotted rows where no data is drawn,
+/// named at their right end.
+fn baselines(buf: &mut Buffer, area: Rect, row_of: &dyn Fn(f64) -> u16, theme: &Theme) {
+    for (pct, name) in [
+        (NORMAL_DAY_RATIO * 100.0, "normal day 0.01%"),
+        (DEPLOY_DAY_RATIO * 100.0, "deploy day 0.4%"),
+    ] {
+        let y = row_of(pct);
+        for x in area.x..area.right() {
+            if buf.cell((x, y)).is_some_and(|c| c.symbol() == " ") {
+                put(buf, x, y, "┄", theme.dim);
+            }
+        }
+        let label_x = area.right().saturating_sub(name.len() as u16 + 1);
+        if (label_x..area.right()).all(|x| {
+            buf.cell((x, y))
+                .is_some_and(|c| c.symbol() == " " || c.symbol() == "┄")
+        }) {
+            buf.set_string(label_x, y, name, theme.dim);
+        }
+    }
+}
+
+/// Clock labels under the axis, as many as fit (5 on a wide chart).
+fn time_labels(buf: &mut Buffer, row: Rect, area: Rect, plot: &Plot<'_>) {
+    let sample = axis_time(plot.now, plot.span);
+    let n = if area.width as usize > (sample.len() + 4) * 5 {
+        5
+    } else {
+        3
+    };
+    for k in 0..n {
+        let f = k as f64 / (n - 1) as f64;
+        let at = plot.now
+            - chrono::Duration::milliseconds(((1.0 - f) * plot.span as f64 * 1000.0) as i64);
+        let text = axis_time(at, plot.span);
+        let col = area.x + (f * f64::from(area.width - 1)).round() as u16;
+        let x = col
+            .saturating_sub(text.len() as u16 / 2)
+            .clamp(area.x, area.right().saturating_sub(text.len() as u16));
+        buf.set_string(x, row.y, text, Style::default());
+    }
+}
+
+/// The marker lane: a tick on the axis and, on the lane below, the kind's letter
+/// with as much of the label as fits before the next marker.
+#[allow(clippy::too_many_arguments)]
+fn marker_lane(
+    buf: &mut Buffer,
+    axis: Rect,
+    lane: Rect,
+    area: Rect,
+    plot: &Plot<'_>,
+    col_of: &dyn Fn(f64) -> u16,
+    theme: &Theme,
+) {
+    let mut placed: Vec<(u16, &TimelineMarker)> = plot
+        .markers
+        .iter()
+        .map(|m| {
+            let secs = -(plot.now - m.at).num_milliseconds() as f64 / 1000.0;
+            (col_of(secs), *m)
+        })
+        .collect();
+    placed.sort_by_key(|(x, _)| *x);
+    for (i, (x, m)) in placed.iter().enumerate() {
+        let style = theme.marker(&m.kind).add_modifier(Modifier::REVERSED);
+        put(buf, *x, axis.y, "┴", theme.marker(&m.kind));
+        put(buf, *x, lane.y, glyph(&m.kind), style);
+        let next = placed
+            .get(i + 1)
+            .map(|(n, _)| *n)
+            .unwrap_or(area.right() + 1);
+        let room = next.saturating_sub(*x + 3) as usize;
+        if room >= 3 {
+            let label: String = m.label.chars().take(room).collect();
+            buf.set_string(*x + 2, lane.y, label, theme.marker(&m.kind));
+        }
+    }
+    if placed.is_empty() {
+        buf.set_string(
+            area.x,
+            lane.y,
+            "no deploy, restart or drill in this window",
+            theme.dim,
+        );
+    }
+}
+
+/// Each consumer's colour and its current (1-minute) rate.
+fn legend<'a>(app: &App, plot: &Plot<'_>, theme: &Theme) -> Line<'a> {
+    let Some(snap) = &app.snapshot else {
+        return Line::default();
+    };
+    let mut spans: Vec<Span> = Vec::new();
+    for (i, name, _) in &plot.series {
+        let ratio = snap
+            .consumers
+            .iter()
+            .find(|c| format!("{}/{}", c.target, c.consumer) == *name)
+            .and_then(|c| c.duplicate_ratio_1m);
+        let short = name.split('/').nth(1).unwrap_or(name);
+        spans.push(Span::styled(format!("── {short} "), theme.series(*i)));
+        spans.push(Span::raw(format!("{}  ", format::pct(ratio))));
+    }
+    if !app.compact() {
+        spans.push(Span::styled("(1 min; ←/→ cursor)", theme.dim));
+    }
+    Line::from(spans)
+}
+
+/// The cursor column and, on the legend row, the values there.
+#[allow(clippy::too_many_arguments)]
+fn cursor(
+    buf: &mut Buffer,
+    area: Rect,
+    row: Rect,
+    axis: Rect,
+    step: u16,
+    plot: &Plot<'_>,
+    theme: &Theme,
+) {
+    let f = f64::from(step) / f64::from(CURSOR_STEPS);
+    let x = area.x + (f * f64::from(area.width - 1)).round() as u16;
+    for y in area.y..area.bottom() {
+        if buf
+            .cell((x, y))
+            .is_some_and(|c| c.symbol() == " " || c.symbol() == "┄")
+        {
+            put(buf, x, y, "┊", theme.key);
+        }
+    }
+    put(buf, x, axis.y, "┼", theme.key);
+    let secs = -(1.0 - f) * plot.span as f64;
+    let at = plot.now + chrono::Duration::milliseconds((secs * 1000.0) as i64);
+    // Half a column either side of the cursor belongs to it.
+    let half = plot.span as f64 / f64::from(area.width.max(1)) / 2.0;
+    let mut spans = vec![Span::styled(
+        format!("cursor {}: ", axis_time(at, plot.span.min(600))),
+        theme.key,
+    )];
+    for (i, name, segs) in &plot.series {
+        let nearest = segs
+            .iter()
+            .flatten()
+            .min_by(|a, b| (a.0 - secs).abs().total_cmp(&(b.0 - secs).abs()))
+            .filter(|p| (p.0 - secs).abs() <= half.max(plot.span as f64 / 60.0));
+        let short = name.split('/').nth(1).unwrap_or(name);
+        spans.push(Span::styled(
+            format!(
+                "{short} {}  ",
+                nearest.map_or("—".to_string(), |p| format!("{:.3}%", p.1))
+            ),
+            theme.series(*i),
+        ));
+    }
+    for m in &plot.markers {
+        let ms = -(plot.now - m.at).num_milliseconds() as f64 / 1000.0;
+        if (ms - secs).abs() <= half.max(1.0) {
+            spans.push(Span::styled(
+                format!("{} {}  ", glyph(&m.kind), m.label),
+                theme.marker(&m.kind),
+            ));
+        }
+    }
+    buf.set_line(row.x, row.y, &Line::from(spans), row.width);
+}
+
+/// The markers of the window, newest first, with their times.
+fn markers_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme: &Theme) {
+    let Some(snap) = &app.snapshot else {
+        return;
+    };
+    let mut markers = plot.markers.clone();
+    markers.sort_by_key(|m| std::cmp::Reverse(m.at));
+    let hidden: Vec<&str> = app.chart.hidden_kinds.iter().map(String::as_str).collect();
+    let rows = usize::from(area.height.saturating_sub(2));
     let mut lines: Vec<Line> = markers
         .iter()
-        .take(6)
+        .take(rows)
         .map(|m| {
             Line::from(vec![
-                Span::styled("▍", theme.marker(&m.kind)),
-                Span::styled(format!("{:<8}", m.kind), theme.marker(&m.kind)),
+                Span::styled(
+                    format!(" {} ", glyph(&m.kind)),
+                    theme.marker(&m.kind).add_modifier(Modifier::REVERSED),
+                ),
+                Span::styled(format!(" {:<8}", m.kind), theme.marker(&m.kind)),
                 Span::raw(format!("{}  {}", format::clock(m.at), m.label)),
-                Span::styled(format!("  ({})", format::ago(Some(m.at), now)), theme.dim),
+                Span::styled(
+                    format!("  ({})", format::ago(Some(m.at), plot.now)),
+                    theme.dim,
+                ),
             ])
         })
         .collect();
     if lines.is_empty() {
         lines.push(Line::styled(
-            "no deploy, restart or drill in this window",
+            "no marker in this window (d/r/x/u show or hide a kind)",
             theme.dim,
         ));
     }
-    let now_line: Vec<Span> = charts
-        .iter()
-        .map(|(i, c)| {
-            let status = snap
-                .consumers
-                .iter()
-                .find(|s| s.target == c.target && s.consumer == c.consumer);
-            Span::styled(
-                format!(
-                    " {}: {} ",
-                    c.consumer,
-                    format::pct(status.and_then(|s| s.duplicate_ratio))
-                ),
-                theme.series(*i),
-            )
-        })
-        .collect();
     // The HTTP edge's own duplicates: retries answered from the stored response.
-    let edge: Vec<Span> = snap
+    let edge = snap
         .targets
         .iter()
         .flat_map(|t| t.http.values())
@@ -238,29 +595,29 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         })
         .reduce(|a, b| (a.0 + b.0, a.1 + b.1))
         .map(|(replayed, conflict)| {
-            vec![Span::styled(
-                format!(
-                    " │ HTTP replays {}/s, conflicts {}/s ",
-                    format::rate(Some(replayed)),
-                    format::rate(Some(conflict))
-                ),
-                theme.dim,
-            )]
+            format!(
+                " │ HTTP replays {}/s, conflicts {}/s",
+                format::rate(Some(replayed)),
+                format::rate(Some(conflict))
+            )
         })
         .unwrap_or_default();
-    frame.render_widget(
-        Paragraph::new(lines).block(panel(
-            Line::from([vec![Span::raw(" Markers │ now:")], now_line, edge].concat()),
-            theme,
-        )),
-        legend_area,
+    let title = format!(
+        " Markers ({}{}){edge} ",
+        markers.len(),
+        if hidden.is_empty() {
+            String::new()
+        } else {
+            format!(", hidden: {}", hidden.join(" "))
+        }
     );
+    frame.render_widget(Paragraph::new(lines).block(panel(title, theme)), area);
 }
 
 /// The broker's own redelivery rate (RabbitMQ's exporter) beside the consumers'
 /// duplicate_dropped rate, in messages per second: every broker redelivery should
 /// end as a dropped duplicate, so the two lines should move together.
-fn render_broker(
+fn broker_panel(
     frame: &mut Frame,
     area: Rect,
     app: &App,
@@ -359,4 +716,36 @@ fn render_broker(
             .hidden_legend_constraints((Constraint::Percentage(50), Constraint::Percentage(100))),
         area,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_spike_does_not_flatten_the_baselines() {
+        // An hour of 0.01 % with one 48 % spike.
+        let mut values: Vec<f64> = (0..3600).map(|_| 0.01).collect();
+        values.extend([48.0, 30.0, 12.0]);
+        let Scale::Linear { max, clipped, peak } = linear_scale(&mut values) else {
+            panic!("linear");
+        };
+        assert!(max < 1.0, "{max}");
+        assert!(
+            max >= DEPLOY_DAY_RATIO * 100.0,
+            "the deploy baseline is on the chart"
+        );
+        assert_eq!(clipped, 3);
+        assert_eq!(peak, 48.0);
+    }
+
+    #[test]
+    fn axis_labels_read_as_clock_times_at_every_zoom() {
+        let t = crate::tui::fixtures::now();
+        assert_eq!(axis_time(t, 60), "04:12:03");
+        assert_eq!(axis_time(t, 3600), "04:12");
+        assert_eq!(axis_time(t, 7 * 86_400), "11-30 04:12");
+        assert_eq!(span_label(60), "1 min");
+        assert_eq!(span_label(7 * 86_400), "7 d");
+    }
 }

@@ -1,146 +1,367 @@
 //! Overview: every consumer at a glance, the alerts, and the state of each source.
+//!
+//! ```text
+//! ┌ Consumers — over the last 1 min (w) · Σ since 04:01 ─────────────────────┐
+//! │ consumer  state  msgs/s dup/s dup % redeliv late dead doubt Σproc Σdup … │
+//! ├ Alerts (2) ─────────────────────────────┬ Sources ──────────────────────┤
+//! │ CRIT 04:10:31 1m 32s  message → object  │ target up · url · samples     │
+//! └─────────────────────────────────────────┴───────────────────────────────┘
+//! ```
+//! Under 100 columns the Σ columns go, the alerts take the whole width and the
+//! sources shrink to one line each.
 
 use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Cell, Paragraph, Row, Table, Wrap};
+use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
 use crate::engine::store::Durability;
-use crate::monitor::alerts::Severity;
 use crate::monitor::db::SourceStatus;
-use crate::tui::app::App;
+use crate::monitor::targets::{ConsumerStatus, Flow, WindowCounts};
+use crate::tui::app::{App, RateWindow};
 use crate::tui::format;
+use crate::tui::lists::{self, ListId};
 use crate::tui::theme::Theme;
-use crate::tui::widgets::panel;
+use crate::tui::widgets::{focus_title, panel, waiting};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
-        return crate::tui::widgets::waiting(frame, area, "the consumers", theme);
+        return waiting(frame, area, "the consumers", theme);
     };
-    let consumers = snap
-        .consumers
-        .iter()
-        .filter(|c| app.matches(&format!("{} {}", c.target, c.consumer)))
-        .count();
+    let shown = lists::consumers(app).rows.len() as u16;
     let [table_area, bottom] =
-        Layout::vertical([Constraint::Length(consumers as u16 + 3), Constraint::Min(4)])
-            .areas(area);
-    let [alerts_area, sources_area] =
-        Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(bottom);
-
-    let header = Row::new([
-        "target",
-        "consumer",
-        "up",
-        "msgs/s",
-        "dup/s",
-        "dup %",
-        "redeliv/s",
-        "late/s",
-        "dead",
-        "sent/suppr/fail",
-        "in doubt",
-        "last restart",
-    ])
-    .style(theme.title);
-    let rows = snap
-        .consumers
-        .iter()
-        .filter(|c| app.matches(&format!("{} {}", c.target, c.consumer)))
-        .map(|c| {
-            let effect = |k: &str| {
-                c.side_effects
-                    .get(k)
-                    .map(|r| format::count(r.total))
-                    .unwrap_or_else(|| "0".into())
-            };
-            let dup_style = match c.duplicate_ratio {
-                Some(r) if r >= crate::monitor::alerts::DUPLICATE_RATIO_ALERT => theme.crit,
-                Some(r) if r > 0.0 => theme.warn,
-                _ => theme.base,
-            };
-            Row::new([
-                Cell::from(c.target.clone()),
-                Cell::from(c.consumer.clone()),
-                if c.up {
-                    Cell::from("up").style(theme.ok)
-                } else {
-                    Cell::from("DOWN").style(theme.crit)
-                },
-                Cell::from(format::rate(c.processed.per_second)),
-                Cell::from(format::rate(c.duplicate_dropped.per_second)),
-                Cell::from(format::pct(c.duplicate_ratio)).style(dup_style),
-                Cell::from(format::rate(c.redelivered.per_second)),
-                Cell::from(format::rate(c.out_of_order.per_second)),
-                Cell::from(format::count(c.dead_lettered.total)),
-                Cell::from(format!(
-                    "{}/{}/{}",
-                    effect("sent"),
-                    effect("suppressed"),
-                    effect("failed")
-                )),
-                match c.claims_in_doubt {
-                    Some(n) if n > 0.0 => Cell::from(format::count(n)).style(theme.crit),
-                    Some(n) => Cell::from(format::count(n)),
-                    None => Cell::from("—"),
-                },
-                Cell::from(format::ago(c.last_restart, app.now)),
-            ])
-        });
-    let widths = [
-        Constraint::Length(12),
-        Constraint::Length(14),
-        Constraint::Length(4),
-        Constraint::Length(7),
-        Constraint::Length(6),
-        Constraint::Length(7),
-        Constraint::Length(9),
-        Constraint::Length(6),
-        Constraint::Length(5),
-        Constraint::Length(15),
-        Constraint::Length(8),
-        Constraint::Min(10),
-    ];
-    frame.render_widget(
-        Table::new(rows, widths)
-            .header(header)
-            .block(panel(" Consumers ", theme)),
-        table_area,
-    );
-
-    let alerts: Vec<Line> = if snap.alerts.is_empty() {
-        vec![Line::styled(
-            "no alerts: duplicates are being dropped, nothing in doubt",
-            theme.ok,
-        )]
+        Layout::vertical([Constraint::Length(shown + 3), Constraint::Min(4)]).areas(area);
+    consumers_panel(frame, table_area, app, theme);
+    if app.compact() {
+        let sources = snap.targets.len() as u16 + u16::from(snap.database.is_some()) + 2;
+        let [alerts_area, sources_area] =
+            Layout::vertical([Constraint::Min(3), Constraint::Length(sources)]).areas(bottom);
+        alerts_panel(frame, alerts_area, app, theme);
+        sources_panel(frame, sources_area, app, theme);
     } else {
-        snap.alerts
-            .iter()
-            .filter(|a| app.matches(&a.message))
-            .map(|a| {
-                let (tag, style) = match a.severity {
-                    Severity::Critical => ("CRIT", theme.crit),
-                    Severity::Warning => ("WARN", theme.warn),
-                };
-                Line::from(vec![
-                    Span::styled(format!("{tag} "), style),
-                    Span::raw(a.message.clone()),
-                ])
-            })
-            .collect()
-    };
-    frame.render_widget(
-        Paragraph::new(alerts)
-            .wrap(Wrap { trim: true })
-            .block(panel(format!(" Alerts ({}) ", snap.alerts.len()), theme)),
-        alerts_area,
-    );
+        let [alerts_area, sources_area] =
+            Layout::horizontal([Constraint::Percentage(66), Constraint::Percentage(34)])
+                .areas(bottom);
+        alerts_panel(frame, alerts_area, app, theme);
+        sources_panel(frame, sources_area, app, theme);
+    }
+}
 
+/// The figures of the chosen window: (msgs/s, dup/s, dup %, redelivered, late,
+/// dead) — counts over a minute or five, per-second rates for the last poll.
+fn figures(c: &ConsumerStatus, window: RateWindow) -> [String; 6] {
+    let counts = |w: &WindowCounts| {
+        [
+            format::rate(w.processed_per_second),
+            format::rate(w.duplicate_dropped_per_second),
+            format::pct(w.duplicate_ratio),
+            format::count(w.redelivered),
+            format::count(w.out_of_order),
+            format::count(w.dead_lettered),
+        ]
+    };
+    match window {
+        RateWindow::OneMinute => counts(&c.window_1m),
+        RateWindow::FiveMinutes => counts(&c.window_5m),
+        RateWindow::LastPoll => [
+            format::rate(c.processed.per_second),
+            format::rate(c.duplicate_dropped.per_second),
+            format::pct(c.duplicate_ratio),
+            format::rate(c.redelivered.per_second),
+            format::rate(c.out_of_order.per_second),
+            format::rate(c.dead_lettered.per_second),
+        ],
+    }
+}
+
+fn flow_cell<'a>(c: &ConsumerStatus, app: &App, theme: &Theme) -> Cell<'a> {
+    match c.flow {
+        Flow::Flowing => Cell::from("flowing").style(theme.ok),
+        Flow::NoDataYet => Cell::from("no data yet").style(theme.dim),
+        Flow::Quiet { last_processed_at } => Cell::from(match last_processed_at {
+            Some(t) => format!("quiet {}", format::duration((app.now - t).num_seconds())),
+            None => "quiet".into(),
+        })
+        .style(theme.dim),
+        Flow::Stalled { .. } => Cell::from("STALLED").style(theme.crit),
+        Flow::Down => Cell::from("DOWN").style(theme.crit),
+    }
+}
+
+fn consumers_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let arranged = lists::consumers(app);
+    let compact = app.compact();
+    let window = app.rate_window;
+    let per = if window == RateWindow::LastPoll {
+        "/s"
+    } else {
+        ""
+    };
+    let many_targets = app.snapshot.as_ref().is_some_and(|s| s.targets.len() > 1);
+    let mut header = Vec::new();
+    if many_targets || !compact {
+        header.push("target".to_string());
+    }
+    header.extend(["consumer", "state", "msgs/s", "dup/s", "dup %"].map(String::from));
+    header.extend(["redeliv", "late", "dead"].map(|h| format!("{h}{per}")));
+    header.push("doubt".into());
+    if !compact {
+        header.extend(
+            [
+                "Σ processed",
+                "Σ dup",
+                "Σ dead",
+                "Σ sent/suppr/fail",
+                "restarted",
+            ]
+            .iter()
+            .map(|h| h.to_string()),
+        );
+    }
+    let rows = arranged.rows.iter().map(|(_, c)| {
+        let [msgs, dups, pct, redeliv, late, dead] = figures(c, window);
+        let ratio = match window {
+            RateWindow::OneMinute => c.window_1m.duplicate_ratio,
+            RateWindow::FiveMinutes => c.window_5m.duplicate_ratio,
+            RateWindow::LastPoll => c.duplicate_ratio,
+        };
+        let dup_style = match ratio {
+            Some(r) if r >= crate::monitor::alerts::DUPLICATE_RATIO_ALERT => theme.crit,
+            Some(r) if r > crate::monitor::alerts::DEPLOY_DAY_RATIO => theme.warn,
+            _ => theme.base,
+        };
+        let mut cells = Vec::new();
+        if many_targets || !compact {
+            cells.push(Cell::from(c.target.clone()));
+        }
+        cells.push(Cell::from(c.consumer.clone()));
+        cells.push(flow_cell(c, app, theme));
+        cells.push(Cell::from(msgs));
+        cells.push(Cell::from(dups));
+        cells.push(Cell::from(pct).style(dup_style));
+        cells.push(Cell::from(redeliv));
+        cells.push(Cell::from(late));
+        cells.push(Cell::from(dead));
+        cells.push(match c.claims_in_doubt {
+            Some(n) if n > 0.0 => Cell::from(format::count(n)).style(theme.crit),
+            Some(n) => Cell::from(format::count(n)),
+            None => Cell::from("—"),
+        });
+        if !compact {
+            let t = &c.totals;
+            let effect = |k: &str| format::count(t.side_effects.get(k).copied().unwrap_or(0.0));
+            cells.push(Cell::from(format::count(t.processed)));
+            cells.push(Cell::from(format::count(t.duplicate_dropped)));
+            cells.push(Cell::from(format::count(t.dead_lettered)));
+            cells.push(Cell::from(format!(
+                "{}/{}/{}",
+                effect("sent"),
+                effect("suppressed"),
+                effect("failed")
+            )));
+            cells.push(Cell::from(format::ago(c.last_restart, app.now)));
+        }
+        Row::new(cells)
+    });
+    let mut widths = Vec::new();
+    if many_targets || !compact {
+        widths.push(Constraint::Length(if compact { 10 } else { 12 }));
+    }
+    widths.extend([
+        Constraint::Length(14),
+        Constraint::Length(if compact { 10 } else { 11 }),
+        Constraint::Length(6),
+        Constraint::Length(6),
+        Constraint::Length(7),
+        Constraint::Length(7 + per.len() as u16),
+        Constraint::Length(5 + per.len() as u16),
+        Constraint::Length(5 + per.len() as u16),
+        Constraint::Length(5),
+    ]);
+    if !compact {
+        widths.extend([
+            Constraint::Length(11),
+            Constraint::Length(6),
+            Constraint::Length(6),
+            Constraint::Length(17),
+            Constraint::Min(9),
+        ]);
+    }
+    let since = arranged
+        .rows
+        .iter()
+        .filter_map(|(_, c)| c.totals.since)
+        .min();
+    let restarts = arranged
+        .rows
+        .iter()
+        .map(|(_, c)| c.totals.restarts)
+        .max()
+        .unwrap_or(0);
+    let title = if compact {
+        format!(
+            " Consumers ({}) — {} (w) ",
+            arranged.count_label(),
+            window.label()
+        )
+    } else {
+        format!(
+            " Consumers ({}) — rates and counts over the {} (w switches) · Σ = every incarnation since {} ({} restart{}) ",
+            arranged.count_label(),
+            match window {
+                RateWindow::LastPoll => "last poll (per second)".to_string(),
+                w => format!("last {}", w.label()),
+            },
+            since.map(format::clock).unwrap_or_else(|| "—".into()),
+            restarts,
+            if restarts == 1 { "" } else { "s" }
+        )
+    };
+    let focused = app.focused() == Some(ListId::Consumers);
+    let mut state =
+        TableState::default().with_selected(arranged.selected(app.list(ListId::Consumers)));
+    frame.render_stateful_widget(
+        Table::new(rows, widths)
+            .header(Row::new(header).style(theme.title))
+            .row_highlight_style(highlight(focused, theme))
+            .block(panel(focus_title(title, focused), theme)),
+        area,
+        &mut state,
+    );
+}
+
+fn highlight(focused: bool, theme: &Theme) -> Style {
+    if focused {
+        theme.selected
+    } else {
+        theme.base.add_modifier(Modifier::UNDERLINED)
+    }
+}
+
+fn alerts_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let arranged = lists::alerts(app);
+    let focused = app.focused() == Some(ListId::Alerts);
+    let silenced = app.silenced.len();
+    let title = format!(
+        " Alerts ({}){} — Enter jumps, a acknowledges, z silences ",
+        arranged.count_label(),
+        if silenced > 0 {
+            format!(", {silenced} silenced")
+        } else {
+            String::new()
+        }
+    );
+    if arranged.rows.is_empty() {
+        let text = if arranged.total == 0 {
+            Line::styled(
+                "no alerts: duplicates are being dropped, nothing in doubt",
+                theme.ok,
+            )
+        } else {
+            Line::styled("every alert is filtered out or silenced", theme.dim)
+        };
+        frame.render_widget(
+            Paragraph::new(text).block(panel(focus_title(title, focused), theme)),
+            area,
+        );
+        return;
+    }
+    let compact = app.compact();
+    let rows = arranged.rows.iter().map(|(key, a)| {
+        let drill = !a.is_incident();
+        let acked = app.acked.contains(key);
+        let (tag, style) = match (drill, acked) {
+            (true, _) => ("DRILL".to_string(), theme.dim),
+            (false, true) => (format!("{} ack", a.severity.tag()), theme.dim),
+            (false, false) => (
+                a.severity.tag().to_string(),
+                match a.severity {
+                    crate::monitor::alerts::Severity::Critical => theme.crit,
+                    crate::monitor::alerts::Severity::Warning => theme.warn,
+                },
+            ),
+        };
+        let since = a.since.map(format::clock).unwrap_or_else(|| "—".into());
+        let lasted = a
+            .since
+            .map(|s| format::duration((app.now - s).num_seconds()))
+            .unwrap_or_default();
+        let mut message = a.message.clone();
+        if let crate::monitor::alerts::Cause::Drill { what } = &a.cause {
+            message = format!("{message} — caused by {what}, not an incident");
+        }
+        let text_style = if drill || acked {
+            theme.dim
+        } else {
+            theme.base
+        };
+        if compact {
+            Row::new([
+                Cell::from(tag).style(style),
+                Cell::from(lasted),
+                Cell::from(message).style(text_style),
+            ])
+        } else {
+            Row::new([
+                Cell::from(tag).style(style),
+                Cell::from(since),
+                Cell::from(lasted),
+                Cell::from(Line::from(vec![
+                    Span::styled(message, text_style),
+                    Span::styled(format!("  → {}", a.object.label()), theme.dim),
+                ])),
+            ])
+        }
+    });
+    let widths: Vec<Constraint> = if compact {
+        vec![
+            Constraint::Length(8),
+            Constraint::Length(7),
+            Constraint::Min(20),
+        ]
+    } else {
+        vec![
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(7),
+            Constraint::Min(30),
+        ]
+    };
+    let header: Vec<&str> = if compact {
+        vec!["", "for", "alert"]
+    } else {
+        vec!["", "since", "for", "alert  → its object (Enter)"]
+    };
+    let mut state =
+        TableState::default().with_selected(arranged.selected(app.list(ListId::Alerts)));
+    frame.render_stateful_widget(
+        Table::new(rows, widths)
+            .header(Row::new(header).style(theme.title))
+            .row_highlight_style(highlight(focused, theme))
+            .block(panel(focus_title(title, focused), theme)),
+        area,
+        &mut state,
+    );
+}
+
+fn sources_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let Some(snap) = &app.snapshot else {
+        return;
+    };
+    let compact = app.compact();
     let mut lines = Vec::new();
-    for t in &snap.targets {
-        let (state, style) = match &t.status {
-            SourceStatus::Up => ("up".to_string(), theme.ok),
-            SourceStatus::Down { error } => (format!("DOWN: {error}"), theme.crit),
+    for t in snap.targets.iter().filter(|t| app.matches(&t.name)) {
+        let (state, style) = match (&t.status, t.down_since) {
+            (SourceStatus::Up, _) => ("up".to_string(), theme.ok),
+            (SourceStatus::Down { error }, Some(since)) => (
+                format!(
+                    "DOWN for {}: {error}",
+                    format::duration((app.now - since).num_seconds())
+                ),
+                theme.crit,
+            ),
+            (SourceStatus::Down { error }, None) => (format!("DOWN: {error}"), theme.crit),
         };
         let mut row = vec![
             Span::styled(format!("{} ", t.name), theme.title),
@@ -151,6 +372,9 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             row.push(Span::styled("relaxed durability", theme.warn));
         }
         lines.push(Line::from(row));
+        if compact {
+            continue;
+        }
         lines.push(Line::styled(
             format!(
                 "  {}  {} samples in {} ms",
@@ -182,33 +406,39 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             lines.push(Line::from(vec![
                 Span::styled("database ", theme.title),
                 Span::styled(state, style),
+                Span::styled(
+                    format!("  claims in doubt: {}", db.claims_in_doubt_total),
+                    if db.claims_in_doubt_total > 0 {
+                        theme.crit
+                    } else {
+                        theme.base
+                    },
+                ),
             ]));
-            lines.push(Line::styled(
-                format!("  {}  polled in {} ms", db.url, db.duration_ms),
-                theme.dim,
-            ));
-            if let Some(d) = &db.dedup {
-                let rows = d
-                    .total_rows
-                    .map(|r| format!("{} rows ({:?})", r.rows, r.method).to_lowercase())
-                    .unwrap_or_else(|| "—".into());
-                lines.push(Line::raw(format!(
-                    "  dedup table: {rows}, oldest {}",
-                    d.oldest_age_seconds
-                        .map(format::duration)
-                        .unwrap_or_else(|| "—".into())
-                )));
+            if !compact {
+                lines.push(Line::styled(
+                    format!("  {}  polled in {} ms", db.url, db.duration_ms),
+                    theme.dim,
+                ));
+                if let Some(d) = &db.dedup {
+                    let rows = d
+                        .total_rows
+                        .map(|r| format!("{} rows ({:?})", r.rows, r.method).to_lowercase())
+                        .unwrap_or_else(|| "—".into());
+                    lines.push(Line::raw(format!(
+                        "  dedup table: {rows}, oldest {}",
+                        d.oldest_age_seconds
+                            .map(format::duration)
+                            .unwrap_or_else(|| "—".into())
+                    )));
+                }
             }
-            lines.push(Line::raw(format!(
-                "  claims in doubt: {}",
-                db.claims_in_doubt_total
-            )));
         }
     }
     frame.render_widget(
         Paragraph::new(lines)
             .wrap(Wrap { trim: false })
             .block(panel(" Sources ", theme)),
-        sources_area,
+        area,
     );
 }

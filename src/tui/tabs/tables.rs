@@ -1,20 +1,36 @@
 //! Tables: the dedup table's health (size, inserts, oldest row against retention),
-//! claims in doubt, dead letters by reason, recent markers.
+//! claims in doubt, dead letters (each one opens to its raw bytes), markers.
+//!
+//! ```text
+//! ┌ Dedup table ───────────────┐┌ Inserts ────────────────────┐
+//! ├ Claims in doubt ───────────┤├ Dead letters (Enter opens) ──┤
+//! ├ Dead letters by reason ────┤├ Markers ─────────────────────┤
+//! └────────────────────────────┘└──────────────────────────────┘
+//! a dead letter open:
+//! ┌ Dead letter #12 — consumer · reason · received · size ─────┐
+//! │ detail                                                      │
+//! │ text (escaped)   │ hex dump (offset, 16 bytes, ASCII)       │
+//! └─────────────────────────────────────────────────────────────┘
+//! ```
+//! Under 100 columns one list at a time fills the tab, the others named with their
+//! counts on a strip above it (←/→ switches).
 
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::text::Line;
-use ratatui::widgets::{Cell, Paragraph, Row, Table};
+use ratatui::style::Modifier;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
-use crate::monitor::db::{CountMethod, SourceStatus};
+use crate::monitor::db::{CountMethod, DbStats, SourceStatus};
 use crate::tui::app::App;
 use crate::tui::format;
+use crate::tui::lists::{self, ListId};
 use crate::tui::theme::Theme;
-use crate::tui::widgets::panel;
+use crate::tui::widgets::{focus_title, panel, waiting};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
-        return crate::tui::widgets::waiting(frame, area, "the tables", theme);
+        return waiting(frame, area, "the tables", theme);
     };
     let Some(db) = &snap.database else {
         frame.render_widget(
@@ -24,17 +40,53 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         );
         return;
     };
+    if app.raw.is_some() {
+        return raw_view(frame, area, app, theme);
+    }
+    if app.compact() {
+        return compact(frame, area, app, theme);
+    }
     let [top, middle, bottom] = Layout::vertical([
         Constraint::Length(8),
-        Constraint::Min(5),
+        Constraint::Min(6),
         Constraint::Length(9),
     ])
     .areas(area);
     let [dedup_area, inserts_area] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(top);
     let [doubt_area, dead_area] =
-        Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(middle);
+        Layout::horizontal([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(middle);
+    let [reasons_area, markers_area] =
+        Layout::horizontal([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(bottom);
+    dedup_panel(frame, dedup_area, db, theme);
+    list_panel(frame, inserts_area, app, ListId::Inserts, theme);
+    list_panel(frame, doubt_area, app, ListId::Claims, theme);
+    list_panel(frame, dead_area, app, ListId::DeadLetters, theme);
+    reasons_panel(frame, reasons_area, app, db, theme);
+    list_panel(frame, markers_area, app, ListId::Markers, theme);
+}
 
+/// One list at a time, the others named on a strip with their counts.
+fn compact(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let [strip, body] = Layout::vertical([Constraint::Length(1), Constraint::Min(3)]).areas(area);
+    let focused = app.focused().unwrap_or(ListId::Claims);
+    let mut spans = Vec::new();
+    for id in ListId::of(app.tab) {
+        let (shown, _) = lists::counts(app, *id);
+        let style = if *id == focused {
+            theme.selected
+        } else {
+            theme.dim
+        };
+        spans.push(Span::styled(format!(" {} {shown} ", id.title()), style));
+        spans.push(Span::raw(" "));
+    }
+    spans.push(Span::styled("←/→", theme.key));
+    frame.render_widget(Paragraph::new(Line::from(spans)), strip);
+    list_panel(frame, body, app, focused, theme);
+}
+
+fn dedup_panel(frame: &mut Frame, area: Rect, db: &DbStats, theme: &Theme) {
     let mut lines = vec![Line::raw(format!("database {}", db.url))];
     if let SourceStatus::Down { error } = &db.status {
         lines.push(Line::styled(format!("DOWN: {error}"), theme.crit));
@@ -73,76 +125,30 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     }
     frame.render_widget(
         Paragraph::new(lines).block(panel(" Dedup table ", theme)),
-        dedup_area,
+        area,
     );
+}
 
-    let inserts = db
-        .dedup
-        .as_ref()
-        .map(|d| d.inserts.clone())
-        .unwrap_or_default();
-    let rows = inserts
-        .iter()
-        .filter(|i| app.matches(&i.consumer))
-        .map(|i| {
-            Row::new([
-                Cell::from(i.consumer.clone()),
-                Cell::from(i.last_minute.to_string()),
-            ])
-        });
-    frame.render_widget(
-        Table::new(rows, [Constraint::Length(18), Constraint::Min(8)])
-            .header(Row::new(["consumer", "dedup rows / last minute"]).style(theme.title))
-            .block(panel(" Inserts ", theme)),
-        inserts_area,
-    );
-
-    let rows = db
-        .claims_in_doubt
-        .iter()
-        .filter(|c| app.matches(&format!("{} {}", c.consumer, c.message_key)))
-        .skip(usize::from(app.tables_scroll))
-        .map(|c| {
-            Row::new([
-                Cell::from(c.consumer.clone()),
-                Cell::from(c.message_key.clone()),
-                Cell::from(format::duration(c.age_seconds)).style(theme.crit),
-                Cell::from(c.attempts.to_string()),
-            ])
-        });
-    frame.render_widget(
-        Table::new(
-            rows,
-            [
-                Constraint::Length(14),
-                Constraint::Min(20),
-                Constraint::Length(9),
-                Constraint::Length(8),
-            ],
-        )
-        .header(Row::new(["consumer", "message key", "age", "attempts"]).style(theme.title))
-        .block(panel(
-            format!(
-                " Side effects in doubt: {} (sent or not? a retry reuses the provider key) ",
-                db.claims_in_doubt_total
-            ),
-            theme,
-        )),
-        doubt_area,
-    );
-
-    let rows = db
+/// Dead letters by consumer and reason (the database's totals), key_conflict first.
+fn reasons_panel(frame: &mut Frame, area: Rect, app: &App, db: &DbStats, theme: &Theme) {
+    let mut groups: Vec<_> = db
         .dead_letters
         .iter()
         .filter(|d| app.matches(&format!("{} {}", d.consumer, d.reason)))
-        .map(|d| {
-            Row::new([
-                Cell::from(d.consumer.clone()),
-                Cell::from(d.reason.clone()),
-                Cell::from(d.total.to_string()),
-                Cell::from(d.last_hour.to_string()),
-            ])
-        });
+        .collect();
+    groups.sort_by_key(|g| (g.reason != "key_conflict", std::cmp::Reverse(g.total)));
+    let rows = groups.iter().map(|d| {
+        Row::new([
+            Cell::from(d.consumer.clone()),
+            Cell::from(d.reason.clone()).style(if d.reason == "key_conflict" {
+                theme.crit
+            } else {
+                theme.base
+            }),
+            Cell::from(d.total.to_string()),
+            Cell::from(d.last_hour.to_string()),
+        ])
+    });
     frame.render_widget(
         Table::new(
             rows,
@@ -154,33 +160,235 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             ],
         )
         .header(Row::new(["consumer", "reason", "total", "last h"]).style(theme.title))
-        .block(panel(" Dead letters (raw bytes kept) ", theme)),
-        dead_area,
+        .block(panel(
+            format!(
+                " Dead letters by reason ({} of {}) ",
+                groups.len(),
+                db.dead_letters.len()
+            ),
+            theme,
+        )),
+        area,
     );
+}
 
-    let rows = snap
-        .markers
-        .iter()
-        .filter(|m| app.matches(&m.label))
-        .take(7)
-        .map(|m| {
-            Row::new([
-                Cell::from(format::clock(m.at)),
-                Cell::from(m.kind.clone()).style(theme.marker(&m.kind)),
-                Cell::from(m.label.clone()),
-            ])
-        });
+/// One of the tab's lists, with its selection and sort.
+fn list_panel(frame: &mut Frame, area: Rect, app: &App, id: ListId, theme: &Theme) {
+    let focused = app.focused() == Some(id);
+    let sort = app.list(id);
+    let sorted = format!(
+        "by {}{}",
+        id.sorts()[sort.sort.min(id.sorts().len() - 1)],
+        if sort.reversed { " ↑" } else { "" }
+    );
+    let (title, header, widths, rows, selected): (String, Vec<&str>, Vec<Constraint>, Vec<Row>, _) =
+        match id {
+            ListId::Claims => {
+                let a = lists::claims(app);
+                let total = app
+                    .snapshot
+                    .as_ref()
+                    .and_then(|s| s.database.as_ref())
+                    .map_or(0, |d| d.claims_in_doubt_total);
+                let rows = a
+                    .rows
+                    .iter()
+                    .map(|(_, c)| {
+                        Row::new([
+                            Cell::from(c.consumer.clone()),
+                            Cell::from(c.message_key.clone()),
+                            Cell::from(format::duration(c.age_seconds)).style(theme.crit),
+                            Cell::from(c.attempts.to_string()),
+                        ])
+                    })
+                    .collect();
+                (
+                    format!(
+                        " Side effects in doubt: {total} ({} listed, {sorted}) — sent or not? a retry reuses the provider key ",
+                        a.count_label()
+                    ),
+                    vec!["consumer", "message key", "age", "attempts"],
+                    vec![
+                        Constraint::Length(14),
+                        Constraint::Min(20),
+                        Constraint::Length(9),
+                        Constraint::Length(8),
+                    ],
+                    rows,
+                    a.selected(sort),
+                )
+            }
+            ListId::DeadLetters => {
+                let a = lists::dead_letters(app);
+                let rows = a
+                    .rows
+                    .iter()
+                    .map(|(_, d)| {
+                        Row::new([
+                            Cell::from(format!("#{}", d.id)),
+                            Cell::from(format::clock(d.received_at)),
+                            Cell::from(d.consumer.clone()),
+                            Cell::from(d.reason.clone()).style(if d.reason == "key_conflict" {
+                                theme.crit
+                            } else {
+                                theme.warn
+                            }),
+                            Cell::from(d.preview.clone()).style(theme.dim),
+                        ])
+                    })
+                    .collect();
+                (
+                    format!(
+                        " Dead letters ({}, {sorted}) — Enter opens the raw bytes, y copies the key ",
+                        a.count_label()
+                    ),
+                    vec!["id", "received", "consumer", "reason", "raw"],
+                    vec![
+                        Constraint::Length(6),
+                        Constraint::Length(9),
+                        Constraint::Length(14),
+                        Constraint::Length(18),
+                        Constraint::Min(10),
+                    ],
+                    rows,
+                    a.selected(sort),
+                )
+            }
+            ListId::Inserts => {
+                let a = lists::inserts(app);
+                let rows = a
+                    .rows
+                    .iter()
+                    .map(|(_, i)| {
+                        Row::new([
+                            Cell::from(i.consumer.clone()),
+                            Cell::from(i.last_minute.to_string()),
+                        ])
+                    })
+                    .collect();
+                (
+                    format!(" Inserts ({}, {sorted}) ", a.count_label()),
+                    vec!["consumer", "dedup rows / last minute"],
+                    vec![Constraint::Length(18), Constraint::Min(8)],
+                    rows,
+                    a.selected(sort),
+                )
+            }
+            _ => {
+                let a = lists::markers(app);
+                let rows = a
+                    .rows
+                    .iter()
+                    .map(|(_, m)| {
+                        Row::new([
+                            Cell::from(format::clock(m.at)),
+                            Cell::from(m.kind.clone()).style(theme.marker(&m.kind)),
+                            Cell::from(m.label.clone()),
+                        ])
+                    })
+                    .collect();
+                (
+                    format!(" Markers ({}, {sorted}) — m adds one ", a.count_label()),
+                    vec!["at", "kind", "label"],
+                    vec![
+                        Constraint::Length(9),
+                        Constraint::Length(8),
+                        Constraint::Min(20),
+                    ],
+                    rows,
+                    a.selected(sort),
+                )
+            }
+        };
+    let mut state = TableState::default().with_selected(selected);
+    frame.render_stateful_widget(
+        Table::new(rows, widths)
+            .header(Row::new(header).style(theme.title))
+            .row_highlight_style(if focused {
+                theme.selected
+            } else {
+                theme.base.add_modifier(Modifier::UNDERLINED)
+            })
+            .block(panel(focus_title(title, focused), theme)),
+        area,
+        &mut state,
+    );
+}
+
+/// One dead letter: who refused it and why, then its raw bytes as escaped text and
+/// as a hex dump, scrolling together.
+fn raw_view(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let Some(raw) = &app.raw else {
+        return;
+    };
+    let letter = app
+        .snapshot
+        .as_ref()
+        .and_then(|s| s.dead_letter.as_ref())
+        .filter(|d| d.id == raw.id);
+    let Some(d) = letter else {
+        frame.render_widget(
+            Paragraph::new(format!("loading dead letter #{}… (Esc back)", raw.id))
+                .block(panel(" Dead letter ", theme)),
+            area,
+        );
+        return;
+    };
+    let title = format!(
+        " Dead letter #{} — {} · {} · received {} · {} bytes — ↑↓ PgUp PgDn scroll, y copies the key, Esc back ",
+        d.id,
+        d.consumer,
+        d.reason,
+        format::clock(d.received_at),
+        d.raw.len()
+    );
+    let detail_rows = if app.compact() { 3 } else { 4 };
+    let [detail_area, bytes_area] =
+        Layout::vertical([Constraint::Length(detail_rows), Constraint::Min(3)]).areas(area);
+    let mut detail = vec![Line::from(vec![
+        Span::styled("reason  ", theme.title),
+        Span::styled(
+            d.reason.clone(),
+            if d.reason == "key_conflict" {
+                theme.crit
+            } else {
+                theme.warn
+            },
+        ),
+    ])];
+    detail.push(Line::from(vec![
+        Span::styled("detail  ", theme.title),
+        Span::raw(d.detail.clone().unwrap_or_else(|| "—".into())),
+    ]));
     frame.render_widget(
-        Table::new(
-            rows,
-            [
-                Constraint::Length(9),
-                Constraint::Length(8),
-                Constraint::Min(20),
-            ],
-        )
-        .header(Row::new(["at", "kind", "label"]).style(theme.title))
-        .block(panel(" Markers ", theme)),
-        bottom,
+        Paragraph::new(detail)
+            .wrap(Wrap { trim: false })
+            .block(panel(title, theme)),
+        detail_area,
+    );
+    let hex = crate::monitor::bytes::hex_dump(&d.raw);
+    let text = crate::monitor::bytes::escaped_lines(&d.raw, 64);
+    let rows = hex.len().max(text.len()) as u16;
+    let scroll = raw.scroll.min(rows.saturating_sub(1));
+    let (text_area, hex_area) = if app.compact() {
+        let [a, b] = Layout::vertical([Constraint::Percentage(40), Constraint::Percentage(60)])
+            .areas(bytes_area);
+        (a, b)
+    } else {
+        let [a, b] =
+            Layout::horizontal([Constraint::Min(40), Constraint::Length(80)]).areas(bytes_area);
+        (a, b)
+    };
+    frame.render_widget(
+        Paragraph::new(text.into_iter().map(Line::raw).collect::<Vec<_>>())
+            .scroll((scroll, 0))
+            .block(panel(" text (non-printable bytes as \\xNN) ", theme)),
+        text_area,
+    );
+    frame.render_widget(
+        Paragraph::new(hex.into_iter().map(Line::raw).collect::<Vec<_>>())
+            .scroll((scroll, 0))
+            .block(panel(" hex ", theme)),
+        hex_area,
     );
 }

@@ -1,17 +1,29 @@
 //! Vehicles: the fleet-wide anomaly list and, for one vehicle, its current state
 //! beside its history in arrival order, so an event that arrived behind a newer one
 //! (or a state that went backwards) stands out.
+//!
+//! ```text
+//! ┌ Vehicle anomalies (3) — Enter opens, o opens any id ──────────────┐
+//! │ device        anomaly       detail                               │
+//! └───────────────────────────────────────────────────────────────────┘
+//! open:
+//! ┌ 34-SIM-0007: current state ┐┌ history in arrival order (12) ────┐
+//! │ last seq 319 …             ││ received seq event occurred mark  │
+//! └────────────────────────────┘└───────────────────────────────────┘
+//! ```
+//! Under 100 columns the open vehicle's state sits above its history.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
-use ratatui::widgets::{Cell, Paragraph, Row, Table, Wrap};
+use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
-use crate::monitor::vehicles::VehicleAnomaly;
+use crate::monitor::vehicles::{VehicleAnomaly, VehicleDetail};
 use crate::tui::app::App;
 use crate::tui::format;
+use crate::tui::lists::{self, ListId};
 use crate::tui::theme::Theme;
-use crate::tui::widgets::panel;
+use crate::tui::widgets::{focus_title, panel, waiting};
 
 fn describe(a: &VehicleAnomaly) -> (&'static str, String) {
     match a {
@@ -51,64 +63,76 @@ fn describe(a: &VehicleAnomaly) -> (&'static str, String) {
 }
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let Some(snap) = &app.snapshot else {
-        return crate::tui::widgets::waiting(frame, area, "the vehicles", theme);
-    };
-    if let Some(device) = &app.vehicles.open {
-        return render_detail(frame, area, app, device, theme);
+    if app.snapshot.is_none() {
+        return waiting(frame, area, "the vehicles", theme);
     }
-    let Some(v) = snap.database.as_ref().and_then(|d| d.vehicles.as_ref()) else {
+    match &app.vehicles.open {
+        Some(device) => detail(frame, area, app, device, theme),
+        None => anomalies_panel(frame, area, app, theme),
+    }
+}
+
+fn anomalies_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let Some(v) = app
+        .snapshot
+        .as_ref()
+        .and_then(|s| s.database.as_ref())
+        .and_then(|d| d.vehicles.as_ref())
+    else {
         frame.render_widget(
-            Paragraph::new("no vehicle tables in the watched database")
+            Paragraph::new("no vehicle tables in the watched database (o opens a vehicle by id)")
                 .block(panel(" Vehicles ", theme)),
             area,
         );
         return;
     };
-    let devices = app.anomaly_devices();
-    let rows: Vec<Row> =
-        v.anomalies
-            .iter()
-            .filter(|a| app.matches(a.device_id()))
-            .map(|a| {
-                let (kind, detail) = describe(a);
-                let selected = devices
-                    .get(app.vehicles.selected)
-                    .is_some_and(|d| d == a.device_id());
-                let style = match a {
-                    VehicleAnomaly::StateBehind { .. }
-                    | VehicleAnomaly::DuplicateHistory { .. } => theme.crit,
-                    VehicleAnomaly::LateEvent { .. } => theme.warn,
-                    VehicleAnomaly::SequenceGap { .. } => theme.base,
-                };
-                let row = Row::new([
-                    Cell::from(a.device_id().to_string()),
-                    Cell::from(kind).style(style),
-                    Cell::from(detail),
-                ]);
-                if selected {
-                    row.style(theme.selected)
-                } else {
-                    row
-                }
-            })
-            .collect();
+    let arranged = lists::anomalies(app);
     let title = format!(
-        " Vehicle anomalies — {} rows examined{}, {} late events in the window (Enter opens a vehicle) ",
+        " Vehicle anomalies ({}) — {} rows examined{}, {} late in the window — Enter opens, o opens any id, y copies ",
+        arranged.count_label(),
         v.rows_examined,
         if v.truncated { " (newest only)" } else { "" },
         v.late_events_in_window
     );
-    if rows.is_empty() {
+    if arranged.rows.is_empty() {
+        let text = if arranged.total == 0 {
+            "no ordering anomaly: every state is at its newest applied event"
+        } else {
+            "every anomaly is filtered out"
+        };
         frame.render_widget(
-            Paragraph::new("no ordering anomaly: every state is at its newest applied event")
+            Paragraph::new(text)
                 .style(theme.ok)
-                .block(panel(title, theme)),
+                .block(panel(focus_title(title, true), theme)),
             area,
         );
         return;
     }
-    frame.render_widget(
+    let rows = arranged.rows.iter().map(|(_, a)| {
+        let (kind, detail) = describe(a);
+        let style = match a {
+            VehicleAnomaly::StateBehind { .. } | VehicleAnomaly::DuplicateHistory { .. } => {
+                theme.crit
+            }
+            VehicleAnomaly::LateEvent { .. } => theme.warn,
+            VehicleAnomaly::SequenceGap { .. } => theme.base,
+        };
+        let drill = a
+            .device_id()
+            .starts_with(crate::monitor::alerts::DRILL_DEVICE_PREFIX);
+        Row::new([
+            Cell::from(a.device_id().to_string()),
+            Cell::from(kind).style(if drill { theme.dim } else { style }),
+            Cell::from(if drill {
+                format!("{detail} (a drill's own device)")
+            } else {
+                detail
+            }),
+        ])
+    });
+    let mut state =
+        TableState::default().with_selected(arranged.selected(app.list(ListId::Anomalies)));
+    frame.render_stateful_widget(
         Table::new(
             rows,
             [
@@ -118,65 +142,87 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             ],
         )
         .header(Row::new(["device", "anomaly", "detail"]).style(theme.title))
-        .block(panel(title, theme)),
+        .row_highlight_style(theme.selected)
+        .block(panel(focus_title(title, true), theme)),
         area,
+        &mut state,
     );
 }
 
-fn render_detail(frame: &mut Frame, area: Rect, app: &App, device: &str, theme: &Theme) {
+fn detail(frame: &mut Frame, area: Rect, app: &App, device: &str, theme: &Theme) {
     let detail = app
         .snapshot
         .as_ref()
         .and_then(|s| s.vehicle.as_ref())
         .filter(|d| d.device_id == device);
-    let [state_area, history_area] =
-        Layout::horizontal([Constraint::Length(34), Constraint::Min(30)]).areas(area);
     let Some(detail) = detail else {
         frame.render_widget(
-            Paragraph::new(format!("loading {device}…")).block(panel(format!(" {device} "), theme)),
+            Paragraph::new(format!("loading {device}… (Esc back)"))
+                .block(panel(format!(" {device} "), theme)),
             area,
         );
         return;
     };
-    let state_lines = match &detail.state {
+    let [state_area, history_area] = if app.compact() {
+        Layout::vertical([Constraint::Length(6), Constraint::Min(4)]).areas(area)
+    } else {
+        Layout::horizontal([Constraint::Length(34), Constraint::Min(30)]).areas(area)
+    };
+    state_panel(frame, state_area, app, detail, theme);
+    history_panel(frame, history_area, app, detail, theme);
+}
+
+fn state_panel(frame: &mut Frame, area: Rect, app: &App, detail: &VehicleDetail, theme: &Theme) {
+    let lines = match &detail.state {
         None => vec![Line::styled("no state row", theme.warn)],
-        Some(s) => vec![
-            Line::raw(format!("last seq     {}", s.last_seq)),
-            Line::raw(format!("last event   {}", s.last_event_type)),
-            Line::raw(format!(
-                "ignition     {}",
-                s.ignition.as_deref().unwrap_or("—")
-            )),
-            Line::raw(format!(
-                "occurred     {}",
-                s.occurred_at
-                    .map(format::clock)
-                    .unwrap_or_else(|| "—".into())
-            )),
-            Line::raw(format!(
-                "updated      {}",
-                format::ago(s.updated_at, app.now)
-            )),
-            Line::raw(""),
-            Line::styled("state only moves forward: an older", theme.dim),
-            Line::styled("seq goes to history, not here.", theme.dim),
-        ],
+        Some(s) => {
+            let mut l = vec![
+                Line::raw(format!("last seq     {}", s.last_seq)),
+                Line::raw(format!("last event   {}", s.last_event_type)),
+                Line::raw(format!(
+                    "ignition     {}",
+                    s.ignition.as_deref().unwrap_or("—")
+                )),
+                Line::raw(format!(
+                    "occurred     {}",
+                    s.occurred_at
+                        .map(format::clock)
+                        .unwrap_or_else(|| "—".into())
+                )),
+                Line::raw(format!(
+                    "updated      {}",
+                    format::ago(s.updated_at, app.now)
+                )),
+            ];
+            if !app.compact() {
+                l.extend([
+                    Line::raw(""),
+                    Line::styled("state only moves forward: an older", theme.dim),
+                    Line::styled("seq goes to history, not here.", theme.dim),
+                ]);
+            }
+            l
+        }
     };
     frame.render_widget(
-        Paragraph::new(state_lines)
+        Paragraph::new(lines)
             .wrap(Wrap { trim: false })
             .block(panel(
-                format!(" {device}: current state (Esc back) "),
+                format!(" {}: current state (Esc back) ", detail.device_id),
                 theme,
             )),
-        state_area,
+        area,
     );
+}
+
+fn history_panel(frame: &mut Frame, area: Rect, app: &App, detail: &VehicleDetail, theme: &Theme) {
+    let arranged = lists::history(app);
     let highest_applied = detail
         .state
         .as_ref()
         .map(|s| s.last_seq)
         .unwrap_or(i64::MAX);
-    let rows = detail.history.iter().rev().map(|e| {
+    let rows = arranged.rows.iter().map(|(_, e)| {
         let ev = &e.event;
         let mark = if !ev.applied {
             Cell::from("LATE: history only").style(theme.warn)
@@ -199,7 +245,23 @@ fn render_detail(frame: &mut Frame, area: Rect, app: &App, device: &str, theme: 
             mark,
         ])
     });
-    frame.render_widget(
+    let mut state =
+        TableState::default().with_selected(arranged.selected(app.list(ListId::History)));
+    let title = format!(
+        " history ({}) {}{} — ↑↓ PgUp PgDn scroll, s sorts ",
+        arranged.count_label(),
+        if app.list(ListId::History).sort == 1 {
+            "by seq"
+        } else {
+            "in arrival order, newest first"
+        },
+        if detail.truncated {
+            " (newest rows)"
+        } else {
+            ""
+        },
+    );
+    frame.render_stateful_widget(
         Table::new(
             rows,
             [
@@ -211,17 +273,9 @@ fn render_detail(frame: &mut Frame, area: Rect, app: &App, device: &str, theme: 
             ],
         )
         .header(Row::new(["received", "seq", "event", "occurred", ""]).style(theme.title))
-        .block(panel(
-            format!(
-                " history in arrival order, newest first{} ",
-                if detail.truncated {
-                    " (newest rows)"
-                } else {
-                    ""
-                }
-            ),
-            theme,
-        )),
-        history_area,
+        .row_highlight_style(theme.selected)
+        .block(panel(focus_title(title, true), theme)),
+        area,
+        &mut state,
     );
 }

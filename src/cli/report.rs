@@ -1,0 +1,91 @@
+//! `idemwatch report --from T --to T --out FILE`: the post-mortem export of a past
+//! window, headless. The database gives what it keeps (markers, dead letters by
+//! reason, claims in doubt, drill verdicts); the duplicate rate over a past window
+//! needs the history of a Prometheus server (the database keeps no duplicates), and
+//! the report says so when there is none. The dashboard's `e` exports the window on
+//! screen from the session's own scrapes.
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+use clap::Args;
+
+use super::{CliError, CliResult, EXIT_OK};
+use idemwatch::config::{Config, DatabaseConfig};
+use idemwatch::engine::default_db_url;
+use idemwatch::monitor::Monitor;
+use idemwatch::report::{Format, Report};
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Start of the window: RFC 3339 (`2026-11-30T04:00:00Z`), `now`, or a duration
+    /// before now (`30m`, `2h`).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub from: DateTime<Utc>,
+    /// End of the window (same forms as --from).
+    #[arg(long, value_name = "TIME", value_parser = parse_time, default_value = "now")]
+    pub to: DateTime<Utc>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+    /// Where to write it (replaced if it exists).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Database URL; overrides the config's (default: the engine's SQLite file).
+    #[arg(long, env = "IDEMWATCH_DB")]
+    pub db: Option<String>,
+}
+
+/// RFC 3339, `now`, or a duration before now.
+pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
+    if raw == "now" {
+        return Ok(Utc::now());
+    }
+    if let Ok(t) = DateTime::parse_from_rfc3339(raw) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    humantime::parse_duration(raw.trim_start_matches('-'))
+        .map_err(|_| format!("{raw:?} is neither RFC 3339, `now` nor a duration like 30m"))
+        .and_then(|d| {
+            chrono::Duration::from_std(d)
+                .map(|d| Utc::now() - d)
+                .map_err(|e| e.to_string())
+        })
+}
+
+pub async fn run(args: ReportArgs, config_path: Option<PathBuf>) -> CliResult {
+    if args.from >= args.to {
+        return Err(CliError::usage("--from must be before --to"));
+    }
+    let mut config = Config::discover(config_path.as_deref())
+        .map_err(|e| CliError::usage(e.to_string()))?
+        .unwrap_or_default();
+    match (args.db, &mut config.database) {
+        (Some(url), Some(db)) => db.url = url,
+        (Some(url), None) => config.database = Some(DatabaseConfig::with_url(&url)),
+        (None, None) => config.database = Some(DatabaseConfig::with_url(&default_db_url())),
+        (None, Some(_)) => {}
+    }
+    // The window's data comes from the database: no scrape of the live targets.
+    let history = config.prometheus.clone();
+    config.targets.clear();
+    let mut monitor = Monitor::new(&config).map_err(|e| CliError::usage(e.to_string()))?;
+    let snapshot = monitor.poll().await;
+    let mut report = Report::for_window(&snapshot, args.from, args.to, "database");
+    report.notes.push(match history {
+        Some(p) => format!(
+            "the duplicate-rate history of {} is not read yet: the chart shows the markers only",
+            idemwatch::engine::store::redact_url(&p.url)
+        ),
+        None => "no Prometheus configured ([prometheus] url): the database keeps no duplicates, so the chart shows the markers only".into(),
+    });
+    report
+        .write(args.format, &args.out)
+        .map_err(|e| CliError::unavailable(format!("cannot write {}: {e}", args.out.display())))?;
+    eprintln!(
+        "report of {} – {} written to {}",
+        args.from,
+        args.to,
+        args.out.display()
+    );
+    Ok(EXIT_OK)
+}

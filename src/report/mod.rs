@@ -1,0 +1,230 @@
+//! The post-mortem export: one window of what the dashboard knows (the duplicate
+//! rate per consumer with its markers, per-consumer rates, the alerts that held,
+//! dead letters by reason, claims in doubt, drill verdicts) as plain data, written
+//! as a self-contained HTML page (inline SVG, no external asset: it opens from a
+//! mail attachment or an incident ticket), JSON, or CSV.
+//!
+//! Built from a [`Snapshot`] (the dashboard's `e`: the window on screen, from the
+//! session's own series) or by `idemwatch report` from a fresh poll of the
+//! configured sources. Sits above the monitor and below the TUI and the CLI.
+
+use std::path::Path;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::monitor::alerts::AlertRecord;
+use crate::monitor::db::{DeadLetterGroup, DrillRunSummary, InDoubtClaim};
+use crate::monitor::markers::TimelineMarker;
+use crate::monitor::Snapshot;
+
+mod csv;
+mod html;
+
+/// Output formats of `idemwatch report`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Format {
+    #[default]
+    Html,
+    Json,
+    Csv,
+}
+
+/// One point of a consumer's window, in the shape of `snapshot --json`'s history.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ReportPoint {
+    /// Unix seconds.
+    pub t: i64,
+    pub duplicate_ratio: Option<f64>,
+    pub processed_per_second: Option<f64>,
+    pub duplicate_dropped_per_second: Option<f64>,
+}
+
+/// One consumer over the window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConsumerReport {
+    pub target: String,
+    pub consumer: String,
+    /// Means over the window's points.
+    pub processed_per_second: Option<f64>,
+    pub duplicate_dropped_per_second: Option<f64>,
+    /// Mean duplicates over mean traffic (SPEC §5), and the highest point.
+    pub duplicate_ratio: Option<f64>,
+    pub peak_duplicate_ratio: Option<f64>,
+    pub points: Vec<ReportPoint>,
+}
+
+/// Everything one report shows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub generated_at: DateTime<Utc>,
+    /// Where the rates come from: `dashboard` (the session's own scrapes),
+    /// `prometheus` or `database`.
+    pub source: String,
+    pub consumers: Vec<ConsumerReport>,
+    /// In the window, oldest first.
+    pub markers: Vec<TimelineMarker>,
+    /// Alerts that held at some point in the window, oldest first.
+    pub alerts: Vec<AlertRecord>,
+    pub dead_letters: Vec<DeadLetterGroup>,
+    pub claims_in_doubt_total: i64,
+    pub claims_in_doubt: Vec<InDoubtClaim>,
+    pub drill_runs: Vec<DrillRunSummary>,
+    /// What the report could not show and why.
+    pub notes: Vec<String>,
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values.fold((0.0, 0u32), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| sum / f64::from(n))
+}
+
+impl ConsumerReport {
+    /// A consumer's summary from its points.
+    pub fn from_points(target: &str, consumer: &str, points: Vec<ReportPoint>) -> Self {
+        let processed = mean(points.iter().filter_map(|p| p.processed_per_second));
+        let dups = mean(points.iter().filter_map(|p| p.duplicate_dropped_per_second));
+        let ratio = match (processed, dups) {
+            (Some(p), Some(d)) => crate::monitor::rates::duplicate_ratio(p, d),
+            _ => None,
+        };
+        ConsumerReport {
+            target: target.to_string(),
+            consumer: consumer.to_string(),
+            processed_per_second: processed,
+            duplicate_dropped_per_second: dups,
+            duplicate_ratio: ratio,
+            peak_duplicate_ratio: points
+                .iter()
+                .filter_map(|p| p.duplicate_ratio)
+                .reduce(f64::max),
+            points,
+        }
+    }
+}
+
+impl Report {
+    /// The window on the dashboard's screen: its zoom's span up to the snapshot,
+    /// from the session's own scrapes.
+    pub fn from_snapshot(snapshot: &Snapshot) -> Report {
+        let to = snapshot.taken_at;
+        let span = snapshot
+            .charts
+            .first()
+            .map(|c| c.span_seconds)
+            .unwrap_or(900);
+        let from = to - chrono::Duration::seconds(i64::try_from(span).unwrap_or(i64::MAX));
+        Report::for_window(snapshot, from, to, "dashboard")
+    }
+
+    /// The part of one snapshot that falls in `from..=to`: the charted points, the
+    /// markers, the alerts that held, the drill runs that started; dead letters and
+    /// claims in doubt as the database has them now.
+    pub fn for_window(
+        snapshot: &Snapshot,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        source: &str,
+    ) -> Report {
+        let in_window = |t: DateTime<Utc>| t >= from && t <= to;
+        let consumers = snapshot
+            .charts
+            .iter()
+            .map(|c| {
+                let points = c
+                    .duplicate_ratio
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| in_window(r.at))
+                    .map(|(i, r)| ReportPoint {
+                        t: r.at.timestamp(),
+                        duplicate_ratio: r.value,
+                        processed_per_second: c.processed_per_s.get(i).and_then(|p| p.value),
+                        duplicate_dropped_per_second: c
+                            .duplicates_per_s
+                            .get(i)
+                            .and_then(|p| p.value),
+                    })
+                    .collect();
+                ConsumerReport::from_points(&c.target, &c.consumer, points)
+            })
+            .collect();
+        let mut alerts: Vec<AlertRecord> = snapshot
+            .ended_alerts
+            .iter()
+            .filter(|r| r.started <= to && r.ended.is_none_or(|e| e >= from))
+            .cloned()
+            .collect();
+        alerts.extend(
+            snapshot
+                .alerts
+                .iter()
+                .filter(|a| a.since.is_none_or(|s| s <= to) && snapshot.taken_at >= from)
+                .map(|a| AlertRecord {
+                    alert: a.clone(),
+                    started: a.since.unwrap_or(snapshot.taken_at),
+                    ended: None,
+                }),
+        );
+        alerts.sort_by_key(|r| r.started);
+        let db = snapshot.database.as_ref();
+        let mut report = Report {
+            from,
+            to,
+            generated_at: Utc::now(),
+            source: source.to_string(),
+            consumers,
+            markers: Vec::new(),
+            alerts,
+            dead_letters: db.map(|d| d.dead_letters.clone()).unwrap_or_default(),
+            claims_in_doubt_total: db.map_or(0, |d| d.claims_in_doubt_total),
+            claims_in_doubt: db.map(|d| d.claims_in_doubt.clone()).unwrap_or_default(),
+            drill_runs: Vec::new(),
+            notes: Vec::new(),
+        };
+        report.set_markers(&snapshot.markers);
+        report.set_drill_runs(db.map(|d| d.drill_runs.as_slice()).unwrap_or(&[]));
+        if db.is_none() {
+            report
+                .notes
+                .push("no database configured: no dead letters, claims or drill runs".into());
+        }
+        report
+    }
+
+    /// Keep the markers of the window, oldest first.
+    pub fn set_markers(&mut self, markers: &[TimelineMarker]) {
+        let mut m: Vec<TimelineMarker> = markers
+            .iter()
+            .filter(|m| m.at >= self.from && m.at <= self.to)
+            .cloned()
+            .collect();
+        m.sort_by_key(|m| m.at);
+        self.markers = m;
+    }
+
+    /// Keep the drill runs that started in the window.
+    pub fn set_drill_runs(&mut self, runs: &[DrillRunSummary]) {
+        self.drill_runs = runs
+            .iter()
+            .filter(|r| r.started_at.is_some_and(|s| s >= self.from && s <= self.to))
+            .cloned()
+            .collect();
+    }
+
+    /// The report in one format.
+    pub fn render(&self, format: Format) -> String {
+        match format {
+            Format::Html => html::page(self),
+            Format::Json => serde_json::to_string_pretty(self).unwrap_or_default(),
+            Format::Csv => csv::table(self),
+        }
+    }
+
+    /// Write it to `path` (created or replaced).
+    pub fn write(&self, format: Format, path: &Path) -> std::io::Result<()> {
+        std::fs::write(path, self.render(format))
+    }
+}
