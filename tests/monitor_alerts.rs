@@ -119,3 +119,191 @@ fn a_counter_reset_alone_is_a_restart_marker() {
     );
     assert_eq!(c.last_restart, Some(t(2)));
 }
+
+/// A scrape of one consumer's counters, with its process start time.
+fn scrape_full(at: DateTime<Utc>, start: u64, counters: &[(&str, &str, u64)]) -> ScrapeResult {
+    let mut text = String::new();
+    for (metric, labels, v) in counters {
+        text.push_str(&format!(
+            "{metric}{{consumer=\"trip-counter\"{labels}}} {v}\n"
+        ));
+    }
+    text.push_str(&format!("process_start_time_seconds {start}\n# EOF\n"));
+    ScrapeResult {
+        target: "fleet".into(),
+        url: "u".into(),
+        at,
+        duration: Duration::from_millis(3),
+        outcome: parse(&text).map_err(|e| e.to_string()),
+    }
+}
+
+#[test]
+fn a_redelivery_burst_between_polls_and_across_a_restart_is_counted() {
+    let names = MetricNames::default();
+    let mut tracker = TargetTracker::new("fleet", "u");
+    let p = "idem_messages_processed_total";
+    let r = "idem_messages_redelivered_total";
+    tracker.observe(
+        &scrape_full(t(0), 1000, &[(p, "", 100), (r, "", 0)]),
+        &names,
+    );
+    // Five redeliveries land between two polls…
+    tracker.observe(
+        &scrape_full(t(1), 1000, &[(p, "", 108), (r, "", 5)]),
+        &names,
+    );
+    // …then a deploy: the new process already redelivered 7 (more than the old
+    // counter's 5) before its first scrape. Only its new start time tells.
+    let marker = tracker.observe(&scrape_full(t(2), 2000, &[(p, "", 9), (r, "", 7)]), &names);
+    assert!(marker.is_some(), "a restart marker");
+    let c = tracker.consumers().next().cloned().expect("a consumer");
+    assert_eq!(c.window_1m.redelivered, 12.0, "{:?}", c.window_1m);
+    assert_eq!(c.totals.redelivered, 12.0);
+    assert_eq!(
+        c.totals.processed,
+        100.0 + 8.0 + 9.0,
+        "Σ over both incarnations"
+    );
+    assert_eq!(c.totals.restarts, 1);
+}
+
+#[test]
+fn a_reason_first_exported_after_the_first_scrape_counts_from_zero() {
+    let names = MetricNames::default();
+    let mut tracker = TargetTracker::new("fleet", "u");
+    let p = "idem_messages_processed_total";
+    let d = "idem_dead_lettered_total";
+    tracker.observe(&scrape_full(t(0), 1000, &[(p, "", 10)]), &names);
+    tracker.observe(
+        &scrape_full(
+            t(1),
+            1000,
+            &[(p, "", 11), (d, ",reason=\"key_conflict\"", 1)],
+        ),
+        &names,
+    );
+    let c = tracker.consumers().next().cloned().expect("a consumer");
+    assert_eq!(
+        c.window_5m.dead_lettered_by_reason.get("key_conflict"),
+        Some(&1.0)
+    );
+    let kinds = alerts_of(&tracker);
+    assert!(
+        matches!(kinds.first(), Some(AlertKind::DeadLetterBurst { reason, .. }) if reason == "key_conflict"),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn key_conflicts_come_before_a_burst_of_bad_bytes() {
+    let names = MetricNames::default();
+    let mut tracker = TargetTracker::new("fleet", "u");
+    let d = "idem_dead_lettered_total";
+    tracker.observe(
+        &scrape_full(
+            t(0),
+            1000,
+            &[
+                (d, ",reason=\"invalid_field\"", 0),
+                (d, ",reason=\"key_conflict\"", 0),
+            ],
+        ),
+        &names,
+    );
+    tracker.observe(
+        &scrape_full(
+            t(30),
+            1000,
+            &[
+                (d, ",reason=\"invalid_field\"", 9),
+                (d, ",reason=\"key_conflict\"", 1),
+            ],
+        ),
+        &names,
+    );
+    let reasons: Vec<String> = alerts_of(&tracker)
+        .into_iter()
+        .filter_map(|a| match a {
+            AlertKind::DeadLetterBurst { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, vec!["key_conflict", "invalid_field"]);
+}
+
+#[test]
+fn a_deploy_spike_below_the_deploy_day_baseline_is_not_a_warning() {
+    let names = MetricNames::default();
+    let mut tracker = TargetTracker::new("fleet", "u");
+    let (mut processed, mut dups) = (0u64, 0u64);
+    // Five quiet minutes at 8 msgs/s, then a minute with 6 duplicates: 1.2 % over
+    // the minute, 0.25 % over the five.
+    for s in 0..=360 {
+        if s > 300 && s % 10 == 0 {
+            dups += 1;
+        }
+        tracker.observe(&scrape(t(s), processed, dups), &names);
+        processed += 8;
+    }
+    let consumers: Vec<_> = tracker.consumers().cloned().collect();
+    let targets = [tracker.status().clone()];
+    let rules = idemwatch::config::AlertRules::default();
+    let input = |markers| idemwatch::monitor::alerts::AlertInputs {
+        now: t(360),
+        targets: &targets,
+        consumers: &consumers,
+        database: None,
+        markers,
+        rules: &rules,
+    };
+    let high = |a: &Vec<idemwatch::monitor::alerts::Alert>| {
+        a.iter()
+            .any(|a| matches!(a.kind, AlertKind::DuplicateRateHigh { .. }))
+    };
+    assert!(
+        high(&idemwatch::monitor::alerts::evaluate_at(&input(&[]))),
+        "without a deploy, 1.2 % over a minute is a warning"
+    );
+    let deploy = [idemwatch::monitor::markers::TimelineMarker {
+        at: t(290),
+        kind: "deploy".into(),
+        label: "v42".into(),
+        detail: None,
+        source: idemwatch::monitor::markers::MarkerSource::Database,
+    }];
+    assert!(
+        !high(&idemwatch::monitor::alerts::evaluate_at(&input(&deploy))),
+        "the deploy's expected spike is below 0.4 % over its five minutes"
+    );
+}
+
+#[test]
+fn a_target_is_an_incident_only_once_down_past_the_threshold() {
+    let names = MetricNames::default();
+    let mut tracker = TargetTracker::new("fleet", "u");
+    tracker.observe(&scrape(t(0), 1, 0), &names);
+    let down = |s: i64| ScrapeResult {
+        target: "fleet".into(),
+        url: "u".into(),
+        at: t(s),
+        duration: Duration::from_millis(3),
+        outcome: Err("connection refused".into()),
+    };
+    tracker.observe(&down(1), &names);
+    tracker.observe(&down(10), &names);
+    assert!(
+        !alerts_of(&tracker)
+            .iter()
+            .any(|a| matches!(a, AlertKind::TargetDown { .. })),
+        "9 s down is below the 15 s threshold"
+    );
+    tracker.observe(&down(16), &names);
+    assert!(alerts_of(&tracker).iter().any(|a| matches!(
+        a,
+        AlertKind::TargetDown {
+            down_seconds: 15,
+            ..
+        }
+    )));
+}

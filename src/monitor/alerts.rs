@@ -711,3 +711,61 @@ impl AlertLog {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drill_devices_ghost_state_is_labelled_and_not_an_incident() {
+        let anomalies = [
+            VehicleAnomaly::StateBehind {
+                device_id: "DRILL-9-ab12".into(),
+                state_seq: 900,
+                newest_applied_seq: 901,
+            },
+            VehicleAnomaly::StateBehind {
+                device_id: "34-SIM-0001".into(),
+                state_seq: 10,
+                newest_applied_seq: 11,
+            },
+        ];
+        let mut out = Vec::new();
+        vehicle_alerts(&anomalies, &mut out);
+        assert_eq!(out.len(), 2, "{out:?}");
+        let fleet = out.iter().find(|a| a.is_incident()).expect("the fleet's");
+        assert_eq!(
+            fleet.object,
+            AlertObject::Device {
+                device_id: "34-SIM-0001".into()
+            }
+        );
+        let drill = out.iter().find(|a| !a.is_incident()).expect("the drill's");
+        assert!(matches!(drill.cause, Cause::Drill { .. }));
+    }
+
+    #[test]
+    fn an_alert_keeps_its_start_across_polls_and_is_listed_after_it_ends() {
+        let t = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default();
+        let alert = Alert::new(
+            Severity::Warning,
+            AlertKind::PurgeStalled {
+                oldest_age_seconds: 1,
+                retention_seconds: 1,
+            },
+            AlertObject::Database,
+            "purge".into(),
+        );
+        let mut log = AlertLog::default();
+        let mut now = vec![alert.clone()];
+        log.track(t(0), &mut now);
+        let mut later = vec![alert];
+        log.track(t(30), &mut later);
+        assert_eq!(later[0].since, Some(t(0)));
+        log.track(t(60), &mut []);
+        let past = log.between(t(10), t(20));
+        assert_eq!(past.len(), 1);
+        assert_eq!(past[0].ended, Some(t(60)));
+        assert!(log.between(t(61), t(90)).is_empty());
+    }
+}

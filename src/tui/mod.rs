@@ -12,6 +12,7 @@ pub mod lists;
 pub mod render;
 #[cfg(test)]
 mod screens_test;
+pub mod svg;
 pub mod tab;
 pub mod tabs;
 pub mod theme;

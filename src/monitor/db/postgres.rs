@@ -138,7 +138,7 @@ impl Queries {
                 t = q(&dl.table)
             ),
             recent_dead_letters: format!(
-                "SELECT {}::bigint, {}::text, {}::text, {}::timestamptz, {}::text, octet_length({})::bigint, substring({} from 1 for $1) FROM {} ORDER BY {} DESC LIMIT $2",
+                "SELECT {}::bigint, {}::text, {}::text, {}::timestamptz, {}::text, octet_length({})::bigint, substring({} from 1 for $1::int) FROM {} ORDER BY {} DESC LIMIT $2",
                 q(&dl.id),
                 q(&dl.consumer),
                 q(&dl.reason),

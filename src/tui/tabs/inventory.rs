@@ -1,6 +1,13 @@
 //! Inventory: each consumer with its risk class, its idempotency mechanism, and the
 //! result of the "twice" check (the field report's review rule, run on a scratch
 //! database).
+//!
+//! ```text
+//! ┌ Consumer inventory — "what if this handler runs twice?" ──────────┐
+//! │ consumer  risk class  mode  mechanism  twice?  detail             │
+//! ├ How ──────────────────────────────────────────────────────────────┤
+//! └───────────────────────────────────────────────────────────────────┘
+//! ```
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;

@@ -99,8 +99,9 @@ fn consumers_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         ""
     };
     let many_targets = app.snapshot.as_ref().is_some_and(|s| s.targets.len() > 1);
+    // The target column only when there is more than one to tell apart.
     let mut header = Vec::new();
-    if many_targets || !compact {
+    if many_targets {
         header.push("target".to_string());
     }
     header.extend(["consumer", "state", "msgs/s", "dup/s", "dup %"].map(String::from));
@@ -132,7 +133,7 @@ fn consumers_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             _ => theme.base,
         };
         let mut cells = Vec::new();
-        if many_targets || !compact {
+        if many_targets {
             cells.push(Cell::from(c.target.clone()));
         }
         cells.push(Cell::from(c.consumer.clone()));
@@ -165,7 +166,7 @@ fn consumers_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Row::new(cells)
     });
     let mut widths = Vec::new();
-    if many_targets || !compact {
+    if many_targets {
         widths.push(Constraint::Length(if compact { 10 } else { 12 }));
     }
     widths.extend([
