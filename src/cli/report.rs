@@ -74,7 +74,7 @@ pub async fn run(args: ReportArgs, config_path: Option<PathBuf>) -> CliResult {
     report.notes.push(match history {
         Some(p) => format!(
             "the duplicate-rate history of {} is not read yet: the chart shows the markers only",
-            idemwatch::engine::store::redact_url(&p.url)
+            idemwatch::redact::redact_url(&p.url)
         ),
         None => "no Prometheus configured ([prometheus] url): the database keeps no duplicates, so the chart shows the markers only".into(),
     });
