@@ -32,7 +32,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     settings.first_deploy_after = Duration::from_secs(20);
     let demo = Demo::start(settings).await?;
     let mut monitor = Monitor::new(&demo.endpoints.monitor_config())?;
-    monitor.zoom_mut().zoom_in(); // 5 minutes: the deploy fills the chart
+    // One minute: the deploy (20 s in) and what follows fill the chart.
+    monitor.zoom_mut().zoom_in();
+    monitor.zoom_mut().zoom_in();
     let banner = " DEMO · embedded engine on SQLite · D deploys now ".to_string();
     let mut app = App::new(chrono::Utc::now(), true, Some(banner));
     app.update(Action::Resize {
@@ -85,10 +87,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         shoot(&app, "vehicle")?;
         app.update(Action::Back);
     }
-    // The chart around the deploy, one consumer, with the cursor on the spike.
+    // The chart around the deploy: trip-counter (a low-rate consumer, so its spike is
+    // high), the cursor a few seconds after the deploy.
     app.update(Action::GoTo(Tab::Duplicates));
     app.update(Action::CycleConsumer);
-    for _ in 0..30 {
+    app.update(Action::CycleConsumer);
+    for _ in 0..80 {
         app.update(Action::Left);
     }
     shoot(&app, "deploy")?;
