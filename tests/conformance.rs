@@ -11,10 +11,10 @@ use std::time::Duration;
 use common::backends::{Kind, TestDb};
 use idemwatch::drills::twice::{self, Observation};
 use idemwatch::drills::{self, DrillOptions, DrillReport, Scenario, Verdict};
-use idemwatch::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
+use idemwatch::engine::consumers::{trip_counter, vehicle_state, zone_exit_sms, ConsumerMode};
 use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::envelope::{Envelope, EventType, Fingerprint, MessageKey};
-use idemwatch::engine::runner::RunnerSettings;
+use idemwatch::engine::runner::{DeliveryEvent, EventSink, RunnerSettings};
 use idemwatch::engine::store::{self, BusinessWrite, ClaimOutcome, DedupOutcome, MarkerKind};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::fleet::{FleetConfig, FleetSim};
@@ -38,7 +38,11 @@ on_every_backend!(
     a_prefetching_worker_that_dies_loses_and_doubles_nothing,
     a_stopping_worker_gives_back_what_it_prefetched,
     bad_input_is_dead_lettered_with_raw_bytes,
+    same_key_same_payload_at_another_time_is_a_key_conflict,
+    a_refused_batch_write_is_retried_never_acked,
+    a_refused_per_message_write_is_retried_never_acked,
     retention_purge_runs_in_batches_and_keeps_open_claims,
+    purge_keeps_an_in_doubt_claim_and_takes_finished_claims_with_their_rows,
     an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes,
 );
 
@@ -723,6 +727,249 @@ async fn bad_input_is_dead_lettered_with_raw_bytes(db: &TestDb) {
     }
 }
 
+async fn same_key_same_payload_at_another_time_is_a_key_conflict(db: &TestDb) {
+    // A device that reuses a sequence number for another event: same key, same
+    // payload, only `occurred_at` differs. That is two events claiming one identity,
+    // not a redelivery: every consumer dead-letters the second as a key conflict.
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    let consumers = [vehicle_state::NAME, trip_counter::NAME, zone_exit_sms::NAME];
+    cfg.consumers = consumers.iter().map(|c| c.to_string()).collect();
+    let engine = Engine::open(&cfg).await.unwrap();
+    let first = zone_exit("34-KT-1", 41);
+    let mut later = first.clone();
+    later.occurred_at += chrono::Duration::hours(1);
+    assert_eq!((first.key(), &first.payload), (later.key(), &later.payload));
+    let bodies = [first, later].map(|e| e.to_json_line().into_bytes());
+    engine.publish(&bodies).await.unwrap();
+    let s = engine
+        .run_until_idle(Arc::new(CrashPlan::none()), None)
+        .await
+        .unwrap();
+    for c in consumers {
+        let n = &s.consumers[c];
+        assert_eq!(
+            (n.processed, n.duplicate_dropped, n.dead_lettered),
+            (1, 0, 1),
+            "{c}: {s:?}"
+        );
+    }
+    let dead = engine.store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), consumers.len(), "{dead:?}");
+    for d in &dead {
+        assert_eq!((d.reason.as_str(), &d.raw), ("key_conflict", &bodies[1]));
+    }
+    assert_eq!(engine.store.zone_exits("34-KT-1").await.unwrap(), 1);
+    let sent = SandboxClient::new(sandbox.url())
+        .unwrap()
+        .sent_sms()
+        .await
+        .unwrap();
+    assert_eq!(sent.len(), 1);
+}
+
+/// Make every insert into and update of `table` fail, through a trigger that writes
+/// a key that is already there: a real unique violation, raised by the database in
+/// the middle of the consumer's transaction. That is how a write lost to a racing
+/// writer fails, and nothing about the message causes it: the store calls it an
+/// infrastructure failure (retry later), never the message's fault.
+async fn refuse_writes(db: &TestDb, table: &str) {
+    let fault = "idw_fault";
+    db.exec(&format!("CREATE TABLE {fault} (id INTEGER PRIMARY KEY)"))
+        .await;
+    db.exec(&format!("INSERT INTO {fault} (id) VALUES (1)"))
+        .await;
+    let statements: Vec<String> = match db.kind {
+        Kind::Sqlite => ["INSERT", "UPDATE"]
+            .iter()
+            .map(|op| {
+                format!(
+                    "CREATE TRIGGER {fault}_{op} BEFORE {op} ON {table} \
+                     BEGIN INSERT INTO {fault} (id) VALUES (1); END"
+                )
+            })
+            .collect(),
+        Kind::Postgres => vec![
+            format!(
+                "CREATE FUNCTION {fault}() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN INSERT INTO {fault} (id) VALUES (1); RETURN NEW; END $$"
+            ),
+            format!(
+                "CREATE TRIGGER {fault} BEFORE INSERT OR UPDATE ON {table} \
+                 FOR EACH ROW EXECUTE FUNCTION {fault}()"
+            ),
+        ],
+        Kind::Mysql => ["INSERT", "UPDATE"]
+            .iter()
+            .map(|op| {
+                format!(
+                    "CREATE TRIGGER {fault}_{op} BEFORE {op} ON {table} \
+                     FOR EACH ROW INSERT INTO {fault} (id) VALUES (1)"
+                )
+            })
+            .collect(),
+    };
+    for sql in statements {
+        db.exec(&sql).await;
+    }
+}
+
+/// Take [`refuse_writes`] back.
+async fn accept_writes(db: &TestDb, table: &str) {
+    let statements: Vec<String> = match db.kind {
+        Kind::Sqlite | Kind::Mysql => ["INSERT", "UPDATE"]
+            .iter()
+            .map(|op| format!("DROP TRIGGER idw_fault_{op}"))
+            .collect(),
+        Kind::Postgres => vec![format!("DROP TRIGGER idw_fault ON {table}")],
+    };
+    for sql in statements {
+        db.exec(&sql).await;
+    }
+}
+
+/// `table` refuses writes for a while (see [`refuse_writes`]). The failure has
+/// nothing to do with the messages, so it must not cost them: each delivery is left
+/// unacked and comes back with a higher delivery count, nothing is dead-lettered, and
+/// once the table takes writes again every message is applied exactly once. (A
+/// message whose content the database refuses is another matter: issue 14's
+/// `store_rejected`.)
+async fn refused_writes_are_retried_then_applied_once(
+    db: &TestDb,
+    consumer: &str,
+    table: &str,
+    lease_batch: usize,
+) -> Engine {
+    let mut cfg = EngineConfig::new(
+        &db.url,
+        &db.queue_url(),
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+    );
+    cfg.consumers = vec![consumer.to_string()];
+    cfg.runner = RunnerSettings {
+        lease_batch,
+        retry_delay: Duration::from_millis(10),
+        max_retry_delay: Duration::from_millis(50),
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    let n = 4u64;
+    let bodies: Vec<Vec<u8>> = (1..=n)
+        .map(|seq| zone_exit("34-DBF-1", seq).to_json_line().into_bytes())
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    refuse_writes(db, table).await;
+
+    // While it fails: run until every message has failed twice, then stop the worker.
+    let seen: Arc<std::sync::Mutex<Vec<DeliveryEvent>>> = Arc::default();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let sink: EventSink = {
+        let seen = seen.clone();
+        Arc::new(move |e| {
+            let mut seen = seen.lock().unwrap();
+            seen.push(e);
+            if seen.len() as u64 >= 2 * n {
+                let _ = stop.send(true);
+            }
+        })
+    };
+    let worker = engine
+        .worker(consumer, Arc::new(CrashPlan::none()), Some(sink))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), worker.run(stopped))
+        .await
+        .expect("every message failed twice within a minute")
+        .unwrap();
+    let failed = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        failed.iter().all(|e| e.outcome == "retry"),
+        "nothing may be settled while {table} refuses writes: {failed:#?}"
+    );
+    assert!(failed
+        .iter()
+        .any(|e| e.redelivered && e.delivery_count >= 2));
+    let depth = engine
+        .queue
+        .depth(&engine.queue_name(consumer))
+        .await
+        .unwrap();
+    assert_eq!(depth.ready + depth.in_flight, n, "nothing acked: {depth:?}");
+
+    accept_writes(db, table).await;
+    let done: Arc<std::sync::Mutex<Vec<DeliveryEvent>>> = Arc::default();
+    let sink: EventSink = {
+        let done = done.clone();
+        Arc::new(move |e| done.lock().unwrap().push(e))
+    };
+    engine
+        .worker(consumer, Arc::new(CrashPlan::none()), Some(sink))
+        .unwrap()
+        .run_until_idle()
+        .await
+        .unwrap();
+    let done = std::mem::take(&mut *done.lock().unwrap());
+    assert_eq!(done.len() as u64, n, "{done:#?}");
+    for e in &done {
+        let last_failure = failed
+            .iter()
+            .filter(|f| f.key == e.key)
+            .map(|f| f.delivery_count)
+            .max()
+            .unwrap_or_else(|| panic!("{e:?} never failed"));
+        assert_eq!(e.outcome, "processed", "{e:?}");
+        assert!(e.redelivered && e.delivery_count > last_failure, "{e:?}");
+    }
+    let c = &engine.summary().consumers[consumer];
+    assert_eq!(
+        (c.processed, c.duplicate_dropped, c.dead_lettered),
+        (n, 0, 0)
+    );
+    assert!(engine.store.dead_letters(10).await.unwrap().is_empty());
+    let depth = engine
+        .queue
+        .depth(&engine.queue_name(consumer))
+        .await
+        .unwrap();
+    assert!(depth.is_empty(), "{depth:?}");
+    engine
+}
+
+async fn a_refused_batch_write_is_retried_never_acked(db: &TestDb) {
+    // trip-counter commits a batch in one transaction: the dedup rows go in, the
+    // counter upsert fails, and the whole batch must roll back and come back.
+    let engine =
+        refused_writes_are_retried_then_applied_once(db, trip_counter::NAME, "trip_counters", 4)
+            .await;
+    assert_eq!(engine.store.zone_exits("34-DBF-1").await.unwrap(), 4);
+}
+
+async fn a_refused_per_message_write_is_retried_never_acked(db: &TestDb) {
+    // vehicle-state handles one message at a time (the default `handle_batch`).
+    let engine =
+        refused_writes_are_retried_then_applied_once(db, vehicle_state::NAME, "vehicle_history", 4)
+            .await;
+    assert_eq!(
+        engine
+            .store
+            .vehicle_history("34-DBF-1")
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    let state = engine
+        .store
+        .vehicle_state("34-DBF-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(state.last_seq, 4);
+}
+
 async fn retention_purge_runs_in_batches_and_keeps_open_claims(db: &TestDb) {
     let store = store::open(&db.url).await.unwrap();
     let write = BusinessWrite::CountZoneExit {
@@ -765,6 +1012,100 @@ async fn retention_purge_runs_in_batches_and_keeps_open_claims(db: &TestDb) {
     assert_eq!(digest.claims.len(), 1);
     // Rerunning is harmless.
     assert_eq!(store.purge_processed_batch(cutoff, 10).await.unwrap(), 0);
+}
+
+async fn purge_keeps_an_in_doubt_claim_and_takes_finished_claims_with_their_rows(db: &TestDb) {
+    use idemwatch::engine::crash::CrashPoint;
+    use idemwatch::engine::retention::{self, PurgePlan};
+    use idemwatch::engine::store::ClaimState;
+
+    // Claims made by the SMS consumer itself: one left in doubt by a worker that died
+    // between its claim and the provider call, then four sent.
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    cfg.consumers = vec![zone_exit_sms::NAME.into()];
+    cfg.runner = RunnerSettings {
+        lease_batch: 1,
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    let device = "34-PC-1";
+    let in_doubt = zone_exit(device, 1);
+    engine
+        .publish(&[in_doubt.to_json_line().into_bytes()])
+        .await
+        .unwrap();
+    let dies = Arc::new(CrashPlan::at(
+        CrashPoint::AfterClaim,
+        1,
+        idemwatch::engine::crash::CrashStyle::Unwind,
+    ));
+    let worker = engine.worker(zone_exit_sms::NAME, dies, None).unwrap();
+    assert!(worker.run_until_idle().await.is_err());
+    let sent: Vec<Envelope> = (2..=5).map(|seq| zone_exit(device, seq)).collect();
+    let bodies: Vec<Vec<u8>> = sent.iter().map(|e| e.to_json_line().into_bytes()).collect();
+    engine.publish(&bodies).await.unwrap();
+    // The dead worker's delivery stays leased: the next one sees only the four.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sink: EventSink = {
+        let handled = handled.clone();
+        Arc::new(move |_| {
+            if handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 4 {
+                let _ = stop.send(true);
+            }
+        })
+    };
+    engine
+        .worker(zone_exit_sms::NAME, Arc::new(CrashPlan::none()), Some(sink))
+        .unwrap()
+        .run(stopped)
+        .await
+        .unwrap();
+    let store = engine.store.as_ref();
+    let claims = || async {
+        let mut states = Vec::new();
+        for e in std::iter::once(&in_doubt).chain(&sent) {
+            let claim = store.claim(zone_exit_sms::NAME, &e.key()).await.unwrap();
+            states.push(claim.map(|c| (c.state, c.attempts)));
+        }
+        states
+    };
+    let sent_once = Some((ClaimState::Sent, 1));
+    let in_doubt_once = Some((ClaimState::Claimed, 1));
+    assert_eq!(
+        claims().await,
+        [in_doubt_once, sent_once, sent_once, sent_once, sent_once]
+    );
+
+    // The in-doubt row is the oldest: every batch of two meets it first.
+    let plan = PurgePlan {
+        cutoff: chrono::Utc::now() + chrono::Duration::seconds(5),
+        batch: 2,
+        pause: Duration::ZERO,
+        max_rows: None,
+    };
+    let done = retention::purge(
+        store,
+        plan,
+        &std::sync::atomic::AtomicBool::new(false),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!((done.deleted, done.interrupted), (4, false));
+    assert_eq!(
+        claims().await,
+        [in_doubt_once, None, None, None, None],
+        "the in-doubt claim stays; a finished claim goes with its row"
+    );
+    let digest = store.digest().await.unwrap();
+    assert_eq!(digest.processed.len(), 1, "{:?}", digest.processed);
+    assert_eq!(digest.processed[0].1, in_doubt.key().as_str());
+    assert_eq!(digest.claims.len(), 1);
 }
 
 async fn an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes(db: &TestDb) {

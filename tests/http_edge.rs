@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::backends::{Kind, TestDb};
+use common::backends::TestDb;
 use idemwatch::drills::{self, DrillOptions, Scenario, Verdict};
 use idemwatch::engine::api_keys::ApiKeys;
 use idemwatch::engine::consumers::ConsumerMode;
@@ -16,15 +16,16 @@ use idemwatch::engine::metrics::Metrics;
 use idemwatch::engine::store::edge::{IdemBegin, IdemRequest};
 use idemwatch::engine::store::{self, Stores};
 use serde_json::{json, Value};
-use sqlx::Connection;
 
 on_every_backend!(
     missing_key_is_a_400_problem,
     retry_replays_the_stored_response_byte_for_byte,
     same_key_other_body_is_422,
+    same_key_and_body_on_another_path_is_422,
     in_flight_key_is_409_with_retry_after,
     expired_lease_is_taken_over,
     keys_are_scoped_to_the_caller,
+    a_caller_never_gets_another_callers_response,
     concurrent_pair_writes_once,
     validation_answer_is_stored_and_replayed,
     our_own_failure_releases_the_key,
@@ -210,6 +211,30 @@ async fn same_key_other_body_is_422(db: &TestDb) {
         .is_empty());
 }
 
+async fn same_key_and_body_on_another_path_is_422(db: &TestDb) {
+    // One key, one body, two vehicles: the second is another request. Replaying A's
+    // answer would tell the caller B was commanded when it never was.
+    let api = api(db, ApiConfig::default()).await;
+    let body = json!({"command": "lock"});
+    let commands = |device: &str| format!("{}/v1/vehicles/{device}/commands", api.base);
+    let first = post(&commands("34-A-1"), Some("alice"), Some("k-path"), &body).await;
+    assert_eq!(first.status().as_u16(), 202);
+    let (status, _, problem) =
+        problem_code(post(&commands("34-B-2"), Some("alice"), Some("k-path"), &body).await).await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (422, Some("idempotency_key_reused"))
+    );
+    let edge = &api.stores.edge;
+    assert_eq!(edge.vehicle_commands("34-A-1").await.unwrap().len(), 1);
+    assert!(edge.vehicle_commands("34-B-2").await.unwrap().is_empty());
+    assert_eq!(
+        api.metrics
+            .http_requests(http_api::ROUTE_COMMANDS, "mismatch"),
+        1
+    );
+}
+
 fn request_for<'a>(scope: &'a str, key: &'a str, fp: &'a str, lease: Duration) -> IdemRequest<'a> {
     IdemRequest {
         scope,
@@ -340,6 +365,39 @@ async fn keys_are_scoped_to_the_caller(db: &TestDb) {
     assert_eq!(api.stores.edge.trip_notes(DEVICE).await.unwrap().len(), 2);
 }
 
+async fn a_caller_never_gets_another_callers_response(db: &TestDb) {
+    // Two API keys send the same Idempotency-Key with the same body: to each caller
+    // it is its own first request. A shared scope would replay the first caller's
+    // stored response (its note's id) to the second, and write one note for two.
+    let api = api(db, ApiConfig::default()).await;
+    let body = json!({"text": "same words, two callers"});
+    let send = |api_key: &'static str| {
+        reqwest::Client::new()
+            .post(note_url(&api))
+            .header("X-Api-Key", api_key)
+            .header("Idempotency-Key", "shared-key")
+            .json(&body)
+            .send()
+    };
+    let mut answers = Vec::new();
+    for caller in ["key-of-fleet-ops", "key-of-billing", "key-of-fleet-ops"] {
+        let r = send(caller).await.unwrap();
+        let replayed = r.headers().contains_key("idempotent-replayed");
+        answers.push((r.status().as_u16(), replayed, r.text().await.unwrap()));
+    }
+    assert_eq!(
+        answers.iter().map(|a| (a.0, a.1)).collect::<Vec<_>>(),
+        [(201, false), (201, false), (201, true)],
+        "{answers:?}"
+    );
+    assert_ne!(answers[0].2, answers[1].2, "each caller its own note");
+    assert_eq!(
+        answers[2].2, answers[0].2,
+        "a caller's retry gets its own answer"
+    );
+    assert_eq!(api.stores.edge.trip_notes(DEVICE).await.unwrap().len(), 2);
+}
+
 async fn concurrent_pair_writes_once(db: &TestDb) {
     let api = api(db, keyed()).await;
     for round in 0..5 {
@@ -418,21 +476,7 @@ async fn validation_answer_is_stored_and_replayed(db: &TestDb) {
 
 /// Move the notes table away (and back): a real failure of our own database write.
 async fn rename_notes(db: &TestDb, from: &str, to: &str) {
-    let sql = format!("ALTER TABLE {from} RENAME TO {to}");
-    match db.kind {
-        Kind::Sqlite => {
-            let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-            sqlx::query(&sql).execute(&mut c).await.unwrap();
-        }
-        Kind::Postgres => {
-            let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-            sqlx::query(&sql).execute(&mut c).await.unwrap();
-        }
-        Kind::Mysql => {
-            let mut c = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
-            sqlx::query(&sql).execute(&mut c).await.unwrap();
-        }
-    }
+    db.exec(&format!("ALTER TABLE {from} RENAME TO {to}")).await;
 }
 
 async fn our_own_failure_releases_the_key(db: &TestDb) {

@@ -13,7 +13,6 @@ use idemwatch::engine::store::{self, BusinessWrite, MarkerKind, Store};
 use idemwatch::monitor::alerts::{self, AlertKind};
 use idemwatch::monitor::db::{CountMethod, DbPoller, SourceStatus};
 use idemwatch::monitor::vehicles::VehicleAnomaly;
-use sqlx::Connection;
 
 on_every_backend!(
     dedup_claims_dead_letters_markers_and_drills_are_polled,
@@ -55,25 +54,6 @@ impl Fixture {
         Fixture {
             url: db.url.clone(),
             store,
-        }
-    }
-}
-
-/// One statement with the backend's own driver (what a naive consumer or an
-/// operator would do behind the engine's back).
-async fn exec(db: &TestDb, sql: &str) {
-    match db.kind {
-        Kind::Sqlite => {
-            let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-            sqlx::query(sql).execute(&mut c).await.expect(sql);
-        }
-        Kind::Postgres => {
-            let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-            sqlx::query(sql).execute(&mut c).await.expect(sql);
-        }
-        Kind::Mysql => {
-            let mut c = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
-            sqlx::query(sql).execute(&mut c).await.expect(sql);
         }
     }
 }
@@ -190,8 +170,7 @@ async fn a_purge_that_stopped_shows(db: &TestDb) {
         Kind::Sqlite => "'2020-01-01T00:00:00.000000Z'",
         Kind::Postgres | Kind::Mysql => "'2020-01-01 00:00:00'",
     };
-    exec(
-        db,
+    db.exec(
         &format!("UPDATE processed_messages SET processed_at = {long_ago} WHERE message_key = 'v:1:zone_exit'"),
     )
     .await;
@@ -238,7 +217,7 @@ async fn vehicle_anomalies_and_detail_come_from_history(db: &TestDb) {
         .any(|a| matches!(a, VehicleAnomaly::StateBehind { .. })));
 
     // A state that went backwards (what a naive consumer does) is caught.
-    exec(db, "UPDATE vehicle_state SET last_seq = 10").await;
+    db.exec("UPDATE vehicle_state SET last_seq = 10").await;
     let stats = poller.poll(Utc::now()).await;
     assert!(stats
         .vehicles

@@ -268,3 +268,69 @@ async fn a_relaxed_engine_is_flagged_per_target_and_in_the_json() {
     let down = monitor.poll().await;
     assert_eq!(down.targets[0].durability, Some(Durability::Relaxed));
 }
+
+/// Serve whatever `body` holds as Prometheus text (format 0.0.4), the way an exporter
+/// that is not idemwatch does.
+async fn serve_text(body: Arc<std::sync::Mutex<String>>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let text = body.lock().unwrap().clone();
+            async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text) }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+fn exposition(processed: u64, started: u64) -> String {
+    format!(
+        "# TYPE idem_messages_processed_total counter\n\
+         idem_messages_processed_total{{consumer=\"{CONSUMER}\"}} {processed}\n\
+         # TYPE process_start_time_seconds gauge\n\
+         process_start_time_seconds {started}\n"
+    )
+}
+
+#[tokio::test]
+async fn a_restart_between_two_scrapes_is_one_marker_without_any_downtime() {
+    // The process was replaced between two polls: the dashboard never saw it down,
+    // only a new start time and counters from zero in the next scrape.
+    let body = Arc::new(std::sync::Mutex::new(exposition(100, 1_700_000_000)));
+    let addr = serve_text(body.clone()).await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+    let restarts = |s: &Snapshot| s.markers.iter().filter(|m| m.kind == "restart").count();
+    // Readings a little apart: a rate needs time between them.
+    let beat = || tokio::time::sleep(Duration::from_millis(50));
+
+    let first = monitor.poll().await;
+    *body.lock().unwrap() = exposition(130, 1_700_000_000);
+    beat().await;
+    let steady = monitor.poll().await;
+    for s in [&first, &steady] {
+        assert_eq!(s.targets[0].status, SourceStatus::Up);
+        assert_eq!((restarts(s), s.targets[0].last_restart), (0, None));
+    }
+
+    *body.lock().unwrap() = exposition(7, 1_700_000_600);
+    beat().await;
+    let after = monitor.poll().await;
+    assert_eq!(after.targets[0].status, SourceStatus::Up);
+    assert_eq!(restarts(&after), 1, "{:?}", after.markers);
+    let marker = after.markers.iter().find(|m| m.kind == "restart").unwrap();
+    assert_eq!(marker.source, MarkerSource::Scrape);
+    assert_eq!(after.targets[0].last_restart, Some(marker.at));
+    assert_eq!(consumer(&after).last_restart, Some(marker.at));
+    let rate = consumer(&after).processed.per_second.unwrap();
+    assert!(rate > 0.0, "counted from zero across the restart: {rate}");
+
+    *body.lock().unwrap() = exposition(9, 1_700_000_600);
+    beat().await;
+    let later = monitor.poll().await;
+    assert_eq!(restarts(&later), 1, "one restart, one marker");
+    assert_eq!(later.targets[0].last_restart, Some(marker.at));
+}

@@ -109,6 +109,25 @@ impl TestDb {
         self.env.queue_url()
     }
 
+    /// One statement with the backend's own driver, on a connection of its own: what an
+    /// operator (or a naive consumer) does behind the engine's back.
+    pub async fn exec(&self, sql: &str) {
+        match self.kind {
+            Kind::Sqlite => {
+                let mut c = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+                sqlx::query(sql).execute(&mut c).await.expect(sql);
+            }
+            Kind::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.url).await.unwrap();
+                sqlx::query(sql).execute(&mut c).await.expect(sql);
+            }
+            Kind::Mysql => {
+                let mut c = sqlx::MySqlConnection::connect(&self.url).await.unwrap();
+                sqlx::query(sql).execute(&mut c).await.expect(sql);
+            }
+        }
+    }
+
     /// Drop the per-test database (a failed test leaves it for inspection;
     /// `.ci/run` sweeps `idw_t_%` databases before each run).
     pub async fn cleanup(self) {
