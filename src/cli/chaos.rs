@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{print_json, CliError, CliResult};
-use idemwatch::drills::chaos::{self, ChaosOptions};
+use idemwatch::drills::chaos::{self, ChaosOptions, KillSchedule};
 use idemwatch::drills::DrillError;
 use idemwatch::engine::{default_db_url, default_queue_url};
 
@@ -28,6 +28,11 @@ pub struct ChaosArgs {
     /// SIGKILL one random instance this often (and restart it).
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub kill_every: Duration,
+    /// Instead of --kill-every: SIGKILL one random instance each time N more
+    /// deliveries were taken off the queues, so that a fast machine gets as many kills
+    /// as a slow one.
+    #[arg(long, value_name = "N", conflicts_with = "kill_every")]
+    pub kill_every_messages: Option<u64>,
     /// Seed of the fleet and of the victim choice (default: random).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -55,7 +60,10 @@ pub async fn run(args: ChaosArgs) -> CliResult {
     opts.events = args.events;
     opts.dup_rate = args.dup_rate;
     opts.late_rate = args.late_rate;
-    opts.kill_every = args.kill_every;
+    opts.kill_every = match args.kill_every_messages {
+        Some(n) => KillSchedule::EveryMessages(n),
+        None => KillSchedule::Every(args.kill_every),
+    };
     opts.drain_timeout = args.timeout;
     if let Some(seed) = args.seed {
         opts.seed = seed;

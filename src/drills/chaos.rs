@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,30 @@ pub const CHAOS_CLAIM_LEASE: Duration = Duration::from_secs(5);
 /// ten times without ever being handled. The poison-message limit scales with it.
 pub const CHAOS_MAX_DELIVERIES: u32 = 50;
 
+/// When the killer strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillSchedule {
+    /// One SIGKILL this often. How many kills a run gets then depends on how fast the
+    /// machine gets through it.
+    Every(Duration),
+    /// One SIGKILL each time this many more deliveries were taken off the queues: the
+    /// same number of kills on a fast machine as on a slow one, each of them while
+    /// messages are still in flight.
+    EveryMessages(u64),
+}
+
+impl std::fmt::Display for KillSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KillSchedule::Every(d) => write!(f, "every {}", humantime::format_duration(*d)),
+            KillSchedule::EveryMessages(n) => write!(f, "every {n} deliveries"),
+        }
+    }
+}
+
+/// How often the killer looks at the queues when it kills by progress.
+const PROGRESS_POLL: Duration = Duration::from_millis(100);
+
 /// How to run one chaos run.
 #[derive(Debug, Clone)]
 pub struct ChaosOptions {
@@ -49,8 +74,8 @@ pub struct ChaosOptions {
     pub dup_rate: f64,
     /// Share of fresh events held back to arrive after newer ones.
     pub late_rate: f64,
-    /// One random instance is SIGKILLed (and restarted) this often.
-    pub kill_every: Duration,
+    /// When one random instance is SIGKILLed (and restarted).
+    pub kill_every: KillSchedule,
     pub db_url: String,
     pub queue_url: String,
     /// The idemwatch executable to run as `serve`.
@@ -71,7 +96,7 @@ impl ChaosOptions {
             events: 20_000,
             dup_rate: 0.1,
             late_rate: 0.01,
-            kill_every: Duration::from_secs(2),
+            kill_every: KillSchedule::Every(Duration::from_secs(2)),
             db_url: db_url.to_string(),
             queue_url: queue_url.to_string(),
             exe,
@@ -112,6 +137,8 @@ pub struct ChaosReport {
     pub duplicates_published: usize,
     pub late_events: usize,
     pub vehicles: usize,
+    /// `every 2s` or `every N deliveries`.
+    pub kill_schedule: String,
     pub kills: u64,
     pub restarts: u64,
     pub publish_seconds: f64,
@@ -150,8 +177,9 @@ impl ChaosReport {
             self.late_events, self.vehicles, self.publish_seconds
         ));
         out.push_str(&format!(
-            "  {} SIGKILLs, {} restarts, {:.1}s in all (claim lease {} ms, max deliveries {}); {} deliveries drained after the last kill; broker redeliveries: {}\n",
+            "  {} SIGKILLs ({}), {} restarts, {:.1}s in all (claim lease {} ms, max deliveries {}); {} deliveries drained after the last kill; broker redeliveries: {}\n",
             self.kills,
+            self.kill_schedule,
             self.restarts,
             self.duration_seconds,
             self.claim_lease_ms,
@@ -323,7 +351,7 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
     say(
         &opts,
         format!(
-            "chaos #{run_id}: {} messages for {} vehicles, {} instances, a SIGKILL every {:?}",
+            "chaos #{run_id}: {} messages for {} vehicles, {} instances, a SIGKILL {}",
             truth.messages.len(),
             truth.history_per_device.len(),
             opts.instances,
@@ -375,16 +403,19 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
         inst.start()?;
     }
 
-    // Publish in the background while the killer works.
+    // Publish in the background while the killer works, counting the deliveries put
+    // on the queues (one per message and queue) for a killer that goes by progress.
     let bodies: Vec<Vec<u8>> = truth.messages.iter().map(|m| m.raw.clone()).collect();
     let batch = opts.publish_batch.max(1);
     let publish_started = Instant::now();
+    let published = Arc::new(AtomicU64::new(0));
     let publishing = {
-        let queue = queue.clone();
+        let (queue, published) = (queue.clone(), published.clone());
         let queues: Vec<String> = names.iter().map(|c| publisher.queue_name(c)).collect();
         tokio::spawn(async move {
             for chunk in bodies.chunks(batch) {
                 queue.publish(&queues, chunk).await?;
+                published.fetch_add((chunk.len() * queues.len()) as u64, Ordering::SeqCst);
             }
             Ok::<f64, crate::engine::queue::QueueError>(publish_started.elapsed().as_secs_f64())
         })
@@ -397,8 +428,12 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
     let deadline = Instant::now() + opts.drain_timeout;
     let queue_names: Vec<String> = names.iter().map(|c| publisher.queue_name(c)).collect();
     let mut last_report = Instant::now();
+    let (tick, mut next_kill_at) = match opts.kill_every {
+        KillSchedule::Every(d) => (d, 0),
+        KillSchedule::EveryMessages(n) => (PROGRESS_POLL, n.max(1)),
+    };
     loop {
-        tokio::time::sleep(opts.kill_every).await;
+        tokio::time::sleep(tick).await;
         if let Some(p) = publishing.as_ref() {
             if p.is_finished() {
                 let done = publishing
@@ -418,6 +453,16 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
         if Instant::now() > deadline {
             say(&opts, "drain timeout: stopping the kills");
             break;
+        }
+        if let KillSchedule::EveryMessages(n) = opts.kill_every {
+            // Taken off the queues: acked (embedded queue), or handed to an instance
+            // (a broker's ready count does not hold its unacked deliveries).
+            let taken = published.load(Ordering::SeqCst).saturating_sub(ready);
+            if taken < next_kill_at {
+                continue;
+            }
+            // Kill points passed between two looks are caught up one per look.
+            next_kill_at += n.max(1);
         }
         let victim = rng.random_range(0..instances.len());
         instances[victim].kill().await;
@@ -738,6 +783,7 @@ async fn verify(
         duplicates_published: duplicates,
         late_events: late,
         vehicles: truth.newest.len(),
+        kill_schedule: opts.kill_every.to_string(),
         kills: x.kills,
         restarts: x.kills,
         publish_seconds: x.publish_seconds,
