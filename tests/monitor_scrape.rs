@@ -323,6 +323,8 @@ async fn a_restart_between_two_scrapes_is_one_marker_without_any_downtime() {
     assert_eq!(restarts(&after), 1, "{:?}", after.markers);
     let marker = after.markers.iter().find(|m| m.kind == "restart").unwrap();
     assert_eq!(marker.source, MarkerSource::Scrape);
+    let cause = marker.detail.as_deref().unwrap_or("");
+    assert!(cause.contains("process_start_time_seconds"), "{cause}");
     assert_eq!(after.targets[0].last_restart, Some(marker.at));
     assert_eq!(consumer(&after).last_restart, Some(marker.at));
     let rate = consumer(&after).processed.per_second.unwrap();
