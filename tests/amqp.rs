@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::amqp::{amqp_url, force_close_connections_of, namespace};
+use common::amqp::{amqp_url, exclusive, force_close_connections_of, namespace};
 use common::backends::{Kind, TestDb};
 use common::{run_cli, TempEnv};
 use idemwatch::engine::consumers::{trip_counter, zone_exit_sms};
@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unacked_delivery_comes_back_with_the_brokers_redelivered_flag() {
+    let _broker = exclusive().await;
     let Some(url) = amqp_url().await else { return };
     let q = AmqpQueue::open(&url).await.unwrap();
     let ns = namespace("lease");
@@ -69,6 +70,7 @@ async fn unacked_delivery_comes_back_with_the_brokers_redelivered_flag() {
 /// channel leaves room for a leased-ahead batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_prefetch_leases_nothing_until_its_batch_is_acked() {
+    let _broker = exclusive().await;
     let Some(url) = amqp_url().await else { return };
     let sep = if url.contains('?') { '&' } else { '?' };
     let q = AmqpQueue::open(&format!("{url}{sep}prefetch=4"))
@@ -127,6 +129,7 @@ async fn a_full_prefetch_leases_nothing_until_its_batch_is_acked() {
 /// after its commit and before its ack; RabbitMQ redelivers to the next one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_before_ack_with_process_kills_on_rabbitmq_and_postgres() {
+    let _broker = exclusive().await;
     let Some(url) = amqp_url().await else { return };
     let Some(db) = TestDb::new(Kind::Postgres).await else {
         return;
@@ -168,6 +171,7 @@ async fn crash_before_ack_with_process_kills_on_rabbitmq_and_postgres() {
 /// distinct zone exit was counted once and sent once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_connection_force_closed_mid_run_loses_and_doubles_nothing() {
+    let _broker = exclusive().await;
     let Some(url) = amqp_url().await else { return };
     let env = TempEnv::new();
     let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
@@ -298,6 +302,7 @@ async fn assert_exactly_once(
 /// queues are durable, publishes confirmed or retried), nothing is doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_restart_mid_run_loses_and_doubles_nothing() {
+    let _broker = exclusive().await;
     let Some(url) = amqp_url().await else { return };
     let Some(db) = TestDb::new(Kind::Postgres).await else {
         return;
@@ -421,6 +426,7 @@ async fn broker_restart_mid_run_loses_and_doubles_nothing() {
 /// and late events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_run_with_process_kills_ends_exactly_once() {
+    let _broker = exclusive().await;
     let Some(url) = amqp_url().await else { return };
     let Some(db) = TestDb::new(Kind::Postgres).await else {
         return;

@@ -29,6 +29,16 @@ pub async fn amqp_url() -> Option<String> {
     }
 }
 
+/// One RabbitMQ test at a time in this test binary: some close every AMQP connection
+/// of their process or stop the broker, and under `cargo test` the tests of a binary
+/// share one process, so a neighbour's connections would go with them. Held for the
+/// whole test. (nextest runs each test in a process of its own and keeps these tests
+/// apart across binaries too, through `.config/nextest.toml`.)
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    BROKER.lock().await
+}
+
 /// A queue namespace no other test (or run) uses.
 pub fn namespace(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
