@@ -214,7 +214,7 @@ async fn same_key_other_body_is_422(db: &TestDb) {
 async fn same_key_and_body_on_another_path_is_422(db: &TestDb) {
     // One key, one body, two vehicles: the second is another request. Replaying A's
     // answer would tell the caller B was commanded when it never was.
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let body = json!({"command": "lock"});
     let commands = |device: &str| format!("{}/v1/vehicles/{device}/commands", api.base);
     let first = post(&commands("34-A-1"), Some("alice"), Some("k-path"), &body).await;
@@ -369,18 +369,18 @@ async fn a_caller_never_gets_another_callers_response(db: &TestDb) {
     // Two API keys send the same Idempotency-Key with the same body: to each caller
     // it is its own first request. A shared scope would replay the first caller's
     // stored response (its note's id) to the second, and write one note for two.
-    let api = api(db, ApiConfig::default()).await;
+    let api = api(db, keyed()).await;
     let body = json!({"text": "same words, two callers"});
-    let send = |api_key: &'static str| {
+    let send = |principal: &str| {
         reqwest::Client::new()
             .post(note_url(&api))
-            .header("X-Api-Key", api_key)
+            .header("X-Api-Key", token(principal))
             .header("Idempotency-Key", "shared-key")
             .json(&body)
             .send()
     };
     let mut answers = Vec::new();
-    for caller in ["key-of-fleet-ops", "key-of-billing", "key-of-fleet-ops"] {
+    for caller in ["alice", "bob", "alice"] {
         let r = send(caller).await.unwrap();
         let replayed = r.headers().contains_key("idempotent-replayed");
         answers.push((r.status().as_u16(), replayed, r.text().await.unwrap()));
