@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::exposition::ScrapeLimits;
+
 /// `idemwatch serve`'s default `/metrics` address.
 pub const LOCAL_METRICS_URL: &str = "http://127.0.0.1:9464/metrics";
 
@@ -49,6 +51,12 @@ pub struct Config {
     /// How long one scrape may take before the target counts as down.
     #[serde(with = "human_duration")]
     pub scrape_timeout: Duration,
+    /// Bytes one scrape's body may have ("16MiB"): past it the target shows as down
+    /// with "response too large".
+    #[serde(with = "byte_size")]
+    pub scrape_max_bytes: u64,
+    /// Samples one scrape may have; past it, the same.
+    pub scrape_max_samples: usize,
     /// `/metrics` endpoints to scrape, one per consumer process (or per service).
     pub targets: Vec<ScrapeTarget>,
     /// A Prometheus server that keeps history beyond what the dashboard has seen.
@@ -69,6 +77,8 @@ impl Default for Config {
             poll_interval: Duration::from_secs(1),
             chart_window: Duration::from_secs(15 * 60),
             scrape_timeout: Duration::from_secs(2),
+            scrape_max_bytes: ScrapeLimits::default().max_body_bytes,
+            scrape_max_samples: ScrapeLimits::default().max_samples,
             targets: Vec::new(),
             prometheus: None,
             database: None,
@@ -381,6 +391,19 @@ impl Config {
         }
     }
 
+    /// What one scrape may cost: the body and sample caps from the config, the line
+    /// cap from the defaults (never above the body's).
+    pub fn scrape_limits(&self) -> ScrapeLimits {
+        let defaults = ScrapeLimits::default();
+        ScrapeLimits {
+            max_body_bytes: self.scrape_max_bytes,
+            max_line_bytes: defaults
+                .max_line_bytes
+                .min(usize::try_from(self.scrape_max_bytes).unwrap_or(usize::MAX)),
+            max_samples: self.scrape_max_samples,
+        }
+    }
+
     /// Fill what a config leaves out with the local defaults: the engine's own
     /// `/metrics` (`local=http://127.0.0.1:9464/metrics`) and database
     /// (`engine::default_db_url()`). Used when no config file exists.
@@ -411,6 +434,18 @@ impl Config {
         }
         if self.scrape_timeout.is_zero() {
             return Err(bad("scrape_timeout".into(), "must be above zero".into()));
+        }
+        if self.scrape_max_bytes < MIN_SCRAPE_BYTES {
+            return Err(bad(
+                "scrape_max_bytes".into(),
+                format!("must be at least {MIN_SCRAPE_BYTES} bytes"),
+            ));
+        }
+        if self.scrape_max_samples == 0 {
+            return Err(bad(
+                "scrape_max_samples".into(),
+                "must be above zero".into(),
+            ));
         }
         let mut names = std::collections::BTreeSet::new();
         for (i, t) in self.targets.iter().enumerate() {
@@ -480,6 +515,60 @@ pub fn default_config_path() -> Option<PathBuf> {
 }
 
 /// Durations as humantime strings (`"1s"`, `"15m"`, `"7d"`): what operators write.
+/// The smallest body cap a config may set: below it even an empty engine's
+/// exposition would not fit.
+pub const MIN_SCRAPE_BYTES: u64 = 4096;
+
+/// A size as written in a config or on the command line: bytes (`65536`) or with a
+/// binary unit (`64KiB`, `16MiB`, `1GiB`).
+pub fn parse_byte_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let unit_bytes: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "invalid size {text:?}: unknown unit {other:?} (write e.g. \"65536\", \"64KiB\", \"16MiB\")"
+            ))
+        }
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_bytes))
+        .ok_or_else(|| {
+            format!("invalid size {text:?} (write e.g. \"65536\", \"64KiB\", \"16MiB\")")
+        })
+}
+
+mod byte_size {
+    use super::*;
+
+    pub fn serialize<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(*n)
+    }
+
+    /// An integer (bytes) or a string with a unit.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Size {
+            Bytes(u64),
+            Text(String),
+        }
+        match Size::deserialize(d)? {
+            Size::Bytes(n) => Ok(n),
+            Size::Text(t) => parse_byte_size(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 mod human_duration {
     use super::*;
 
@@ -508,6 +597,32 @@ mod tests {
         assert_eq!(c.poll_interval, Duration::from_secs(1));
         assert_eq!(c.chart_window, Duration::from_secs(900));
         assert!(!c.drills.allow_live);
+    }
+
+    #[test]
+    fn scrape_caps_are_read_with_units_and_checked() {
+        let c = Config::from_toml(
+            "scrape_max_bytes = \"64KiB\"\nscrape_max_samples = 10\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        let limits = c.scrape_limits();
+        assert_eq!((limits.max_body_bytes, limits.max_samples), (65536, 10));
+        assert_eq!(limits.max_line_bytes, 65536, "a line never above the body");
+        let c = Config::from_toml("scrape_max_bytes = 5000\n", Path::new("x.toml")).unwrap();
+        assert_eq!(c.scrape_max_bytes, 5000);
+        for bad in [
+            "scrape_max_bytes = 10",
+            "scrape_max_bytes = \"16MB\"",
+            "scrape_max_samples = 0",
+        ] {
+            let e = Config::from_toml(bad, Path::new("x.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("scrape_max"), "{bad}: {e}");
+        }
+        assert_eq!(parse_byte_size("1GiB"), Ok(1 << 30));
+        assert!(parse_byte_size("99999999999GiB").is_err());
     }
 
     #[test]

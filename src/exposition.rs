@@ -31,12 +31,58 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-/// A malformed exposition line.
+/// A malformed exposition line, or one past a [`ScrapeLimits`] cap.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
 pub struct ParseError {
     pub line: usize,
     pub message: String,
+    /// The exposition went past a cap (a line, the sample count): not malformed,
+    /// too large to read.
+    pub too_large: bool,
+}
+
+impl ParseError {
+    fn malformed(line: usize, message: String) -> ParseError {
+        ParseError {
+            line,
+            message,
+            too_large: false,
+        }
+    }
+}
+
+/// What one scrape may cost, whatever the target sends. A target is someone
+/// else's process: one that streams an endless line, or a gigantic page, must
+/// show as down ("response too large"), not take the dashboard's memory. With the
+/// defaults a scrape holds at most the body cap in flight plus
+/// `max_samples` parsed samples (about 100 bytes each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScrapeLimits {
+    /// Bytes of one response body (after any decoding).
+    pub max_body_bytes: u64,
+    /// Bytes of one line: an unfinished line is buffered until its end arrives.
+    pub max_line_bytes: usize,
+    /// Samples of one exposition.
+    pub max_samples: usize,
+}
+
+/// 16 MiB: a hundred times an engine's exposition, and what a large exporter
+/// (RabbitMQ with per-object metrics) serves.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 16 << 20;
+/// Prometheus has no line limit; label values this long are not metrics.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 1 << 20;
+/// An engine exposes a few hundred samples; 200,000 parsed samples are ~20 MB.
+pub const DEFAULT_MAX_SAMPLES: usize = 200_000;
+
+impl Default for ScrapeLimits {
+    fn default() -> Self {
+        ScrapeLimits {
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            max_samples: DEFAULT_MAX_SAMPLES,
+        }
+    }
 }
 
 /// The `# TYPE` of a metric family.
@@ -287,7 +333,8 @@ impl ParseState {
     }
 }
 
-/// Parse a Prometheus or OpenMetrics text exposition.
+/// Parse a Prometheus or OpenMetrics text exposition (with the default
+/// [`ScrapeLimits`] on lines and samples).
 pub fn parse(text: &str) -> Result<Exposition, ParseError> {
     let mut parser = Parser::default();
     parser.lines(text)?;
@@ -306,9 +353,38 @@ pub struct Parser {
     line: usize,
     /// The start of a line whose end has not arrived yet.
     pending: Vec<u8>,
+    limits: ScrapeLimits,
 }
 
 impl Parser {
+    /// A parser that refuses lines and sample counts past `limits` (the body cap is
+    /// the reader's: see [`Scraper`]).
+    pub fn with_limits(limits: ScrapeLimits) -> Parser {
+        Parser {
+            limits,
+            ..Parser::default()
+        }
+    }
+
+    fn too_large(&self, line: usize, message: String) -> ParseError {
+        ParseError {
+            line,
+            message,
+            too_large: true,
+        }
+    }
+
+    /// An unfinished line past the cap is refused before more of it is kept.
+    fn check_pending(&self) -> Result<(), ParseError> {
+        if self.pending.len() > self.limits.max_line_bytes {
+            return Err(self.too_large(
+                self.line + 1,
+                format!("a line longer than {} bytes", self.limits.max_line_bytes),
+            ));
+        }
+        Ok(())
+    }
+
     /// Parse the complete lines of what arrived, keeping an incomplete last line
     /// for the next piece. A line never splits a UTF-8 character: a piece's
     /// complete lines are checked (invalid bytes become U+FFFD) on their own.
@@ -317,7 +393,7 @@ impl Parser {
         if !self.pending.is_empty() {
             let Some(end) = memchr::memchr(b'\n', piece) else {
                 self.pending.extend_from_slice(piece);
-                return Ok(());
+                return self.check_pending();
             };
             self.pending.extend_from_slice(&piece[..end]);
             let line = std::mem::take(&mut self.pending);
@@ -333,7 +409,7 @@ impl Parser {
             }
             None => self.pending.extend_from_slice(piece),
         }
-        Ok(())
+        self.check_pending()
     }
 
     /// The body ended: parse its last line (one without a newline) and give the
@@ -362,10 +438,20 @@ impl Parser {
                 break;
             }
             self.line += 1;
-            self.line_of(raw).map_err(|message| ParseError {
-                line: self.line,
-                message,
-            })?;
+            if raw.len() > self.limits.max_line_bytes {
+                return Err(self.too_large(
+                    self.line,
+                    format!("a line longer than {} bytes", self.limits.max_line_bytes),
+                ));
+            }
+            self.line_of(raw)
+                .map_err(|message| ParseError::malformed(self.line, message))?;
+            if self.out.samples.len() > self.limits.max_samples {
+                return Err(self.too_large(
+                    self.line,
+                    format!("more than {} samples", self.limits.max_samples),
+                ));
+            }
         }
         Ok(())
     }
@@ -612,31 +698,37 @@ impl ScrapeResult {
     }
 }
 
-/// Scrapes a set of targets with one HTTP client (connection reuse, one timeout).
+/// Scrapes a set of targets with one HTTP client (connection reuse, one timeout,
+/// one set of [`ScrapeLimits`]).
 #[derive(Debug, Clone)]
 pub struct Scraper {
     client: reqwest::Client,
+    limits: ScrapeLimits,
 }
 
 const ACCEPT: &str = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
 
+/// The start of every error past a cap, as the target's status shows it.
+pub const TOO_LARGE: &str = "response too large";
+
 impl Scraper {
-    /// A scraper whose every request gives up after `timeout`: a hung target must
-    /// show as down, not freeze the dashboard's poll.
-    pub fn new(timeout: Duration) -> Result<Scraper, reqwest::Error> {
+    /// A scraper whose every request gives up after `timeout` (a hung target must
+    /// show as down, not freeze the dashboard's poll) and past `limits` (a
+    /// gigantic one must not take the dashboard's memory).
+    pub fn new(timeout: Duration, limits: ScrapeLimits) -> Result<Scraper, reqwest::Error> {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .user_agent(concat!("idemwatch/", env!("CARGO_PKG_VERSION")))
             .build()?;
-        Ok(Scraper { client })
+        Ok(Scraper { client, limits })
     }
 
     /// Scrape one target.
     pub async fn scrape(&self, target: &str, url: &str) -> ScrapeResult {
         let at = Utc::now();
         let started = Instant::now();
-        let outcome = self.fetch(url).await;
+        let outcome = self.exposition(url).await;
         ScrapeResult {
             target: target.to_string(),
             url: url.to_string(),
@@ -651,7 +743,8 @@ impl Scraper {
         futures::future::join_all(targets.iter().map(|(name, url)| self.scrape(name, url))).await
     }
 
-    async fn fetch(&self, url: &str) -> Result<Exposition, String> {
+    /// One `/metrics` page, parsed, or why it could not be read.
+    pub async fn exposition(&self, url: &str) -> Result<Exposition, String> {
         let mut response = self
             .client
             .get(url)
@@ -663,14 +756,28 @@ impl Scraper {
         if !status.is_success() {
             return Err(format!("HTTP {status}"));
         }
-        // Parsed as it arrives: an exporter that streams its encoding (idemwatch's
-        // does) is encoding the rest while the first lines are parsed here.
-        let mut parser = Parser::default();
-        let malformed = |e: ParseError| format!("malformed exposition: {e}");
-        while let Some(piece) = response.chunk().await.map_err(|e| error_chain(&e))? {
-            parser.feed(&piece).map_err(malformed)?;
+        let max = self.limits.max_body_bytes;
+        let body_too_large = || format!("{TOO_LARGE}: more than {max} bytes");
+        if response.content_length().is_some_and(|n| n > max) {
+            return Err(body_too_large());
         }
-        parser.finish().map_err(malformed)
+        // Parsed as it arrives: an exporter that streams its encoding (idemwatch's
+        // does) is encoding the rest while the first lines are parsed here. Nothing
+        // but the unfinished last line is kept of what was parsed.
+        let mut parser = Parser::with_limits(self.limits);
+        let refused = |e: ParseError| match e.too_large {
+            true => format!("{TOO_LARGE}: {e}"),
+            false => format!("malformed exposition: {e}"),
+        };
+        let mut received: u64 = 0;
+        while let Some(piece) = response.chunk().await.map_err(|e| error_chain(&e))? {
+            received = received.saturating_add(piece.len() as u64);
+            if received > max {
+                return Err(body_too_large());
+            }
+            parser.feed(&piece).map_err(refused)?;
+        }
+        parser.finish().map_err(refused)
     }
 }
 

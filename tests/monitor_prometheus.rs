@@ -4,7 +4,7 @@
 use idemwatch::engine::envelope::RejectReason;
 use idemwatch::engine::exporter;
 use idemwatch::engine::metrics::{EffectResult, Metrics};
-use idemwatch::monitor::prometheus::{parse, MetricType, Parser, Scraper};
+use idemwatch::monitor::prometheus::{parse, MetricType, Parser, ScrapeLimits, Scraper};
 
 #[test]
 fn reads_the_engines_own_exposition() {
@@ -231,7 +231,8 @@ async fn a_big_exposition_is_streamed_in_pieces_and_read_whole() {
     );
     assert_eq!(response.text().await.expect("body"), encoded);
 
-    let scraper = Scraper::new(std::time::Duration::from_secs(5)).expect("client");
+    let scraper =
+        Scraper::new(std::time::Duration::from_secs(5), ScrapeLimits::default()).expect("client");
     let scraped = scraper.scrape("big", &url).await;
     assert_eq!(scraped.outcome, Ok(parse(&encoded).expect("parses")));
     server.abort();

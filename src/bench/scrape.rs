@@ -24,7 +24,7 @@ use crate::config::MetricNames;
 use crate::engine::envelope::RejectReason;
 use crate::engine::exporter;
 use crate::engine::metrics::Metrics;
-use crate::monitor::prometheus::{self, ScrapeResult, Scraper};
+use crate::monitor::prometheus::{self, ScrapeLimits, ScrapeResult, Scraper};
 use crate::monitor::targets::TargetTracker;
 
 #[derive(Debug, Clone, Serialize)]
@@ -194,8 +194,8 @@ pub async fn run(
         .as_str()
         .ok_or_else(|| BenchError::Run(format!("unexpected exporter line: {first}")))?
         .to_string();
-    let scraper =
-        Scraper::new(Duration::from_secs(5)).map_err(|e| BenchError::Run(e.to_string()))?;
+    let scraper = Scraper::new(Duration::from_secs(5), ScrapeLimits::default())
+        .map_err(|e| BenchError::Run(e.to_string()))?;
     // Warm the connection pool once, as a dashboard polling every second has, and
     // check that the child serves the exposition measured above.
     let warm = scraper.scrape("bench", &url).await;

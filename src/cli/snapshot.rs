@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{print_json, CliError, CliResult, EXIT_OK};
-use idemwatch::config::{Config, DatabaseConfig, ScrapeTarget};
+use idemwatch::config::{parse_byte_size, Config, DatabaseConfig, ScrapeTarget, MIN_SCRAPE_BYTES};
 use idemwatch::monitor::db::{CountMethod, SourceStatus};
 use idemwatch::monitor::{self, Snapshot};
 
@@ -27,9 +27,20 @@ pub struct SnapshotArgs {
     /// Time between the two scrapes that give rates.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub spacing: Duration,
+    /// Largest scrape body ("16MiB", "64KiB" or bytes); overrides the config's
+    /// scrape_max_bytes. A larger one fails with "response too large".
+    #[arg(long, value_name = "SIZE", value_parser = parse_scrape_max_bytes)]
+    pub scrape_max_bytes: Option<u64>,
     /// Machine-readable snapshot (only JSON on stdout).
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_scrape_max_bytes(raw: &str) -> Result<u64, String> {
+    match parse_byte_size(raw)? {
+        n if n < MIN_SCRAPE_BYTES => Err(format!("must be at least {MIN_SCRAPE_BYTES} bytes")),
+        n => Ok(n),
+    }
 }
 
 fn parse_target(raw: &str) -> Result<ScrapeTarget, String> {
@@ -60,6 +71,9 @@ pub async fn run(args: SnapshotArgs, config_path: Option<PathBuf>) -> CliResult 
             Some(db) => db.url = url,
             None => config.database = Some(DatabaseConfig::with_url(&url)),
         }
+    }
+    if let Some(max) = args.scrape_max_bytes {
+        config.scrape_max_bytes = max;
     }
     let mut config = config.with_local_defaults();
     // One look, seconds long: a target that does not answer it is down now (the

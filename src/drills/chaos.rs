@@ -30,6 +30,7 @@ use crate::engine::queue::Queue;
 use crate::engine::runner::RunnerSettings;
 use crate::engine::store::{MarkerKind, Store};
 use crate::engine::{Engine, EngineConfig};
+use crate::exposition::{ScrapeLimits, Scraper};
 use crate::sim::fleet::{FleetConfig, FleetSim, SimKind, SimMessage};
 use crate::sim::sandbox_provider;
 
@@ -819,18 +820,11 @@ fn broker_metrics_url(queue_url: &str) -> Option<String> {
 
 /// `rabbitmq_global_messages_redelivered_total`, summed over protocols and queue types.
 async fn broker_redeliveries(url: &str) -> Option<f64> {
-    let text = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
+    let exposition = Scraper::new(Duration::from_secs(3), ScrapeLimits::default())
         .ok()?
-        .get(url)
-        .send()
-        .await
-        .ok()?
-        .text()
+        .exposition(url)
         .await
         .ok()?;
-    let exposition = crate::exposition::parse(&text).ok()?;
     let mut sum = None;
     for s in exposition.named("rabbitmq_global_messages_redelivered_total") {
         *sum.get_or_insert(0.0) += s.value;

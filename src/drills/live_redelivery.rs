@@ -25,7 +25,7 @@ use crate::engine::envelope::{Envelope, EventType};
 use crate::engine::metrics::Metrics;
 use crate::engine::store::{HistoryRow, VehicleState};
 use crate::engine::{Engine, EngineConfig};
-use crate::exposition as prometheus;
+use crate::exposition::{ScrapeLimits, Scraper};
 
 /// What the operator set for a live drill.
 #[derive(Debug, Clone)]
@@ -82,21 +82,11 @@ impl Counters {
     }
 }
 
-async fn scrape(
-    http: &reqwest::Client,
-    url: &str,
-) -> Result<BTreeMap<String, Counters>, DrillError> {
-    let text = http
-        .get(url)
-        .send()
+async fn scrape(http: &Scraper, url: &str) -> Result<BTreeMap<String, Counters>, DrillError> {
+    let exposition = http
+        .exposition(url)
         .await
-        .and_then(|r| r.error_for_status())
-        .map_err(|e| DrillError::Setup(format!("cannot scrape {url}: {e}")))?
-        .text()
-        .await
-        .map_err(|e| DrillError::Setup(format!("cannot read {url}: {e}")))?;
-    let exposition = prometheus::parse(&text)
-        .map_err(|e| DrillError::Setup(format!("{url} is not a metrics exposition: {e}")))?;
+        .map_err(|e| DrillError::Setup(format!("cannot scrape {url}: {e}")))?;
     let mut out: BTreeMap<String, Counters> = BTreeMap::new();
     for (name, field) in [
         ("idem_messages_processed_total", 0),
@@ -205,9 +195,7 @@ pub(crate) async fn run(rig: &Rig, live: &LiveSettings) -> Result<Findings, Dril
         })
         .collect();
 
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
+    let http = Scraper::new(Duration::from_secs(5), ScrapeLimits::default())
         .map_err(|e| DrillError::Setup(format!("HTTP client: {e}")))?;
     let before = scrape(&http, &live.metrics_url).await?;
     let mut devices: Vec<String> = envelopes.iter().map(|e| e.device_id.clone()).collect();

@@ -142,7 +142,7 @@ impl Monitor {
     /// A monitor of the config's targets and database. Nothing is contacted yet:
     /// sources that are down show as down in the first snapshot.
     pub fn new(config: &Config) -> Result<Monitor, MonitorError> {
-        let scraper = Scraper::new(config.scrape_timeout)?;
+        let scraper = Scraper::new(config.scrape_timeout, config.scrape_limits())?;
         let database = config.database.as_ref().map(DbPoller::new).transpose()?;
         let retention = config
             .database
