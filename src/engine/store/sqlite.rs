@@ -977,7 +977,7 @@ mod tests {
         // call went out is a race with SQLite's thread, so what is checked is that
         // the lock comes back and the batch kept all or nothing.
         let mut caught = false;
-        let mut counted_before = store.zone_exits("D3").await.unwrap();
+        let counted_before = store.zone_exits("D3").await.unwrap();
         for attempt in 0..5 {
             let key = format!("abandoned-{attempt}");
             let batch = [item(&key, "D3")];
@@ -1008,7 +1008,6 @@ mod tests {
                     kept as i64,
                     "dedup row without its business row or the reverse"
                 );
-                counted_before = counted;
                 caught = true;
                 break;
             }
