@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backends::{Kind, TestDb};
+use common::zone_exit;
 use idemwatch::drills::twice::{self, Observation};
 use idemwatch::drills::{self, DrillOptions, DrillReport, Scenario, Verdict};
 use idemwatch::engine::consumers::{trip_counter, vehicle_state, zone_exit_sms, ConsumerMode};
@@ -44,6 +45,7 @@ on_every_backend!(
     retention_purge_runs_in_batches_and_keeps_open_claims,
     purge_keeps_an_in_doubt_claim_and_takes_finished_claims_with_their_rows,
     an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes,
+    purge_steps_past_rows_held_by_open_claims,
 );
 
 // ---- drills -------------------------------------------------------------------
@@ -257,16 +259,6 @@ async fn handling_duplicates_equals_handling_once(db: &TestDb) {
 }
 
 // ---- concurrency ----------------------------------------------------------------
-
-fn zone_exit(device: &str, seq: u64) -> Envelope {
-    Envelope::parse(
-        format!(
-            r#"{{"device_id":"{device}","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"X","phone":"+905551112233"}}}}"#
-        )
-        .as_bytes(),
-    )
-    .unwrap()
-}
 
 async fn racing_workers_never_double_an_effect(db: &TestDb) {
     let workers_per_consumer = if db.kind == Kind::Sqlite { 4 } else { 8 };
@@ -1165,4 +1157,55 @@ async fn an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes(db: &TestD
     );
     // What `idemwatch purge` runs after a complete purge (VACUUM on PostgreSQL).
     store.after_purge().await.unwrap();
+}
+
+async fn purge_steps_past_rows_held_by_open_claims(db: &TestDb) {
+    use idemwatch::engine::store::ClaimState;
+    // The oldest dedup rows are held by open claims (in doubt); younger ones have
+    // finished claims. A batch smaller than the held rows must still reach them.
+    let store = store::open(&db.url).await.unwrap();
+    let claim = |e: Envelope| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_side_effect(
+                    zone_exit_sms::NAME,
+                    &e.key(),
+                    &e.fingerprint(),
+                    "pk",
+                    Duration::from_secs(60),
+                )
+                .await
+                .unwrap();
+            e
+        }
+    };
+    for seq in 0..3 {
+        claim(zone_exit("34-PH-1", seq)).await;
+    }
+    for seq in 10..20 {
+        let e = claim(zone_exit("34-PH-1", seq)).await;
+        store
+            .finish_side_effect(zone_exit_sms::NAME, &e.key(), ClaimState::Sent, "sent")
+            .await
+            .unwrap();
+    }
+    let cutoff = chrono::Utc::now() + chrono::Duration::seconds(5);
+    let mut deleted = 0;
+    for _ in 0..20 {
+        let n = store.purge_processed_batch(cutoff, 2).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        deleted += n;
+    }
+    assert_eq!(deleted, 10, "every row not held by an open claim");
+    let digest = store.digest().await.unwrap();
+    assert_eq!(digest.processed.len(), 3);
+    assert!(
+        digest.claims.iter().all(|c| c.3 == "claimed"),
+        "{:?}",
+        digest.claims
+    );
+    assert_eq!(digest.claims.len(), 3);
 }

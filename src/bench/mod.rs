@@ -445,9 +445,10 @@ pub async fn purge_under_load(
 
 /// The cutoff `older_than` before now.
 pub fn cutoff(older_than: Duration) -> BenchResult<DateTime<Utc>> {
-    let age = chrono::Duration::from_std(older_than)
-        .map_err(|_| BenchError::Usage("--older-than is too large".into()))?;
-    Ok(Utc::now() - age)
+    chrono::Duration::from_std(older_than)
+        .ok()
+        .and_then(|age| Utc::now().checked_sub_signed(age))
+        .ok_or_else(|| BenchError::Usage("--older-than is too large".into()))
 }
 
 /// CPU time (user + system) this process has used so far, in seconds (10 ms ticks).

@@ -17,6 +17,7 @@ pub mod bench;
 pub mod chaos;
 pub mod consume;
 pub mod dashboard;
+pub mod dead_letters;
 pub mod drill;
 pub mod publish;
 pub mod purge;
@@ -114,6 +115,8 @@ pub enum Command {
     Snapshot(snapshot::SnapshotArgs),
     /// Retention purge of processed_messages, in batches.
     Purge(purge::PurgeArgs),
+    /// List dead letters, or replay them to their consumer's queue.
+    DeadLetters(dead_letters::DeadLettersArgs),
     /// A post-mortem report of a window (HTML with its chart, JSON or CSV).
     Report(report::ReportArgs),
     /// The SMS/ERP sandbox provider, standalone.

@@ -1,6 +1,8 @@
 //! `idemwatch purge --older-than 7d`: retention of the dedup table in bounded
 //! batches (see `engine::retention` for why batches). Progress goes to stderr about
 //! once a second; Ctrl-C stops between two batches (exit 130) and a rerun continues.
+//! A retention below the purge floor (`RedeliveryWindow::floor`) is refused with
+//! exit 2 unless `--force`: those rows can still meet a redelivery.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,7 +12,8 @@ use clap::Args;
 
 use super::{print_json, CliError, CliResult, EXIT_OK};
 use idemwatch::engine::default_db_url;
-use idemwatch::engine::retention::{self, PurgePlan};
+use idemwatch::engine::retention::{self, PurgePlan, RedeliveryWindow};
+use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::store;
 
 /// Exit code of a purge stopped by Ctrl-C (the shell's 128 + SIGINT).
@@ -33,6 +36,20 @@ pub struct PurgeArgs {
     /// Skip the VACUUM (ANALYZE) (PostgreSQL) / ANALYZE TABLE (MySQL) after the purge.
     #[arg(long)]
     pub no_vacuum: bool,
+    /// Purge even below the floor (the largest of --claim-lease, --visibility-timeout
+    /// x --max-deliveries, and 1h), accepting that a redelivery of a purged message
+    /// is applied again.
+    #[arg(long)]
+    pub force: bool,
+    /// The consumers' claim lease (as `serve` runs them), for the floor.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", value_name = "DURATION")]
+    pub claim_lease: Duration,
+    /// The queue's visibility timeout (as `serve` runs it), for the floor.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s", value_name = "DURATION")]
+    pub visibility_timeout: Duration,
+    /// Deliveries before a message is dead-lettered (as `serve` runs it), for the floor.
+    #[arg(long, default_value_t = RunnerSettings::default().max_deliveries, value_name = "N")]
+    pub max_deliveries: u32,
     /// Database URL (default: SQLite in the data dir).
     #[arg(long, env = "IDEMWATCH_DB")]
     pub db: Option<String>,
@@ -41,19 +58,35 @@ pub struct PurgeArgs {
     pub json: bool,
 }
 
+impl PurgeArgs {
+    fn window(&self) -> RedeliveryWindow {
+        RedeliveryWindow {
+            claim_lease: self.claim_lease,
+            visibility_timeout: self.visibility_timeout,
+            max_deliveries: self.max_deliveries,
+        }
+    }
+}
+
 pub async fn run(args: PurgeArgs) -> CliResult {
     if args.batch <= 0 {
         return Err(CliError::usage("--batch must be positive"));
     }
+    // Refused before the database is even opened: nothing is touched.
+    let cutoff = retention::cutoff_for(
+        chrono::Utc::now(),
+        args.older_than,
+        args.window(),
+        args.force,
+    )
+    .map_err(|e| CliError::usage(e.to_string()))?;
     let url = args.db.clone().unwrap_or_else(default_db_url);
     let stores = store::open_with_edge(&url)
         .await
         .map_err(CliError::unavailable)?;
     let store = stores.store;
-    let age = chrono::Duration::from_std(args.older_than)
-        .map_err(|_| CliError::usage("--older-than is too large"))?;
     let plan = PurgePlan {
-        cutoff: chrono::Utc::now() - age,
+        cutoff,
         batch: args.batch,
         pause: args.pause,
         max_rows: args.max_rows,

@@ -47,8 +47,9 @@ pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
         .map_err(|_| format!("{raw:?} is neither RFC 3339, `now` nor a duration like 30m"))
         .and_then(|d| {
             chrono::Duration::from_std(d)
-                .map(|d| Utc::now() - d)
-                .map_err(|e| e.to_string())
+                .ok()
+                .and_then(|d| Utc::now().checked_sub_signed(d))
+                .ok_or_else(|| format!("{raw:?} reaches back before any representable time"))
         })
 }
 

@@ -21,6 +21,7 @@ pub mod idempotency_key;
 pub mod metrics;
 pub mod provider;
 pub mod queue;
+pub mod replay;
 pub mod retention;
 pub mod runner;
 pub mod store;
@@ -188,10 +189,7 @@ impl Engine {
 
     /// The queue a consumer reads: its name, prefixed by the namespace if any.
     pub fn queue_name(&self, consumer: &str) -> String {
-        match &self.namespace {
-            Some(ns) => format!("{ns}/{consumer}"),
-            None => consumer.to_string(),
-        }
+        replay::queue_name(self.namespace.as_deref(), consumer)
     }
 
     /// Publish raw messages to every consumer's queue (the fan-out exchange).

@@ -19,6 +19,66 @@ use serde::Serialize;
 
 use super::store::{Store, StoreResult};
 
+/// The least retention a purge may keep without `--force`, whatever the settings.
+pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
+
+/// The settings of the consumers that write the database, as far as retention
+/// cares: how long after its first delivery a message can still come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedeliveryWindow {
+    pub claim_lease: Duration,
+    pub visibility_timeout: Duration,
+    pub max_deliveries: u32,
+}
+
+impl RedeliveryWindow {
+    /// The purge floor: the largest of the claim lease, the redelivery window
+    /// (visibility timeout × max deliveries) and [`MIN_RETENTION`]. A dedup row
+    /// purged younger than this can still meet a redelivery of its message, which is
+    /// then applied a second time: the very duplicate the row was there to stop.
+    pub fn floor(&self) -> Duration {
+        self.claim_lease
+            .max(self.visibility_timeout.saturating_mul(self.max_deliveries))
+            .max(MIN_RETENTION)
+    }
+}
+
+/// Why a purge was refused before it touched anything.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RetentionRefused {
+    #[error(
+        "--older-than {asked} is below the purge floor of {floor} (the largest of the claim \
+         lease, visibility timeout x max deliveries, and 1h): a message processed since then \
+         can still be redelivered, and without its dedup row it would be applied twice; \
+         --force purges anyway"
+    )]
+    BelowFloor { asked: String, floor: String },
+    #[error("--older-than {0} reaches back before any time the database can hold")]
+    TooLarge(String),
+}
+
+/// The cutoff of a purge keeping `older_than`, refused below `window`'s floor unless
+/// `force`, and refused (not a panic) when `older_than` reaches past the calendar.
+pub fn cutoff_for(
+    now: DateTime<Utc>,
+    older_than: Duration,
+    window: RedeliveryWindow,
+    force: bool,
+) -> Result<DateTime<Utc>, RetentionRefused> {
+    let shown = |d: Duration| humantime::format_duration(d).to_string();
+    let floor = window.floor();
+    if older_than < floor && !force {
+        return Err(RetentionRefused::BelowFloor {
+            asked: shown(older_than),
+            floor: shown(floor),
+        });
+    }
+    chrono::Duration::from_std(older_than)
+        .ok()
+        .and_then(|age| now.checked_sub_signed(age))
+        .ok_or_else(|| RetentionRefused::TooLarge(shown(older_than)))
+}
+
 /// Where a running purge is, reported after every batch.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PurgeProgress {
@@ -116,5 +176,67 @@ fn rate(rows: u64, seconds: f64) -> f64 {
         rows as f64 / seconds
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFAULTS: RedeliveryWindow = RedeliveryWindow {
+        claim_lease: Duration::from_secs(60),
+        visibility_timeout: Duration::from_secs(30),
+        max_deliveries: 10,
+    };
+
+    #[test]
+    fn the_floor_is_the_largest_of_lease_redelivery_window_and_an_hour() {
+        assert_eq!(DEFAULTS.floor(), MIN_RETENTION);
+        let slow = RedeliveryWindow {
+            visibility_timeout: Duration::from_secs(600),
+            ..DEFAULTS
+        };
+        assert_eq!(slow.floor(), Duration::from_secs(6000));
+        let long_lease = RedeliveryWindow {
+            claim_lease: Duration::from_secs(7200),
+            ..DEFAULTS
+        };
+        assert_eq!(long_lease.floor(), Duration::from_secs(7200));
+    }
+
+    #[test]
+    fn a_purge_below_the_floor_is_refused_unless_forced() {
+        let now = Utc::now();
+        let ten_min = Duration::from_secs(600);
+        let refused = cutoff_for(now, ten_min, DEFAULTS, false).unwrap_err();
+        assert!(matches!(refused, RetentionRefused::BelowFloor { .. }));
+        assert!(refused.to_string().contains("1h"), "{refused}");
+        let forced = cutoff_for(now, ten_min, DEFAULTS, true).unwrap();
+        assert_eq!(now - forced, chrono::Duration::minutes(10));
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(
+            now - cutoff_for(now, week, DEFAULTS, false).unwrap(),
+            chrono::Duration::days(7)
+        );
+    }
+
+    #[test]
+    fn huge_durations_are_an_error_not_a_panic() {
+        for huge in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX / 2),
+            // Within chrono's Duration, beyond its calendar.
+            Duration::from_secs(400_000 * 365 * 86_400),
+        ] {
+            assert!(matches!(
+                cutoff_for(Utc::now(), huge, DEFAULTS, false),
+                Err(RetentionRefused::TooLarge(_))
+            ));
+        }
+        let overflowing = RedeliveryWindow {
+            visibility_timeout: Duration::MAX,
+            ..DEFAULTS
+        };
+        assert_eq!(overflowing.floor(), Duration::MAX);
     }
 }

@@ -53,6 +53,17 @@ pub fn run_cli(env: &TempEnv, args: &[&str]) -> (i32, String, String) {
 pub mod amqp;
 pub mod backends;
 
+/// A `zone_exit` of `device` with sequence number `seq` (zone X, one phone number).
+pub fn zone_exit(device: &str, seq: u64) -> idemwatch::engine::envelope::Envelope {
+    idemwatch::engine::envelope::Envelope::parse(
+        format!(
+            r#"{{"device_id":"{device}","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"X","phone":"+905551112233"}}}}"#
+        )
+        .as_bytes(),
+    )
+    .expect("a valid zone_exit")
+}
+
 /// A child process killed (and reaped) when the test ends, pass or fail.
 pub struct KillOnDrop(pub std::process::Child);
 

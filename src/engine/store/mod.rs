@@ -22,9 +22,14 @@ mod edge_sqlite;
 mod error;
 pub mod mysql;
 pub mod postgres;
+pub mod repair;
+mod repair_mysql;
+mod repair_postgres;
+mod repair_sqlite;
 pub mod sqlite;
 
 pub use error::{Failure, StoreError, StoreResult};
+pub use repair::{DeadLetterFilter, RepairStore};
 
 pub(crate) use batch::{DedupBatch, ROWS_PER_STATEMENT};
 
@@ -164,6 +169,9 @@ pub struct DeadLetter {
     #[serde(serialize_with = "raw_as_lossy_text")]
     pub raw: Vec<u8>,
     pub received_at: DateTime<Utc>,
+    /// When it was last re-published (`dead-letters replay`), if ever.
+    pub replayed_at: Option<DateTime<Utc>>,
+    pub replay_count: i64,
 }
 
 fn raw_as_lossy_text<S: serde::Serializer>(raw: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -286,9 +294,10 @@ pub enum Backend {
 }
 
 /// Everything the engine, the drills and the dashboard need from the business
-/// database. One implementation per backend.
+/// database. One implementation per backend; the operator's statements are in
+/// [`RepairStore`].
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: RepairStore + Send + Sync + 'static {
     fn backend(&self) -> Backend;
 
     /// The URL with any password replaced by `***`.
@@ -456,7 +465,11 @@ pub trait Store: Send + Sync + 'static {
     async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>>;
     /// Claims still `claimed` and older than `lease`: the sends in doubt.
     async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>>;
-    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>>;
+    /// The newest `limit` dead letters ([`RepairStore::find_dead_letters`] unfiltered).
+    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>> {
+        self.find_dead_letters(&DeadLetterFilter::newest(limit))
+            .await
+    }
     async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>>;
     async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>>;
     /// Whole-table contents in a canonical order, without wall-clock columns: two

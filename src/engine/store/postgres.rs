@@ -598,28 +598,6 @@ impl Store for PostgresStore {
         rows.iter().map(claim_from_row).collect()
     }
 
-    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>> {
-        let rows = sqlx::query(
-            "SELECT id, consumer, reason, detail, raw, received_at FROM dead_letters
-             ORDER BY id DESC LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DeadLetter {
-                    id: r.try_get("id")?,
-                    consumer: r.try_get("consumer")?,
-                    reason: r.try_get("reason")?,
-                    detail: r.try_get("detail")?,
-                    raw: r.try_get("raw")?,
-                    received_at: r.try_get("received_at")?,
-                })
-            })
-            .collect()
-    }
-
     async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
         let rows = sqlx::query(
             "SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT $1",

@@ -731,28 +731,6 @@ impl Store for SqliteStore {
         rows.iter().map(claim_from_row).collect()
     }
 
-    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>> {
-        let rows = sqlx::query(
-            "SELECT id, consumer, reason, detail, raw, received_at FROM dead_letters
-             ORDER BY id DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DeadLetter {
-                    id: r.try_get("id")?,
-                    consumer: r.try_get("consumer")?,
-                    reason: r.try_get("reason")?,
-                    detail: r.try_get("detail")?,
-                    raw: r.try_get("raw")?,
-                    received_at: parse_ts(r.try_get::<&str, _>("received_at")?),
-                })
-            })
-            .collect()
-    }
-
     async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
         let rows =
             sqlx::query("SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT ?")
@@ -858,25 +836,28 @@ impl Store for SqliteStore {
     async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
         let cutoff = ts(cutoff);
         let mut tx = self.begin().await?;
-        // Finished claims go with their dedup rows; a claim still `claimed` (in doubt)
-        // keeps its dedup row so the operator can still see and resolve it.
-        sqlx::query(
-            "DELETE FROM side_effect_claims WHERE state <> 'claimed' AND (consumer, message_key) IN (
-                SELECT consumer, message_key FROM processed_messages
-                WHERE processed_at < ? ORDER BY processed_at LIMIT ?)",
-        )
+        // One batch: the oldest rows not held by an open (in-doubt) claim, with their
+        // finished claims. The open claims are left out of the batch itself, not
+        // after it: a batch whose oldest rows were all held would delete nothing and
+        // end the purge with older rows still there. The same rows are picked twice
+        // in one write transaction, and deleting finished claims does not change
+        // which rows are held, so both statements take exactly the same rows.
+        const DOOMED: &str = "SELECT p.consumer, p.message_key FROM processed_messages p
+            WHERE p.processed_at < ?1 AND NOT EXISTS (
+                SELECT 1 FROM side_effect_claims c
+                WHERE c.consumer = p.consumer AND c.message_key = p.message_key
+                  AND c.state = 'claimed')
+            ORDER BY p.processed_at LIMIT ?2";
+        sqlx::query(&format!(
+            "DELETE FROM side_effect_claims WHERE (consumer, message_key) IN ({DOOMED})"
+        ))
         .bind(&cutoff)
         .bind(batch)
         .execute(&mut *tx)
         .await?;
-        let deleted = sqlx::query(
-            "DELETE FROM processed_messages WHERE (consumer, message_key) IN (
-                SELECT p.consumer, p.message_key FROM processed_messages p
-                WHERE p.processed_at < ? AND NOT EXISTS (
-                    SELECT 1 FROM side_effect_claims c
-                    WHERE c.consumer = p.consumer AND c.message_key = p.message_key)
-                ORDER BY p.processed_at LIMIT ?)",
-        )
+        let deleted = sqlx::query(&format!(
+            "DELETE FROM processed_messages WHERE (consumer, message_key) IN ({DOOMED})"
+        ))
         .bind(&cutoff)
         .bind(batch)
         .execute(&mut *tx)

@@ -1,0 +1,7 @@
+-- Dead letters can be replayed (SPEC §8): when the last replay went out and how many
+-- replays there were. A replayed message that fails again becomes a new dead letter
+-- with its own cause; this row keeps the one it had.
+ALTER TABLE dead_letters
+    ADD COLUMN replayed_at DATETIME(6) NULL,
+    ADD COLUMN replay_count INT NOT NULL DEFAULT 0,
+    ADD KEY dead_letters_consumer (consumer, received_at);

@@ -1,0 +1,118 @@
+//! The operator's side of the store: finding dead letters to replay and recording
+//! that they were replayed (SPEC §8 `dead-letters`), and the claims an operator
+//! lists and resolves by hand (`claims`).
+//!
+//! A trait of its own, a supertrait of [`super::Store`], so every store has it and
+//! the consumers' hot path (one file per backend) stays apart from these rare,
+//! human-driven statements (one `repair_*.rs` per backend).
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::{Database, Encode, QueryBuilder, Type};
+
+use super::{DeadLetter, StoreResult};
+
+/// Most rows one listing returns: a dead-letter table can hold millions of rows
+/// after a bad deploy, and a listing is read by a person or one script call.
+pub const MAX_LISTED: i64 = 10_000;
+
+/// Which dead letters a listing or a replay takes. Empty fields match everything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    pub consumer: Option<String>,
+    pub reason: Option<String>,
+    /// Received at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only these ids (empty: any id).
+    pub ids: Vec<i64>,
+    /// Also the letters already replayed. A replayed message that fails again is a
+    /// new dead letter, so a second blanket replay would send the old row again;
+    /// asking by `ids` always includes them.
+    pub include_replayed: bool,
+    /// Newest first, at most this many (capped at [`MAX_LISTED`]).
+    pub limit: i64,
+}
+
+impl Default for DeadLetterFilter {
+    fn default() -> Self {
+        DeadLetterFilter {
+            consumer: None,
+            reason: None,
+            since: None,
+            ids: Vec::new(),
+            include_replayed: true,
+            limit: MAX_LISTED,
+        }
+    }
+}
+
+impl DeadLetterFilter {
+    /// The newest `limit` dead letters, whatever they are.
+    pub fn newest(limit: i64) -> Self {
+        DeadLetterFilter {
+            limit,
+            ..DeadLetterFilter::default()
+        }
+    }
+
+    /// The row limit actually applied.
+    pub fn capped_limit(&self) -> i64 {
+        self.limit.clamp(0, MAX_LISTED)
+    }
+
+    /// Whether already-replayed letters are taken.
+    pub fn takes_replayed(&self) -> bool {
+        self.include_replayed || !self.ids.is_empty()
+    }
+}
+
+/// The dead-letter query for `filter`, the same on every backend but for how a time
+/// is bound (`since`: the backend's own form of `filter.since`).
+pub(crate) fn dead_letter_query<'a, DB, T>(
+    select: &str,
+    filter: &'a DeadLetterFilter,
+    since: Option<T>,
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    &'a String: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+    T: Encode<'a, DB> + Type<DB> + 'a,
+{
+    let mut q = QueryBuilder::<DB>::new(select);
+    q.push(" WHERE 1 = 1");
+    if let Some(c) = &filter.consumer {
+        q.push(" AND consumer = ").push_bind(c);
+    }
+    if let Some(r) = &filter.reason {
+        q.push(" AND reason = ").push_bind(r);
+    }
+    if let Some(t) = since {
+        q.push(" AND received_at >= ").push_bind(t);
+    }
+    if !filter.ids.is_empty() {
+        q.push(" AND id IN (");
+        let mut ids = q.separated(", ");
+        for id in &filter.ids {
+            ids.push_bind(*id);
+        }
+        q.push(")");
+    }
+    if !filter.takes_replayed() {
+        q.push(" AND replayed_at IS NULL");
+    }
+    q.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(filter.capped_limit());
+    q
+}
+
+/// Operator statements every backend implements (see the module doc).
+#[async_trait]
+pub trait RepairStore: Send + Sync {
+    /// Dead letters matching `filter`, newest first.
+    async fn find_dead_letters(&self, filter: &DeadLetterFilter) -> StoreResult<Vec<DeadLetter>>;
+
+    /// Record one replay of dead letter `id`: `replayed_at = now`, `replay_count + 1`.
+    /// The `detail` (the last cause) is left as it was. `false` when there is no such row.
+    async fn mark_replayed(&self, id: i64) -> StoreResult<bool>;
+}
