@@ -325,6 +325,8 @@ pub struct MetricNames {
     /// A gauge at 1 whose `durability` label says how the engine commits
     /// (`durable` / `relaxed`).
     pub engine_info: String,
+    /// Seen-set checks skipped under fail-open while the seen-set (Redis) was down.
+    pub seen_set_bypassed: String,
     /// The label that names the consumer on every per-consumer metric.
     pub consumer_label: String,
     pub reason_label: String,
@@ -344,6 +346,7 @@ impl Default for MetricNames {
             process_start_time: "process_start_time_seconds".into(),
             http_requests: "idem_http_requests_total".into(),
             engine_info: "idem_engine_info".into(),
+            seen_set_bypassed: "idem_seen_set_bypassed_total".into(),
             consumer_label: "consumer".into(),
             reason_label: "reason".into(),
             result_label: "result".into(),

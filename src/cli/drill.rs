@@ -52,6 +52,7 @@ pub async fn run(args: DrillArgs) -> CliResult {
     opts.live.timeout = args.timeout;
     opts.live.namespace = args.engine.namespace.clone();
     opts.live.confirmed = args.yes_live;
+    opts.seen_set = args.engine.seen_set_config();
     if args.kill_process {
         opts.child_exe = Some(std::env::current_exe().map_err(|e| {
             CliError::unavailable(format!("cannot find the idemwatch executable: {e}"))

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use idemwatch::engine::consumers::ConsumerMode;
 use idemwatch::engine::crash::CrashPoint;
 use idemwatch::engine::runner::RunnerSettings;
+use idemwatch::engine::seen_set::{SeenSetConfig, Unavailable};
 use idemwatch::engine::store::{Durability, StoreError};
 use idemwatch::engine::{default_db_url, default_queue_url, Engine, EngineConfig, EngineError};
 use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
@@ -173,6 +174,18 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = RunnerSettings::default().prefetch, value_name = "N")]
     pub prefetch: usize,
 
+    /// Where `--mode seen-set` keeps its keys: redis://… (SET key NX PX ttl after
+    /// success). Default: the database's processed_messages table.
+    #[arg(long, value_name = "URL", env = "IDEMWATCH_SEEN_SET")]
+    pub seen_set: Option<String>,
+    /// While the seen-set cannot be reached: pause like a store outage (fail-closed),
+    /// or handle unchecked and count idem_seen_set_bypassed_total (fail-open).
+    #[arg(long, value_enum, default_value_t = Unavailable::FailClosed)]
+    pub seen_set_unavailable: Unavailable,
+    /// How long a Redis seen-set key lives: the retention (as `purge --older-than`).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d", value_name = "DURATION")]
+    pub seen_set_ttl: Duration,
+
     // Tuning and drill plumbing: hidden from --help, used by drills' child processes.
     #[arg(long, hide = true)]
     pub namespace: Option<String>,
@@ -202,6 +215,15 @@ impl EngineArgs {
             .unwrap_or_else(|| default_queue_url(&self.db_url()))
     }
 
+    /// `--seen-set`, `--seen-set-unavailable` and `--seen-set-ttl` together.
+    pub fn seen_set_config(&self) -> SeenSetConfig {
+        SeenSetConfig {
+            url: self.seen_set.clone(),
+            unavailable: self.seen_set_unavailable,
+            ttl: self.seen_set_ttl,
+        }
+    }
+
     /// The engine config; `sms_url` must already be resolved (see [`provider_urls`]).
     pub fn engine_config(&self, sms_url: &str, webhook_url: &str) -> EngineConfig {
         let mut cfg = EngineConfig::new(&self.db_url(), &self.queue_url(), sms_url, webhook_url);
@@ -209,6 +231,7 @@ impl EngineArgs {
         cfg.consumers = self.consumers.clone();
         cfg.namespace = self.namespace.clone();
         cfg.claim_lease = Duration::from_millis(self.claim_lease_ms);
+        cfg.seen_set = self.seen_set_config();
         cfg.runner = RunnerSettings {
             visibility_timeout: Duration::from_millis(self.visibility_ms),
             max_deliveries: self.max_deliveries,

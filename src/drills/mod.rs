@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::engine::consumers::ConsumerMode;
 use crate::engine::runner::DeliveryEvent;
+use crate::engine::seen_set::SeenSetConfig;
 use crate::engine::store::{MarkerKind, StoreError};
 
 pub mod chaos;
@@ -30,6 +31,7 @@ mod key_conflict;
 pub mod live_redelivery;
 mod out_of_order;
 pub(crate) mod rig;
+mod seen_set_window;
 pub mod target;
 pub mod twice;
 
@@ -47,11 +49,13 @@ pub enum Scenario {
     OutOfOrder,
     KeyConflict,
     ClientRetry,
+    SeenSetWindow,
     LiveRedelivery,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    /// Every scenario, as the dashboard lists them (the live one last).
+    pub const ALL: [Scenario; 9] = [
         Scenario::CrashBeforeAck,
         Scenario::CrashAfterSend,
         Scenario::DoublePublish,
@@ -59,6 +63,7 @@ impl Scenario {
         Scenario::OutOfOrder,
         Scenario::KeyConflict,
         Scenario::ClientRetry,
+        Scenario::SeenSetWindow,
         Scenario::LiveRedelivery,
     ];
 
@@ -71,6 +76,7 @@ impl Scenario {
             Scenario::OutOfOrder => "out-of-order",
             Scenario::KeyConflict => "key-conflict",
             Scenario::ClientRetry => "client-retry",
+            Scenario::SeenSetWindow => "seen-set-window",
             Scenario::LiveRedelivery => "live-redelivery",
         }
     }
@@ -85,6 +91,7 @@ impl Scenario {
             Scenario::OutOfOrder => "ignition_off (seq n+1) is processed, then ignition_on (seq n) arrives late",
             Scenario::KeyConflict => "the same key arrives with a different payload",
             Scenario::ClientRetry => "a mobile client retries one \"save note\" N times over HTTP: a dropped response, concurrent and later retries",
+            Scenario::SeenSetWindow => "the consumer dies after the SMS and the +1, before writing the key to its seen-set (Redis or a table)",
             Scenario::LiveRedelivery => "LIVE: re-publish K processed messages to the watched system; its duplicate_dropped must rise by K and nothing else move",
         }
     }
@@ -96,6 +103,7 @@ impl Scenario {
             Scenario::CrashAfterSend | Scenario::DoublePublish | Scenario::ConcurrentDuplicate => 2,
             Scenario::OutOfOrder | Scenario::KeyConflict => 2,
             Scenario::ClientRetry => 6,
+            Scenario::SeenSetWindow => 2,
             Scenario::LiveRedelivery => 5,
         }
     }
@@ -149,6 +157,8 @@ pub struct DrillOptions {
     pub progress: Option<mpsc::UnboundedSender<String>>,
     /// `live-redelivery` only: the watched system and the operator's permission.
     pub live: live_redelivery::LiveSettings,
+    /// Where `seen-set` mode keeps its keys (the table, or Redis).
+    pub seen_set: SeenSetConfig,
 }
 
 impl DrillOptions {
@@ -165,6 +175,7 @@ impl DrillOptions {
             webhook_url: None,
             progress: None,
             live: live_redelivery::LiveSettings::default(),
+            seen_set: SeenSetConfig::default(),
         }
     }
 }
@@ -263,9 +274,10 @@ impl Verdict {
 
 impl DrillReport {
     /// Exit code for the CLI (SPEC §6): 1 only when an idempotent drill failed; a
-    /// naive drill failing is the expected demonstration of harm.
+    /// naive or seen-set drill failing is the expected demonstration of harm (or of
+    /// the seen-set's window).
     pub fn exit_code(&self) -> i32 {
-        if self.verdict == Verdict::Fail && self.mode != ConsumerMode::Naive {
+        if self.verdict == Verdict::Fail && self.mode == ConsumerMode::Idempotent {
             1
         } else {
             0
@@ -353,6 +365,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
         Scenario::OutOfOrder => out_of_order::run(&rig).await,
         Scenario::KeyConflict => key_conflict::run(&rig).await,
         Scenario::ClientRetry => client_retry::run(&rig, times).await,
+        Scenario::SeenSetWindow => seen_set_window::run(&rig).await,
         Scenario::LiveRedelivery => live_redelivery::run(&rig, &opts.live).await,
     };
     let mut findings = match findings {

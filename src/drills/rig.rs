@@ -18,6 +18,7 @@ use crate::engine::envelope::{Envelope, EventType};
 use crate::engine::metrics::Metrics;
 use crate::engine::queue::Queue;
 use crate::engine::runner::{DeliveryEvent, EventSink, RunnerSettings};
+use crate::engine::seen_set::SeenSetConfig;
 use crate::engine::store::Store;
 use crate::engine::{Engine, EngineConfig};
 use crate::sim::sandbox_provider::{self, SandboxClient, SandboxHandle};
@@ -27,6 +28,9 @@ use crate::sim::sandbox_provider::{self, SandboxClient, SandboxHandle};
 pub(crate) const DRILL_VISIBILITY: Duration = Duration::from_millis(300);
 pub(crate) const DRILL_CLAIM_LEASE: Duration = Duration::from_millis(500);
 pub(crate) const DRILL_RETRY: Duration = Duration::from_millis(100);
+/// A drill's seen-set keys (Redis) outlive the drill only briefly: its device is
+/// never seen again.
+pub(crate) const DRILL_SEEN_SET_TTL: Duration = Duration::from_secs(600);
 
 /// What one incarnation of a consumer did before it exited or died.
 #[derive(Debug, Default)]
@@ -46,6 +50,7 @@ pub(crate) struct Rig {
     pub webhook_url: String,
     pub db_url: String,
     queue_url: String,
+    pub seen_set: SeenSetConfig,
     child_exe: Option<PathBuf>,
     sandbox: SandboxClient,
     _embedded_sandbox: Option<SandboxHandle>,
@@ -91,6 +96,10 @@ impl Rig {
             webhook_url,
             db_url: opts.db_url.clone(),
             queue_url: opts.queue_url.clone(),
+            seen_set: SeenSetConfig {
+                ttl: opts.seen_set.ttl.min(DRILL_SEEN_SET_TTL),
+                ..opts.seen_set.clone()
+            },
             child_exe,
             sandbox,
             _embedded_sandbox: embedded,
@@ -144,6 +153,7 @@ impl Rig {
         cfg.consumers = consumers.iter().map(|s| s.to_string()).collect();
         cfg.namespace = Some(self.namespace.clone());
         cfg.claim_lease = DRILL_CLAIM_LEASE;
+        cfg.seen_set = self.seen_set.clone();
         cfg.runner = RunnerSettings {
             visibility_timeout: DRILL_VISIBILITY,
             max_deliveries: 50,
@@ -241,10 +251,20 @@ impl Rig {
                 &cfg.runner.retry_delay.as_millis().to_string(),
             ])
             .args(["--lease-batch", "1"])
+            .env_remove("IDEMWATCH_SEEN_SET")
+            .args([
+                "--seen-set-unavailable",
+                self.seen_set.unavailable.as_str(),
+                "--seen-set-ttl",
+                &format!("{}ms", self.seen_set.ttl.as_millis()),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true);
+        if let Some(url) = &self.seen_set.url {
+            cmd.args(["--seen-set", url]);
+        }
         if let Some(p) = crash {
             cmd.args(["--crash-at", p.as_str(), "--crash-abort"]);
         }

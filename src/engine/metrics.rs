@@ -111,6 +111,7 @@ pub struct Metrics {
     handler_duration: Family<ConsumerLabel, Histogram>,
     http_requests: Family<HttpLabel, Counter>,
     engine_info: Family<EngineInfoLabel, Gauge>,
+    seen_set_bypassed: Family<ConsumerLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -206,6 +207,12 @@ impl Metrics {
             "Start time of the process since unix epoch in seconds",
             start,
         );
+        let seen_set_bypassed = Family::<ConsumerLabel, Counter>::default();
+        registry.register(
+            "idem_seen_set_bypassed",
+            "Seen-set checks or records skipped because the seen-set was unreachable and the policy is fail-open",
+            seen_set_bypassed.clone(),
+        );
         let metrics = Metrics {
             registry,
             processed,
@@ -218,6 +225,7 @@ impl Metrics {
             handler_duration,
             http_requests,
             engine_info,
+            seen_set_bypassed,
         };
         metrics.set_durability(Durability::default());
         metrics
@@ -244,6 +252,20 @@ impl Metrics {
         drop(self.out_of_order.get_or_create(&l));
         drop(self.claims_in_doubt.get_or_create(&l));
         drop(self.handler_duration.get_or_create(&l));
+        drop(self.seen_set_bypassed.get_or_create(&l));
+    }
+
+    /// A seen-set call skipped under fail-open (Redis unreachable).
+    pub fn seen_set_bypassed(&self, consumer: &str) {
+        self.seen_set_bypassed.get_or_create(&label(consumer)).inc();
+    }
+
+    /// `idem_seen_set_bypassed_total` of one consumer so far.
+    pub fn seen_set_bypassed_count(&self, consumer: &str) -> u64 {
+        self.seen_set_bypassed
+            .get(&label(consumer))
+            .map(|c| c.get())
+            .unwrap_or(0)
     }
 
     pub fn processed(&self, consumer: &str) {

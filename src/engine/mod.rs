@@ -24,6 +24,7 @@ pub mod queue;
 pub mod replay;
 pub mod retention;
 pub mod runner;
+pub mod seen_set;
 pub mod store;
 
 use consumers::{Consumer, ConsumerMode, Deps};
@@ -64,6 +65,8 @@ pub struct EngineConfig {
     pub claim_lease: Duration,
     /// How the business database commits ([`store::Durability`]; durable unless asked).
     pub durability: store::Durability,
+    /// Where `seen-set` mode keeps its keys and what it does when that is down.
+    pub seen_set: seen_set::SeenSetConfig,
 }
 
 impl EngineConfig {
@@ -79,6 +82,7 @@ impl EngineConfig {
             runner: RunnerSettings::default(),
             claim_lease: Duration::from_secs(60),
             durability: store::Durability::Durable,
+            seen_set: seen_set::SeenSetConfig::default(),
         }
     }
 }
@@ -142,8 +146,11 @@ impl Engine {
         metrics: Arc<Metrics>,
         cfg: &EngineConfig,
     ) -> Result<Engine, EngineError> {
+        let seen_set =
+            seen_set::GuardedSeenSet::open(&cfg.seen_set, store.clone(), metrics.clone())?;
         let deps = Deps {
             store: store.clone(),
+            seen_set,
             provider: ProviderClient::new(&cfg.sms_url, &cfg.webhook_url),
             metrics: metrics.clone(),
             claim_lease: cfg.claim_lease,

@@ -73,6 +73,9 @@ pub struct TargetStatus {
     /// conflict, mismatch, missing_key…): replays and conflicts are the edge's
     /// duplicate_dropped. Empty for a target without a write API.
     pub http: BTreeMap<String, BTreeMap<String, CounterReading>>,
+    /// `idem_seen_set_bypassed_total` by consumer: messages a fail-open seen-set
+    /// handled unchecked while its Redis was down. Empty for an engine without it.
+    pub seen_set_bypassed: BTreeMap<String, f64>,
 }
 
 /// A counter's total and its current rate.
@@ -277,6 +280,7 @@ impl TargetTracker {
                 last_restart: None,
                 durability: None,
                 http: BTreeMap::new(),
+                seen_set_bypassed: BTreeMap::new(),
             },
             counters: Counters::default(),
             restarts: RestartDetector::default(),
@@ -491,6 +495,10 @@ impl TargetTracker {
             .named(&names.engine_info)
             .filter(|s| s.value > 0.0)
             .find_map(|s| s.label("durability").and_then(Durability::parse));
+        self.status.seen_set_bypassed = exposition
+            .named(&names.seen_set_bypassed)
+            .map(|s| (consumer_of(s, names, &target).to_string(), s.value))
+            .collect();
         let in_doubt: FastMap<&str, f64> = exposition
             .named(&names.claims_in_doubt)
             .map(|s| (consumer_of(s, names, &target), s.value))

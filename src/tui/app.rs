@@ -351,8 +351,9 @@ impl App {
             Action::CycleRateWindow => self.rate_window = self.rate_window.next(),
             Action::ToggleDrillMode => {
                 self.drills.mode = match self.drills.mode {
-                    ConsumerMode::Naive => ConsumerMode::Idempotent,
-                    _ => ConsumerMode::Naive,
+                    ConsumerMode::Idempotent => ConsumerMode::Naive,
+                    ConsumerMode::Naive => ConsumerMode::SeenSet,
+                    ConsumerMode::SeenSet => ConsumerMode::Idempotent,
                 };
                 self.drills.confirming = false;
             }

@@ -218,6 +218,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                     ("conflict".to_string(), reading(1.0, 0.0)),
                 ]),
             )]),
+            seen_set_bypassed: BTreeMap::new(),
         }],
         consumers: vec![
             consumer(names[0], 5120.0, 8.0, 21.0, 0.001),

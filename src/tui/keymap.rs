@@ -395,7 +395,7 @@ pub const BINDINGS: &[Binding] = &[
     b(
         &[KeyCode::Char('n')],
         "n",
-        "mode: idempotent / naive",
+        "mode: idempotent / naive / seen-set",
         Scope::Tab(Tab::Drills),
         true,
         || Action::ToggleDrillMode,

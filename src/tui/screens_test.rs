@@ -358,3 +358,22 @@ fn narrow_terminal_does_not_panic() {
         draw_at(&a, 220, 60, &Theme::default_colors());
     }
 }
+
+#[test]
+fn a_fail_open_seen_set_bypass_shows_in_sources() {
+    let mut a = on(Tab::Overview);
+    let mut snap = (**a.snapshot.as_ref().expect("fixture snapshot")).clone();
+    snap.targets[0]
+        .seen_set_bypassed
+        .insert("zone-exit-sms".into(), 4.0);
+    a.snapshot = Some(Arc::new(snap));
+    let text = draw(&a).to_string();
+    assert!(
+        text.contains("seen-set bypassed: zone-exit-sms 4"),
+        "{text}"
+    );
+    // Without a bypass the line is not there.
+    assert!(!draw(&on(Tab::Overview))
+        .to_string()
+        .contains("seen-set bypassed"));
+}

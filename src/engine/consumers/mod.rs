@@ -14,6 +14,7 @@ use super::crash::{CrashPlan, Crashed};
 use super::envelope::{Envelope, EventType, Rejection};
 use super::metrics::{EffectResult, Metrics};
 use super::provider::ProviderClient;
+use super::seen_set::GuardedSeenSet;
 use super::store::{Store, StoreError};
 
 pub mod erp_webhook;
@@ -114,6 +115,8 @@ pub enum HandleError {
 #[derive(Clone)]
 pub struct Deps {
     pub store: Arc<dyn Store>,
+    /// Where `seen-set` mode checks and records keys (the store's table or Redis).
+    pub seen_set: GuardedSeenSet,
     pub provider: ProviderClient,
     pub metrics: Arc<Metrics>,
     /// A claim older than this without a result is in doubt (SPEC §3: 60 s).

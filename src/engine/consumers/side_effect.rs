@@ -55,8 +55,11 @@ where
                 Err(e) => Outcome::Retry(e.to_string()),
             })
         }
+        // The report's seen-set design: the key, written after success, is the only
+        // guard (no claim, no provider key), so a death between the send and the
+        // write sends again on redelivery: `drill seen-set-window`.
         ConsumerMode::SeenSet => {
-            match deps.store.seen(consumer, &key, &fingerprint).await? {
+            match deps.seen_set.seen(consumer, &key, &fingerprint).await? {
                 Some(DedupOutcome::KeyConflict { stored }) => return Ok(conflict(stored.as_str())),
                 Some(_) => {
                     deps.metrics.side_effect(consumer, EffectResult::Suppressed);
@@ -64,15 +67,19 @@ where
                 }
                 None => {}
             }
-            let reply = send(Some(provider_key(consumer, env))).await;
+            let reply = send(None).await;
             crash.reach(CrashPoint::AfterSideEffect)?;
             match reply {
                 Ok(r) => {
-                    deps.store.mark_seen(consumer, &key, &fingerprint).await?;
+                    deps.seen_set
+                        .mark_seen(consumer, &key, &fingerprint)
+                        .await?;
                     Ok(record(deps, consumer, sent_or_replayed(&r), false))
                 }
                 Err(ProviderError::Rejected { .. }) => {
-                    deps.store.mark_seen(consumer, &key, &fingerprint).await?;
+                    deps.seen_set
+                        .mark_seen(consumer, &key, &fingerprint)
+                        .await?;
                     Ok(record(deps, consumer, EffectResult::Failed, false))
                 }
                 Err(e) => Ok(Outcome::Retry(e.to_string())),

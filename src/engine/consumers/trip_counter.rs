@@ -88,12 +88,13 @@ impl Consumer for TripCounter {
             }
             // +1, then record the key: a crash in between counts twice on redelivery.
             ConsumerMode::SeenSet => {
-                if let Some(seen) = store.seen(NAME, &key, &fingerprint).await? {
+                let seen_set = &self.deps.seen_set;
+                if let Some(seen) = seen_set.seen(NAME, &key, &fingerprint).await? {
                     return Ok(dedup_outcome(seen));
                 }
                 store.apply_unguarded(&write).await?;
                 crash.reach(CrashPoint::AfterSideEffect)?;
-                store.mark_seen(NAME, &key, &fingerprint).await?;
+                seen_set.mark_seen(NAME, &key, &fingerprint).await?;
                 dedup_outcome(DedupOutcome::Applied)
             }
             ConsumerMode::Naive => {

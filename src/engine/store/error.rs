@@ -39,6 +39,10 @@ pub enum StoreError {
     /// A broken promise inside the store (a bug), not a database's answer.
     #[error("internal store error: {0}")]
     Internal(&'static str),
+    /// The seen-set outside the database (Redis) could not answer: an outage like any
+    /// other, or a URL it cannot use (see [`crate::engine::seen_set`]).
+    #[error("{0}")]
+    SeenSet(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -75,6 +79,7 @@ impl StoreError {
             }
             StoreError::OutOfRange { .. } => Failure::Content,
             StoreError::Internal(_) => Failure::Other,
+            StoreError::SeenSet(_) => Failure::Infrastructure,
         }
     }
 

@@ -387,6 +387,19 @@ fn sources_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             ),
             theme.dim,
         ));
+        let bypassed: f64 = t.seen_set_bypassed.values().sum();
+        if bypassed > 0.0 {
+            let who: Vec<String> = t
+                .seen_set_bypassed
+                .iter()
+                .filter(|(_, n)| **n > 0.0)
+                .map(|(c, n)| format!("{c} {}", format::count(*n)))
+                .collect();
+            lines.push(Line::styled(
+                format!("  seen-set bypassed: {} (fail-open)", who.join(" · ")),
+                theme.warn,
+            ));
+        }
         for (route, outcomes) in &t.http {
             let rate = |o: &str| format::rate(outcomes.get(o).and_then(|r| r.per_second));
             lines.push(Line::raw(format!(

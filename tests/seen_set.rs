@@ -1,0 +1,307 @@
+//! The seen-set against a real Redis (and the SQL table): the window the report
+//! describes (a death between the effect and the key write runs the effect again),
+//! the drill in both outcomes, key conflicts through Redis, and the fail-closed /
+//! fail-open policy while Redis is down (a private redis-server on a port of our
+//! own, never the shared one).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::services::{free_port, reachable, redis_url};
+use common::{run_cli, KillOnDrop, TempEnv};
+use idemwatch::config::MetricNames;
+use idemwatch::drills::{self, DrillOptions, DrillReport, Scenario, Verdict};
+use idemwatch::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
+use idemwatch::engine::crash::CrashPlan;
+use idemwatch::engine::seen_set::{SeenSetConfig, Unavailable};
+use idemwatch::engine::{Engine, EngineConfig};
+use idemwatch::monitor::prometheus::{parse, ScrapeResult};
+use idemwatch::monitor::targets::TargetTracker;
+use idemwatch::sim::sandbox_provider::{self, SandboxClient};
+
+async fn window_drill(env: &TempEnv, mode: ConsumerMode, seen_set: &SeenSetConfig) -> DrillReport {
+    let mut opts = DrillOptions::new(Scenario::SeenSetWindow, &env.db_url(), &env.queue_url());
+    opts.mode = mode;
+    opts.seen_set = seen_set.clone();
+    drills::run(opts).await.expect("drill runs")
+}
+
+/// Seen-set mode sends twice and explains why; idempotent mode sends once.
+async fn window_in_both_outcomes(seen_set: SeenSetConfig, expect_store: &str) {
+    let env = TempEnv::new();
+    let r = window_drill(&env, ConsumerMode::SeenSet, &seen_set).await;
+    let text = r.render_text();
+    assert_eq!((r.sms_sent, r.counter_delta), (2, 2), "{text}");
+    assert_eq!(r.verdict, Verdict::Fail, "{text}");
+    assert_eq!(
+        r.exit_code(),
+        0,
+        "showing the window is not a failed idempotent drill"
+    );
+    assert!(text.contains("fine for an upsert"), "{text}");
+    assert!(
+        r.details["seen_set"]
+            .as_str()
+            .unwrap()
+            .starts_with(expect_store),
+        "{text}"
+    );
+    let recorded = r.details["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "key in the seen-set after the redelivery")
+        .expect("the seen-set check");
+    assert_eq!(recorded["ok"], true, "{text}");
+
+    let r = window_drill(&env, ConsumerMode::Idempotent, &seen_set).await;
+    let text = r.render_text();
+    assert_eq!((r.sms_sent, r.counter_delta), (1, 1), "{text}");
+    assert_eq!(r.verdict, Verdict::Pass, "{text}");
+}
+
+#[tokio::test]
+async fn seen_set_window_in_redis_sends_the_sms_twice_and_two_phase_once() {
+    let Some(url) = redis_url() else { return };
+    window_in_both_outcomes(
+        SeenSetConfig {
+            url: Some(url),
+            ..SeenSetConfig::default()
+        },
+        "redis",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn seen_set_window_in_the_sql_table_sends_the_sms_twice_and_two_phase_once() {
+    window_in_both_outcomes(SeenSetConfig::default(), "sql").await;
+}
+
+#[test]
+fn cli_seen_set_window_with_redis_and_real_process_kills() {
+    let Some(url) = redis_url() else { return };
+    let env = TempEnv::new();
+    let args = |mode: &'static str| {
+        vec![
+            "drill",
+            "seen-set-window",
+            "--kill-process",
+            "--json",
+            "--mode",
+            mode,
+            "--seen-set",
+            url.as_str(),
+        ]
+    };
+    let (code, out, err) = run_cli(&env, &args("seen-set"));
+    let r: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(
+        (r["sms_sent"].as_u64(), r["verdict"].as_str()),
+        (Some(2), Some("fail")),
+        "{r}"
+    );
+    assert!(
+        r["details"]["seen_set"]
+            .as_str()
+            .unwrap()
+            .starts_with("redis"),
+        "{r}"
+    );
+    let (code, out, _) = run_cli(&env, &args("idempotent"));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(
+        (r["sms_sent"].as_u64(), r["verdict"].as_str()),
+        (Some(1), Some("pass")),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn a_redelivery_after_success_is_dropped_through_redis_and_a_new_payload_is_a_conflict() {
+    let Some(url) = redis_url() else { return };
+    let env = TempEnv::new();
+    let seen_set = SeenSetConfig {
+        url: Some(url),
+        ..SeenSetConfig::default()
+    };
+    let mut opts = DrillOptions::new(Scenario::DoublePublish, &env.db_url(), &env.queue_url());
+    opts.mode = ConsumerMode::SeenSet;
+    opts.seen_set = seen_set.clone();
+    let r = drills::run(opts).await.unwrap();
+    assert_eq!(
+        (r.sms_sent, r.counter_delta, r.duplicate_dropped),
+        (1, 1, 1),
+        "{}",
+        r.render_text()
+    );
+    let mut opts = DrillOptions::new(Scenario::KeyConflict, &env.db_url(), &env.queue_url());
+    opts.mode = ConsumerMode::SeenSet;
+    opts.seen_set = seen_set;
+    let r = drills::run(opts).await.unwrap();
+    assert_eq!(
+        (r.sms_sent, r.dead_lettered, r.verdict),
+        (1, 1, Verdict::Pass),
+        "{}",
+        r.render_text()
+    );
+}
+
+// ---- Redis down ------------------------------------------------------------------
+
+/// A private redis-server on `port`: no persistence, gone with the test.
+fn private_redis(port: u16) -> KillOnDrop {
+    let child = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (apt-get install redis-server)");
+    let guard = KillOnDrop(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reachable(&format!("redis://127.0.0.1:{port}")).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "private redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    guard
+}
+
+/// Three zone exits through trip-counter and zone-exit-sms in seen-set mode, with
+/// the seen-set at a Redis on `port` (down until the test starts it).
+async fn engine_with_redis_on(
+    env: &TempEnv,
+    port: u16,
+    unavailable: Unavailable,
+) -> (Engine, sandbox_provider::SandboxHandle) {
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(
+        &env.db_url(),
+        &env.queue_url(),
+        &sandbox.url(),
+        &sandbox.url(),
+    );
+    cfg.mode = ConsumerMode::SeenSet;
+    cfg.consumers = vec![trip_counter::NAME.into(), zone_exit_sms::NAME.into()];
+    cfg.seen_set = SeenSetConfig {
+        url: Some(format!("redis://127.0.0.1:{port}")),
+        unavailable,
+        ..SeenSetConfig::default()
+    };
+    cfg.runner.retry_delay = Duration::from_millis(50);
+    cfg.runner.max_retry_delay = Duration::from_millis(200);
+    cfg.runner.idle_poll = Duration::from_millis(20);
+    // Until the faults work pauses a consumer on an outage, retries count deliveries:
+    // a budget no outage of this test reaches.
+    cfg.runner.max_deliveries = 10_000;
+    let engine = Engine::open(&cfg).await.unwrap();
+    let bodies: Vec<Vec<u8>> = (1..=3)
+        .map(|seq| {
+            format!(
+                r#"{{"device_id":"RD-1","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:0{seq}Z","payload":{{"zone":"X","phone":"+905551112233"}}}}"#
+            )
+            .into_bytes()
+        })
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    (engine, sandbox)
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn fail_closed_handles_nothing_while_redis_is_down_and_resumes_when_it_is_back() {
+    let env = TempEnv::new();
+    let port = free_port();
+    let (engine, sandbox) = engine_with_redis_on(&env, port, Unavailable::FailClosed).await;
+    let engine = Arc::new(engine);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let run = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.run(1, Arc::new(CrashPlan::none()), stopped).await })
+    };
+    // Several retries against the dead port, then nothing may have happened.
+    let sms = SandboxClient::new(sandbox.url()).unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let s = engine.summary();
+    assert_eq!((s.total.processed, s.total.dead_lettered), (0, 0), "{s:?}");
+    assert_eq!(sms.sent_sms().await.unwrap().len(), 0);
+    assert_eq!(
+        engine.metrics.seen_set_bypassed_count(zone_exit_sms::NAME),
+        0
+    );
+
+    let _redis = private_redis(port);
+    let m = engine.metrics.clone();
+    wait_for("all six handled after Redis came back", || {
+        m.summary([trip_counter::NAME, zone_exit_sms::NAME])
+            .total
+            .processed
+            == 6
+    })
+    .await;
+    stop.send(true).unwrap();
+    run.await.unwrap().unwrap();
+    let s = engine.summary();
+    assert_eq!(
+        (s.total.dead_lettered, s.total.duplicate_dropped),
+        (0, 0),
+        "{s:?}"
+    );
+    assert_eq!(sms.sent_sms().await.unwrap().len(), 3);
+    assert_eq!(engine.store.zone_exits("RD-1").await.unwrap(), 3);
+}
+
+#[tokio::test]
+async fn fail_open_handles_unchecked_while_redis_is_down_and_counts_the_bypass() {
+    let env = TempEnv::new();
+    let port = free_port(); // nothing listens there
+    let (engine, sandbox) = engine_with_redis_on(&env, port, Unavailable::FailOpen).await;
+    let s = engine
+        .run_until_idle(Arc::new(CrashPlan::none()), None)
+        .await
+        .unwrap();
+    assert_eq!((s.total.processed, s.total.dead_lettered), (6, 0), "{s:?}");
+    // Each message: the check and the record went around Redis.
+    for c in [trip_counter::NAME, zone_exit_sms::NAME] {
+        assert_eq!(engine.metrics.seen_set_bypassed_count(c), 6, "{c}");
+    }
+    let text = engine.metrics.encode_prometheus_text();
+    assert!(
+        text.contains(r#"idem_seen_set_bypassed_total{consumer="zone-exit-sms"} 6"#),
+        "{text}"
+    );
+    let sms = SandboxClient::new(sandbox.url()).unwrap();
+    assert_eq!(sms.sent_sms().await.unwrap().len(), 3);
+
+    // The dashboard reads the bypass from the engine's exposition, per consumer.
+    let mut tracker = TargetTracker::new("fleet", "http://127.0.0.1:9464/metrics");
+    tracker.observe(
+        &ScrapeResult {
+            target: "fleet".into(),
+            url: "http://127.0.0.1:9464/metrics".into(),
+            at: chrono::Utc::now(),
+            duration: Duration::from_millis(1),
+            outcome: Ok(parse(&text).expect("the engine's exposition parses")),
+        },
+        &MetricNames::default(),
+    );
+    let seen = &tracker.status().seen_set_bypassed;
+    assert_eq!(seen.get(zone_exit_sms::NAME), Some(&6.0), "{seen:?}");
+    assert_eq!(seen.get(trip_counter::NAME), Some(&6.0), "{seen:?}");
+}
