@@ -58,6 +58,7 @@ fn main() {
             Some(Command::Consume(a)) => cli::consume::run(a).await,
             Some(Command::Drill(a)) => cli::drill::run(a).await,
             Some(Command::Snapshot(a)) => cli::snapshot::run(a, config_path).await,
+            Some(Command::Mark(a)) => cli::mark::run(a, config_path).await,
             Some(Command::Purge(a)) => cli::purge::run(a).await,
             Some(Command::DeadLetters(a)) => cli::dead_letters::run(a).await,
             Some(Command::Report(a)) => cli::report::run(a, config_path).await,

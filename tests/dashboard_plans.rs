@@ -189,46 +189,22 @@ async fn a_select_only_postgres_role_is_enough_for_the_dashboard() {
         )
         .await
         .unwrap();
-    let database = url::Url::parse(&db.url)
-        .unwrap()
-        .path()
-        .trim_start_matches('/')
-        .to_string();
-    let role = format!("{database}_ro");
-    let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    for sql in [
-        format!("CREATE ROLE {role} LOGIN"),
-        format!("GRANT CONNECT ON DATABASE {database} TO {role}"),
-        format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"),
-    ] {
-        sqlx::query(&sql).execute(&mut admin).await.expect(&sql);
-    }
-    let mut ro_url = url::Url::parse(&db.url).unwrap();
-    ro_url.set_username(&role).unwrap();
-    ro_url.set_password(None).unwrap();
-    let poller = DbPoller::new(&DatabaseConfig::with_url(ro_url.as_str())).unwrap();
+    let (role, ro_url) = db
+        .pg_role("ro", &["GRANT SELECT ON ALL TABLES IN SCHEMA public"])
+        .await;
+    let poller = DbPoller::new(&DatabaseConfig::with_url(&ro_url)).unwrap();
     let stats = poller.poll(Utc::now()).await;
     assert_eq!(stats.status, SourceStatus::Up);
     assert!(stats.failures.is_empty(), "{:?}", stats.failures);
     assert_eq!(stats.dedup.unwrap().total_rows.unwrap().rows, 1);
     // And the role really cannot write.
-    let mut ro = sqlx::PgConnection::connect(ro_url.as_str()).await.unwrap();
+    let mut ro = sqlx::PgConnection::connect(&ro_url).await.unwrap();
     let denied = sqlx::query("DELETE FROM processed_messages")
         .execute(&mut ro)
         .await;
     assert!(denied.is_err(), "a read-only role must not delete");
     ro.close().await.unwrap();
     drop(poller);
-    admin.close().await.unwrap();
     db.cleanup().await;
-    // Roles belong to the cluster: drop it once its database is gone (`.ci/run`
-    // sweeps any left by a failed run).
-    let server = std::env::var("IDEMWATCH_PG_URL")
-        .unwrap_or_else(|_| common::backends::PG_DEFAULT.to_string());
-    let mut c = sqlx::PgConnection::connect(&server).await.unwrap();
-    sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
-        .execute(&mut c)
-        .await
-        .unwrap();
+    common::backends::drop_pg_role(&role).await;
 }

@@ -109,9 +109,18 @@ fn serve_exposes_spec_metrics_that_promtool_accepts() {
     assert_eq!(run_cli(&env, &["publish", file.to_str().unwrap()]).0, 0);
 
     let (_guard, url) = serve(&env, &[]);
-    let body = scrape_until(
+    // The consumers run concurrently: wait for the last of them too.
+    scrape_until(
         &url,
         r#"idem_duplicate_dropped_total{consumer="trip-counter"} 1"#,
+    );
+    scrape_until(
+        &url,
+        r#"idem_dead_lettered_total{consumer="trip-counter",reason="malformed_json"} 1"#,
+    );
+    let body = scrape_until(
+        &url,
+        r#"idem_side_effects_total{consumer="zone-exit-sms",result="suppressed"} 1"#,
     );
     for name in [
         "idem_messages_processed_total",
@@ -139,4 +148,41 @@ fn serve_exposes_spec_metrics_that_promtool_accepts() {
         .text()
         .unwrap();
     assert!(om.trim_end().ends_with("# EOF"));
+}
+
+/// Before the first message, every consumer already exports every dead-letter
+/// reason, and the side-effect consumers every result, at 0: Prometheus' `rate()` and
+/// `increase()` then see the first dead letter as a rise from 0 (a series born at 1
+/// shows no increase, and an alert on it never fires).
+#[test]
+fn fresh_serve_exports_every_reason_and_result_at_zero() {
+    use idemwatch::engine::consumers::{risk_class, RiskClass, FLEET_CONSUMERS};
+    use idemwatch::engine::envelope::RejectReason;
+    use idemwatch::engine::metrics::EffectResult;
+
+    let env = TempEnv::new();
+    let (_guard, url) = serve(&env, &[]);
+    let body = scrape_until(
+        &url,
+        r#"idem_dead_lettered_total{consumer="erp-webhook",reason="key_conflict"} 0"#,
+    );
+    for consumer in FLEET_CONSUMERS {
+        for reason in RejectReason::ALL {
+            let line = format!(
+                "idem_dead_lettered_total{{consumer=\"{consumer}\",reason=\"{}\"}} 0",
+                reason.as_str()
+            );
+            assert!(body.contains(&line), "missing {line}:\n{body}");
+        }
+        let side_effects = risk_class(consumer) == Some(RiskClass::ExternalSideEffect);
+        for result in EffectResult::ALL {
+            let line = format!(
+                "idem_side_effects_total{{consumer=\"{consumer}\",result=\"{}\"}} 0",
+                result.as_str()
+            );
+            assert_eq!(body.contains(&line), side_effects, "{line}:\n{body}");
+        }
+    }
+    assert!(body.contains(r#"idem_side_effects_total{consumer="zone-exit-sms",result="failed"} 0"#));
+    promtool_accepts(&body);
 }

@@ -205,11 +205,9 @@ fn spawn_serve(env: &TempEnv, port: u16) -> KillOnDrop {
     )
 }
 
-#[test]
-fn scrape_target_going_away_shows_down_and_recovers() {
-    let env = TempEnv::new();
-    let port = free_port();
-    let mut serve = spawn_serve(&env, port);
+/// The dashboard's command line watching `serve` on `port` (target `fleet-1`) and the
+/// env's database, polling every 500 ms; the shell stays after it exits.
+fn watch_fleet(env: &TempEnv, port: u16) -> String {
     let config = env.path("watch.toml");
     std::fs::write(
         &config,
@@ -219,12 +217,20 @@ fn scrape_target_going_away_shows_down_and_recovers() {
         ),
     )
     .unwrap();
-    let command = format!(
+    format!(
         "IDEMWATCH_LOG_FILE={log} {bin} --config {cfg}; sleep 600",
         log = env.path("tui.log").display(),
         bin = idemwatch_bin().display(),
         cfg = config.display()
-    );
+    )
+}
+
+#[test]
+fn scrape_target_going_away_shows_down_and_recovers() {
+    let env = TempEnv::new();
+    let port = free_port();
+    let mut serve = spawn_serve(&env, port);
+    let command = watch_fleet(&env, port);
     let Some(t) = Tmux::start(&env, &command, 140, 40) else {
         return;
     };
@@ -269,21 +275,7 @@ fn key_conflict_alert_jumps_to_the_dead_letter_and_its_raw_bytes() {
         ),
     )
     .unwrap();
-    let config = env.path("watch.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "poll_interval = \"500ms\"\n[[targets]]\nname = \"fleet-1\"\nurl = \"http://127.0.0.1:{port}/metrics\"\n[database]\nurl = \"{}\"\n",
-            env.db_url()
-        ),
-    )
-    .unwrap();
-    let command = format!(
-        "IDEMWATCH_LOG_FILE={log} {bin} --config {cfg}; sleep 600",
-        log = env.path("tui.log").display(),
-        bin = idemwatch_bin().display(),
-        cfg = config.display()
-    );
+    let command = watch_fleet(&env, port);
     let Some(t) = Tmux::start(&env, &command, 120, 40) else {
         return;
     };
@@ -353,5 +345,42 @@ fn key_conflict_alert_jumps_to_the_dead_letter_and_its_raw_bytes() {
         page.contains("<svg") && page.contains("key_conflict"),
         "{page}"
     );
+    t.keys(&["q"]);
+}
+
+/// A CD pipeline's `idemwatch mark deploy` while the dashboard runs: the marker is on
+/// the Duplicates chart's lane and in its marker list within a poll or two.
+#[test]
+fn a_pipelines_deploy_marker_shows_on_the_running_dashboard() {
+    let env = TempEnv::new();
+    let port = free_port();
+    let _serve = spawn_serve(&env, port);
+    let command = watch_fleet(&env, port);
+    let Some(t) = Tmux::start(&env, &command, 140, 40) else {
+        return;
+    };
+    t.wait_for("target up", Duration::from_secs(20), |s| {
+        s.contains("fleet-1 up")
+    });
+    t.keys(&["2"]);
+    t.wait_for("the chart", Duration::from_secs(5), |s| {
+        s.contains("Duplicate rate")
+    });
+    let (code, _, err) = common::run_cli(
+        &env,
+        &[
+            "mark",
+            "deploy",
+            "--label",
+            "fleet v9.9.9 from CD",
+            "--db",
+            &env.db_url(),
+        ],
+    );
+    assert_eq!(code, 0, "mark: {err}");
+    let s = t.wait_for("the deploy marker", Duration::from_secs(10), |s| {
+        s.contains("fleet v9.9.9 from CD")
+    });
+    assert!(s.contains("D "), "the lane's deploy glyph:\n{s}");
     t.keys(&["q"]);
 }

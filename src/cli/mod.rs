@@ -20,6 +20,7 @@ pub mod consume;
 pub mod dashboard;
 pub mod dead_letters;
 pub mod drill;
+pub mod mark;
 pub mod publish;
 pub mod purge;
 pub mod report;
@@ -114,6 +115,9 @@ pub enum Command {
     Drill(drill::DrillArgs),
     /// Poll every source once and print what the dashboard would show.
     Snapshot(snapshot::SnapshotArgs),
+    /// Write a deploy, incident or note marker that every dashboard shows (for CD
+    /// pipelines: needs only INSERT on the markers table).
+    Mark(mark::MarkArgs),
     /// Retention purge of processed_messages, in batches.
     Purge(purge::PurgeArgs),
     /// List dead letters, or replay them to their consumer's queue.

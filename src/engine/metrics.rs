@@ -17,6 +17,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+use super::consumers::RiskClass;
 use super::envelope::RejectReason;
 use super::store::Durability;
 
@@ -63,6 +64,13 @@ pub enum EffectResult {
 }
 
 impl EffectResult {
+    /// Every result, for the series exported at zero from the start.
+    pub const ALL: [EffectResult; 3] = [
+        EffectResult::Sent,
+        EffectResult::Suppressed,
+        EffectResult::Failed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             EffectResult::Sent => "sent",
@@ -243,7 +251,12 @@ impl Metrics {
     }
 
     /// Make every consumer's series visible at zero, so a scraper sees the consumer
-    /// before its first message and rates start from a known point.
+    /// before its first message and rates start from a known point: every known dead
+    /// letter `reason`, and every side-effect `result` of a consumer that has side
+    /// effects (Prometheus' instrumentation guidance for known label values). Without
+    /// the zero, the first dead letter creates its series at 1 and `rate()` or
+    /// `increase()` over it stays 0: the one event that matters is invisible to a
+    /// Prometheus alert.
     pub fn register_consumer(&self, consumer: &str) {
         let l = label(consumer);
         drop(self.processed.get_or_create(&l));
@@ -253,6 +266,20 @@ impl Metrics {
         drop(self.claims_in_doubt.get_or_create(&l));
         drop(self.handler_duration.get_or_create(&l));
         drop(self.seen_set_bypassed.get_or_create(&l));
+        for reason in RejectReason::ALL {
+            drop(self.dead_lettered.get_or_create(&DeadLetterLabel {
+                consumer: consumer.to_string(),
+                reason: reason.as_str().to_string(),
+            }));
+        }
+        if super::consumers::risk_class(consumer) == Some(RiskClass::ExternalSideEffect) {
+            for result in EffectResult::ALL {
+                drop(self.side_effects.get_or_create(&EffectLabel {
+                    consumer: consumer.to_string(),
+                    result: result.as_str().to_string(),
+                }));
+            }
+        }
     }
 
     /// A seen-set call skipped under fail-open (Redis unreachable).

@@ -20,7 +20,8 @@ pub enum MarkerSource {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TimelineMarker {
     pub at: DateTime<Utc>,
-    /// `deploy`, `restart`, `drill`, `manual` (a user's own table may have others).
+    /// `deploy`, `restart`, `drill`, `manual`, `incident`, `note` (a user's own table
+    /// may have others).
     pub kind: String,
     pub label: String,
     pub detail: Option<String>,
@@ -35,6 +36,8 @@ pub fn glyph(kind: &str) -> &'static str {
         "restart" => "R",
         "drill" => "X",
         "manual" => "M",
+        "incident" => "I",
+        "note" => "N",
         _ => "•",
     }
 }

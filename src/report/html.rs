@@ -26,11 +26,12 @@ fn rate(r: Option<f64>) -> String {
 const COLORS: [&str; 6] = [
     "#0e7c86", "#c77d00", "#8e44ad", "#2e7d32", "#1565c0", "#c62828",
 ];
-const MARKER_COLORS: [(&str, &str); 4] = [
+const MARKER_COLORS: [(&str, &str); 5] = [
     ("deploy", "#b8860b"),
     ("restart", "#d32f2f"),
     ("drill", "#7b1fa2"),
     ("manual", "#455a64"),
+    ("incident", "#b71c1c"),
 ];
 
 fn marker_color(kind: &str) -> &'static str {

@@ -103,6 +103,7 @@ impl Theme {
             "deploy" => Style::default().fg(Color::LightYellow),
             "restart" => Style::default().fg(Color::LightRed),
             "drill" => Style::default().fg(Color::LightMagenta),
+            "incident" => Style::default().fg(Color::Red),
             _ => Style::default().fg(Color::Gray),
         }
     }

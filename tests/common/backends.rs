@@ -128,6 +128,30 @@ impl TestDb {
         }
     }
 
+    /// A PostgreSQL login role named after this database plus `suffix`, with CONNECT
+    /// on the database, USAGE on `public`, and `grants` (each a `GRANT … TO` without
+    /// its `TO {role}`): the URL that logs in as it. Drop it with [`drop_pg_role`].
+    pub async fn pg_role(&self, suffix: &str, grants: &[&str]) -> (String, String) {
+        assert_eq!(self.kind, Kind::Postgres, "roles are a PostgreSQL fixture");
+        let database = self.name.clone().expect("a server database");
+        let role = format!("{database}_{suffix}");
+        let mut admin = sqlx::PgConnection::connect(&self.url).await.unwrap();
+        let mut statements = vec![
+            format!("CREATE ROLE {role} LOGIN"),
+            format!("GRANT CONNECT ON DATABASE {database} TO {role}"),
+            format!("GRANT USAGE ON SCHEMA public TO {role}"),
+        ];
+        statements.extend(grants.iter().map(|g| format!("{g} TO {role}")));
+        for sql in statements {
+            sqlx::query(&sql).execute(&mut admin).await.expect(&sql);
+        }
+        admin.close().await.unwrap();
+        let mut url = url::Url::parse(&self.url).unwrap();
+        url.set_username(&role).unwrap();
+        url.set_password(None).unwrap();
+        (role, url.to_string())
+    }
+
     /// Drop the per-test database (a failed test leaves it for inspection;
     /// `.ci/run` sweeps `idw_t_%` databases before each run).
     pub async fn cleanup(self) {
@@ -191,4 +215,15 @@ macro_rules! on_every_backend {
             )*
         }
     };
+}
+
+/// Drop a role of [`TestDb::pg_role`] once its database is gone (roles belong to the
+/// cluster; `.ci/run` sweeps any a failed run left).
+pub async fn drop_pg_role(role: &str) {
+    let server = std::env::var("IDEMWATCH_PG_URL").unwrap_or_else(|_| PG_DEFAULT.to_string());
+    let mut c = sqlx::PgConnection::connect(&server).await.unwrap();
+    sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
+        .execute(&mut c)
+        .await
+        .unwrap();
 }

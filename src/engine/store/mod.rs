@@ -185,6 +185,10 @@ pub enum MarkerKind {
     Restart,
     Drill,
     Manual,
+    /// Written by `idemwatch mark incident`.
+    Incident,
+    /// Written by `idemwatch mark note`.
+    Note,
 }
 
 impl MarkerKind {
@@ -194,6 +198,8 @@ impl MarkerKind {
             MarkerKind::Restart => "restart",
             MarkerKind::Drill => "drill",
             MarkerKind::Manual => "manual",
+            MarkerKind::Incident => "incident",
+            MarkerKind::Note => "note",
         }
     }
 
@@ -203,6 +209,8 @@ impl MarkerKind {
             "restart" => Some(MarkerKind::Restart),
             "drill" => Some(MarkerKind::Drill),
             "manual" => Some(MarkerKind::Manual),
+            "incident" => Some(MarkerKind::Incident),
+            "note" => Some(MarkerKind::Note),
             _ => None,
         }
     }

@@ -27,6 +27,7 @@ use crate::config::DatabaseConfig;
 use crate::engine::store::redact_url;
 
 pub mod explain;
+pub mod mark;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
