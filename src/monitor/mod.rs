@@ -21,6 +21,7 @@ pub mod alerts;
 pub mod bytes;
 pub mod db;
 pub mod markers;
+pub mod promql;
 /// The Prometheus text parser and scraper live below every layer that reads an
 /// exposition (the monitor here, the live drill): one parser, no backwards arrow.
 pub use crate::exposition as prometheus;
