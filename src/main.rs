@@ -61,6 +61,7 @@ fn main() {
             Some(Command::Mark(a)) => cli::mark::run(a, config_path).await,
             Some(Command::Purge(a)) => cli::purge::run(a).await,
             Some(Command::DeadLetters(a)) => cli::dead_letters::run(a).await,
+            Some(Command::Claims(a)) => cli::claims::run(a).await,
             Some(Command::Report(a)) => cli::report::run(a, config_path).await,
             Some(Command::SmsSandbox(a)) => cli::sandbox::run(a).await,
             Some(Command::Simulate(a)) => cli::simulate::run(a),

@@ -3,7 +3,18 @@
 
 mod common;
 
-use common::{run_cli, TempEnv};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::backends::TestDb;
+use common::{run_cli, zone_exit, TempEnv};
+use idemwatch::engine::consumers::zone_exit_sms;
+use idemwatch::engine::crash::{CrashPlan, CrashPoint, CrashStyle};
+use idemwatch::engine::envelope::Envelope;
+use idemwatch::engine::runner::RunnerSettings;
+use idemwatch::engine::store::{self, ClaimState};
+use idemwatch::engine::{Engine, EngineConfig};
+use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
 
 /// `purge --older-than` below max(claim lease, visibility x max deliveries, 1h) is
 /// refused with exit 2 and the reason, unless --force; huge durations are a clear
@@ -58,4 +69,209 @@ fn huge_purge_durations_are_a_clear_error() {
         assert!(!err.contains("panicked"), "{huge}: {err}");
         assert!(err.contains("older-than"), "{huge}: {err}");
     }
+}
+
+// ---- claims: the sweeper, list and resolve ----------------------------------------
+
+on_every_backend!(
+    an_expired_claim_is_redriven_with_its_provider_key_without_a_redelivery,
+    serve_finishes_a_claim_left_in_doubt_by_itself,
+);
+
+/// An engine of the SMS consumer alone with a short claim lease, and its sandbox.
+async fn sms_engine(db: &TestDb, lease: Duration) -> (Engine, SandboxHandle) {
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    cfg.consumers = vec![zone_exit_sms::NAME.into()];
+    cfg.claim_lease = lease;
+    cfg.runner = RunnerSettings {
+        lease_batch: 1,
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    (Engine::open(&cfg).await.unwrap(), sandbox)
+}
+
+/// A worker dies at `point` handling `env`, then the queue loses the message: the
+/// claim is left `claimed` with no redelivery to come.
+async fn strand(engine: &Engine, env: &Envelope, point: CrashPoint) {
+    engine
+        .publish(&[env.to_json_line().into_bytes()])
+        .await
+        .unwrap();
+    let dies = Arc::new(CrashPlan::at(point, 1, CrashStyle::Unwind));
+    let worker = engine.worker(zone_exit_sms::NAME, dies, None).unwrap();
+    assert!(worker.run_until_idle().await.is_err(), "the worker died");
+    engine
+        .queue
+        .purge_queue(&engine.queue_name(zone_exit_sms::NAME))
+        .await
+        .unwrap();
+    let claim = engine
+        .store
+        .claim(zone_exit_sms::NAME, &env.key())
+        .await
+        .unwrap()
+        .expect("a claim");
+    assert_eq!(claim.state, ClaimState::Claimed);
+}
+
+async fn an_expired_claim_is_redriven_with_its_provider_key_without_a_redelivery(db: &TestDb) {
+    let lease = Duration::from_millis(300);
+    let (engine, sandbox) = sms_engine(db, lease).await;
+    let env = zone_exit("34-SW-1", 1);
+    // The SMS went out; the worker died before recording it.
+    strand(&engine, &env, CrashPoint::AfterSideEffect).await;
+    assert_eq!(sandbox.state().sent_sms().len(), 1);
+    // Within the lease the claim is not in doubt: nothing to do.
+    let early = engine.sweep_claims().await.unwrap();
+    assert_eq!(early.in_doubt, 0, "{early:?}");
+    tokio::time::sleep(lease * 2).await;
+    let swept = engine.sweep_claims().await.unwrap();
+    assert_eq!((swept.in_doubt, swept.finished), (1, 1), "{swept:?}");
+    let claim = engine
+        .store
+        .claim(zone_exit_sms::NAME, &env.key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claim.state, ClaimState::Sent);
+    assert_eq!(claim.attempts, 2);
+    // The resend carried the claim's provider key, so the provider replayed its
+    // first answer: one SMS.
+    let requests = sandbox.state().sms_requests();
+    assert_eq!(requests.len(), 2);
+    assert!(requests
+        .iter()
+        .all(|r| r.idempotency_key.as_deref() == Some(claim.provider_key.as_str())));
+    assert!(requests[1].replayed);
+    assert_eq!(sandbox.state().sent_sms().len(), 1);
+    // Nothing left in doubt: a second sweep finds nothing.
+    assert_eq!(engine.sweep_claims().await.unwrap().in_doubt, 0);
+}
+
+async fn serve_finishes_a_claim_left_in_doubt_by_itself(db: &TestDb) {
+    let lease = Duration::from_millis(300);
+    let (engine, sandbox) = sms_engine(db, lease).await;
+    let env = zone_exit("34-SW-2", 1);
+    // Died after the claim, before the provider call: nothing went out.
+    strand(&engine, &env, CrashPoint::AfterClaim).await;
+    assert!(sandbox.state().sent_sms().is_empty());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = engine.run(1, Arc::new(CrashPlan::none()), stopped);
+    let watch = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let claim = engine
+                .store
+                .claim(zone_exit_sms::NAME, &env.key())
+                .await
+                .unwrap();
+            if claim.is_some_and(|c| c.state == ClaimState::Sent) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the claim was never finished"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = stop.send(true);
+    };
+    let (ran, ()) = tokio::join!(running, watch);
+    ran.unwrap();
+    let sent = sandbox.state().sent_sms();
+    assert_eq!(sent.len(), 1);
+    let claim = engine
+        .store
+        .claim(zone_exit_sms::NAME, &env.key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        sent[0].idempotency_key.as_deref(),
+        Some(claim.provider_key.as_str())
+    );
+}
+
+/// `claims list` shows the open claim in doubt; `claims resolve` finishes it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_list_and_resolve_from_the_command_line() {
+    let env = TempEnv::new();
+    let stuck = zone_exit("34-CL-1", 5);
+    {
+        let st = store::open(&env.db_url()).await.unwrap();
+        st.claim_side_effect(
+            zone_exit_sms::NAME,
+            &stuck.key(),
+            &stuck.fingerprint(),
+            "idemwatch-test-key",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    }
+    let json = |out: &str| -> serde_json::Value { serde_json::from_str(out).expect(out) };
+    let (code, out, err) = run_cli(&env, &["claims", "list", "--json", "--claim-lease", "0s"]);
+    assert_eq!(code, 0, "{err}");
+    let listed = json(&out);
+    assert_eq!(
+        (listed["count"].as_u64(), listed["in_doubt"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(listed["claims"][0]["message_key"], stuck.key().as_str());
+    assert_eq!(listed["claims"][0]["provider_key"], "idemwatch-test-key");
+    let (code, out, _) = run_cli(&env, &["claims", "list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(stuck.key().as_str()), "{out}");
+
+    let key = stuck.key().to_string();
+    let resolve = [
+        "claims",
+        "resolve",
+        "--consumer",
+        zone_exit_sms::NAME,
+        "--key",
+        &key,
+    ];
+    let (code, out, err) = run_cli(
+        &env,
+        &[
+            &resolve[..],
+            &["--as", "sent", "--note", "in the provider's log", "--json"],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["state"], "sent");
+    let (code, _, err) = run_cli(&env, &[&resolve[..], &["--as", "failed"]].concat());
+    assert_eq!(code, 2, "only an open claim can be resolved");
+    assert!(err.contains("already sent"), "{err}");
+    let (code, _, err) = run_cli(
+        &env,
+        &[
+            "claims",
+            "resolve",
+            "--consumer",
+            zone_exit_sms::NAME,
+            "--key",
+            "nope:1:zone_exit",
+            "--as",
+            "sent",
+        ],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("no claim"), "{err}");
+
+    let (_, out, _) = run_cli(&env, &["claims", "list", "--json"]);
+    assert_eq!(json(&out)["count"], 0);
+    let (_, out, _) = run_cli(&env, &["claims", "list", "--all", "--json"]);
+    let all = json(&out);
+    assert_eq!(all["claims"][0]["state"], "sent");
+    assert_eq!(
+        all["claims"][0]["detail"],
+        "resolved by an operator as sent: in the provider's log"
+    );
 }

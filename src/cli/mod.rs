@@ -16,6 +16,7 @@ use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
 
 pub mod bench;
 pub mod chaos;
+pub mod claims;
 pub mod consume;
 pub mod dashboard;
 pub mod dead_letters;
@@ -120,6 +121,8 @@ pub enum Command {
     Mark(mark::MarkArgs),
     /// Retention purge of processed_messages, in batches.
     Purge(purge::PurgeArgs),
+    /// List side-effect claims, or resolve one left in doubt.
+    Claims(claims::ClaimsArgs),
     /// List dead letters, or replay them to their consumer's queue.
     DeadLetters(dead_letters::DeadLettersArgs),
     /// A post-mortem report of a window (HTML with its chart, JSON or CSV).

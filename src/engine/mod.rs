@@ -26,6 +26,7 @@ pub mod retention;
 pub mod runner;
 pub mod seen_set;
 pub mod store;
+pub mod sweeper;
 
 use consumers::{Consumer, ConsumerMode, Deps};
 use crash::{CrashPlan, Crashed};
@@ -268,8 +269,22 @@ impl Engine {
                 }
             }
         }
-        let results =
-            futures::future::join_all(workers.iter().map(|w| w.run(shutdown.clone()))).await;
+        // The claim sweeper runs beside the workers: no claim stays in doubt forever,
+        // even when no redelivery comes (see `sweeper`).
+        let sweeper = sweeper::run(
+            self.consumers.clone(),
+            self.store.clone(),
+            self.deps.claim_lease,
+            shutdown.clone(),
+        );
+        // It ends with the workers (a crashed worker ends `run` without a shutdown).
+        let workers_done =
+            futures::future::join_all(workers.iter().map(|w| w.run(shutdown.clone())));
+        tokio::pin!(workers_done, sweeper);
+        let results = tokio::select! {
+            r = &mut workers_done => r,
+            () = &mut sweeper => workers_done.await,
+        };
         for r in results {
             r?;
         }
@@ -279,6 +294,12 @@ impl Engine {
     /// Counts of this engine's consumers since it started.
     pub fn summary(&self) -> CountSummary {
         self.metrics.summary(self.consumer_names())
+    }
+
+    /// Re-drive this engine's in-doubt claims once (what [`Engine::run`] does on
+    /// its own every [`sweeper::interval`]).
+    pub async fn sweep_claims(&self) -> Result<sweeper::SweepReport, EngineError> {
+        Ok(sweeper::sweep(&self.consumers, self.store.as_ref(), self.deps.claim_lease).await?)
     }
 
     /// Refresh `idem_side_effect_claims_in_doubt` from the claims table.

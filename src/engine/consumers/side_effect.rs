@@ -110,6 +110,7 @@ where
                 ClaimOutcome::Fresh(c) => (c, false),
                 ClaimOutcome::InDoubt(c) => (c, true),
             };
+            keep_message(deps, consumer, env).await;
             let (claim, in_doubt) = claim;
             if in_doubt {
                 tracing::warn!(consumer, key = %key, attempts = claim.attempts,
@@ -147,6 +148,20 @@ where
                 }
             }
         }
+    }
+}
+
+/// Keep the message beside its claim, for the claim sweeper (`engine::sweeper`).
+/// Best effort: without it the claim is still re-driven by a redelivery.
+async fn keep_message(deps: &Deps, consumer: &str, env: &Envelope) {
+    let message = env.to_json_line();
+    if let Err(e) = deps
+        .store
+        .keep_claim_message(consumer, env.key().as_str(), message.as_bytes())
+        .await
+    {
+        tracing::warn!(consumer, key = %env.key(), error = %e,
+            "could not keep the claim's message: only a redelivery can re-drive it");
     }
 }
 

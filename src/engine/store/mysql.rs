@@ -410,10 +410,10 @@ async fn stored_hash(
 
 /// Key columns use a binary collation (keys are case-sensitive), which the driver
 /// reports as VARBINARY; selecting them through CAST(… AS CHAR) gives text back.
-const CLAIM_COLUMNS: &str = "CAST(consumer AS CHAR) AS consumer, \
+pub(super) const CLAIM_COLUMNS: &str = "CAST(consumer AS CHAR) AS consumer, \
      CAST(message_key AS CHAR) AS message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
 
-fn claim_from_row(row: &MySqlRow) -> StoreResult<Claim> {
+pub(super) fn claim_from_row(row: &MySqlRow) -> StoreResult<Claim> {
     let state: String = row.try_get("state")?;
     Ok(Claim {
         consumer: row.try_get("consumer")?,

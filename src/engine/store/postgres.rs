@@ -114,10 +114,10 @@ async fn stored_hash(
     .await?)
 }
 
-const CLAIM_COLUMNS: &str =
+pub(super) const CLAIM_COLUMNS: &str =
     "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
 
-fn claim_from_row(row: &PgRow) -> StoreResult<Claim> {
+pub(super) fn claim_from_row(row: &PgRow) -> StoreResult<Claim> {
     let state: String = row.try_get("state")?;
     Ok(Claim {
         consumer: row.try_get("consumer")?,

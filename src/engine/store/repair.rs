@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
-use super::{DeadLetter, StoreResult};
+use super::{Claim, ClaimState, DeadLetter, StoreResult};
 
 /// Most rows one listing returns: a dead-letter table can hold millions of rows
 /// after a bad deploy, and a listing is read by a person or one script call.
@@ -115,4 +115,117 @@ pub trait RepairStore: Send + Sync {
     /// Record one replay of dead letter `id`: `replayed_at = now`, `replay_count + 1`.
     /// The `detail` (the last cause) is left as it was. `false` when there is no such row.
     async fn mark_replayed(&self, id: i64) -> StoreResult<bool>;
+
+    /// Keep the message a claim was taken for beside it, so the claim sweeper can
+    /// re-drive the claim when no redelivery comes. Only while the claim is open.
+    async fn keep_claim_message(
+        &self,
+        consumer: &str,
+        key: &str,
+        message: &[u8],
+    ) -> StoreResult<()>;
+
+    /// Claims, oldest first: all of them, or only those in `state`, or of `consumer`.
+    async fn list_claims(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>>;
+
+    /// Open claims of `consumers` taken before `claimed_before` (their lease is over:
+    /// in doubt), with the message each was taken for (None on claims older than the
+    /// `message` column), oldest first, at most `limit`.
+    async fn stranded_claims(
+        &self,
+        consumers: &[&str],
+        claimed_before: DateTime<Utc>,
+        limit: i64,
+    ) -> StoreResult<Vec<StrandedClaim>>;
+
+    /// An operator's decision on an open claim, from the provider's own records:
+    /// `claimed` becomes `state` with `detail`. `false` when there is no open claim
+    /// for that key (already finished, or none): nothing is changed.
+    async fn resolve_claim(
+        &self,
+        consumer: &str,
+        key: &str,
+        state: ClaimState,
+        detail: &str,
+    ) -> StoreResult<bool>;
+}
+
+/// Which claims [`RepairStore::list_claims`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimFilter {
+    pub consumer: Option<String>,
+    pub state: Option<ClaimState>,
+    /// At most this many (capped at [`MAX_LISTED`]; 0 means the cap).
+    pub limit: i64,
+}
+
+impl ClaimFilter {
+    pub fn capped_limit(&self) -> i64 {
+        if self.limit <= 0 {
+            MAX_LISTED
+        } else {
+            self.limit.min(MAX_LISTED)
+        }
+    }
+}
+
+/// An open claim whose lease is over, with what is needed to finish it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StrandedClaim {
+    pub claim: Claim,
+    /// The envelope the claim was taken for, as JSON.
+    pub message: Option<Vec<u8>>,
+}
+
+/// The claims query for `filter`, the same on every backend (`columns`: the
+/// backend's claim columns).
+pub(crate) fn claim_query<'a, DB>(columns: &str, filter: &'a ClaimFilter) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    &'a String: Encode<'a, DB> + Type<DB>,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::<DB>::new(format!(
+        "SELECT {columns} FROM side_effect_claims WHERE 1 = 1"
+    ));
+    if let Some(c) = &filter.consumer {
+        q.push(" AND consumer = ").push_bind(c);
+    }
+    if let Some(state) = filter.state {
+        q.push(" AND state = ").push_bind(state.as_str());
+    }
+    q.push(" ORDER BY claimed_at, consumer, message_key LIMIT ")
+        .push_bind(filter.capped_limit());
+    q
+}
+
+/// The stranded-claims query, the same on every backend but for how a time is bound.
+pub(crate) fn stranded_query<'a, DB, T>(
+    columns: &str,
+    consumers: &'a [&'a str],
+    claimed_before: T,
+    limit: i64,
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+    T: Encode<'a, DB> + Type<DB> + 'a,
+{
+    let mut q = QueryBuilder::<DB>::new(format!(
+        "SELECT {columns}, message FROM side_effect_claims WHERE state = 'claimed' AND claimed_at < "
+    ));
+    q.push_bind(claimed_before);
+    q.push(" AND consumer IN (");
+    if consumers.is_empty() {
+        q.push("NULL");
+    }
+    let mut names = q.separated(", ");
+    for c in consumers {
+        names.push_bind(*c);
+    }
+    q.push(") ORDER BY claimed_at LIMIT ")
+        .push_bind(limit.clamp(0, MAX_LISTED));
+    q
 }

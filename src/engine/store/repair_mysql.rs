@@ -1,12 +1,13 @@
 //! [`RepairStore`] on MySQL/MariaDB.
 
 use async_trait::async_trait;
-use chrono::{NaiveDateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::{MySql, Row};
 
 use super::mysql::MysqlStore;
+use super::mysql::{claim_from_row, CLAIM_COLUMNS};
 use super::repair::*;
-use super::{DeadLetter, StoreResult};
+use super::{Claim, ClaimState, DeadLetter, StoreResult};
 
 #[async_trait]
 impl RepairStore for MysqlStore {
@@ -48,4 +49,72 @@ impl RepairStore for MysqlStore {
         .rows_affected();
         Ok(n == 1)
     }
+    async fn keep_claim_message(
+        &self,
+        consumer: &str,
+        key: &str,
+        message: &[u8],
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET message = ?
+             WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
+        )
+        .bind(message)
+        .bind(consumer)
+        .bind(key)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn list_claims(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>> {
+        let rows = claim_query::<MySql>(CLAIM_COLUMNS, filter)
+            .build()
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(claim_from_row).collect()
+    }
+
+    async fn stranded_claims(
+        &self,
+        consumers: &[&str],
+        claimed_before: DateTime<Utc>,
+        limit: i64,
+    ) -> StoreResult<Vec<StrandedClaim>> {
+        let rows =
+            stranded_query::<MySql, _>(CLAIM_COLUMNS, consumers, claimed_before.naive_utc(), limit)
+                .build()
+                .fetch_all(self.pool())
+                .await?;
+        rows.iter().map(stranded).collect()
+    }
+
+    async fn resolve_claim(
+        &self,
+        consumer: &str,
+        key: &str,
+        state: ClaimState,
+        detail: &str,
+    ) -> StoreResult<bool> {
+        let n = sqlx::query(
+            "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
+             WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
+        )
+        .bind(state.as_str())
+        .bind(Utc::now().naive_utc())
+        .bind(detail)
+        .bind(consumer)
+        .bind(key)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+}
+
+fn stranded(row: &sqlx::mysql::MySqlRow) -> StoreResult<StrandedClaim> {
+    Ok(StrandedClaim {
+        claim: claim_from_row(row)?,
+        message: row.try_get("message")?,
+    })
 }

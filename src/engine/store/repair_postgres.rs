@@ -1,11 +1,13 @@
 //! [`RepairStore`] on PostgreSQL.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Row};
 
 use super::postgres::PostgresStore;
+use super::postgres::{claim_from_row, CLAIM_COLUMNS};
 use super::repair::*;
-use super::{DeadLetter, StoreResult};
+use super::{Claim, ClaimState, DeadLetter, StoreResult};
 
 #[async_trait]
 impl RepairStore for PostgresStore {
@@ -44,4 +46,71 @@ impl RepairStore for PostgresStore {
         .rows_affected();
         Ok(n == 1)
     }
+    async fn keep_claim_message(
+        &self,
+        consumer: &str,
+        key: &str,
+        message: &[u8],
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET message = $1
+             WHERE consumer = $2 AND message_key = $3 AND state = 'claimed'",
+        )
+        .bind(message)
+        .bind(consumer)
+        .bind(key)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn list_claims(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>> {
+        let rows = claim_query::<Postgres>(CLAIM_COLUMNS, filter)
+            .build()
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(claim_from_row).collect()
+    }
+
+    async fn stranded_claims(
+        &self,
+        consumers: &[&str],
+        claimed_before: DateTime<Utc>,
+        limit: i64,
+    ) -> StoreResult<Vec<StrandedClaim>> {
+        let rows = stranded_query::<Postgres, _>(CLAIM_COLUMNS, consumers, claimed_before, limit)
+            .build()
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(stranded).collect()
+    }
+
+    async fn resolve_claim(
+        &self,
+        consumer: &str,
+        key: &str,
+        state: ClaimState,
+        detail: &str,
+    ) -> StoreResult<bool> {
+        let n = sqlx::query(
+            "UPDATE side_effect_claims SET state = $1, finished_at = $2, detail = $3
+             WHERE consumer = $4 AND message_key = $5 AND state = 'claimed'",
+        )
+        .bind(state.as_str())
+        .bind(Utc::now())
+        .bind(detail)
+        .bind(consumer)
+        .bind(key)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+}
+
+fn stranded(row: &sqlx::postgres::PgRow) -> StoreResult<StrandedClaim> {
+    Ok(StrandedClaim {
+        claim: claim_from_row(row)?,
+        message: row.try_get("message")?,
+    })
 }

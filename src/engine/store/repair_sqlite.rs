@@ -1,12 +1,13 @@
 //! [`RepairStore`] on SQLite.
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::{Row, Sqlite};
 
 use super::repair::*;
 use super::sqlite::SqliteStore;
-use super::{parse_ts, ts, DeadLetter, StoreResult};
+use super::sqlite::{claim_from_row, CLAIM_COLUMNS};
+use super::{parse_ts, ts, Claim, ClaimState, DeadLetter, StoreResult};
 
 #[async_trait]
 impl RepairStore for SqliteStore {
@@ -45,4 +46,71 @@ impl RepairStore for SqliteStore {
         .rows_affected();
         Ok(n == 1)
     }
+    async fn keep_claim_message(
+        &self,
+        consumer: &str,
+        key: &str,
+        message: &[u8],
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE side_effect_claims SET message = ?
+             WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
+        )
+        .bind(message)
+        .bind(consumer)
+        .bind(key)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn list_claims(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>> {
+        let rows = claim_query::<Sqlite>(CLAIM_COLUMNS, filter)
+            .build()
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(claim_from_row).collect()
+    }
+
+    async fn stranded_claims(
+        &self,
+        consumers: &[&str],
+        claimed_before: DateTime<Utc>,
+        limit: i64,
+    ) -> StoreResult<Vec<StrandedClaim>> {
+        let rows = stranded_query::<Sqlite, _>(CLAIM_COLUMNS, consumers, ts(claimed_before), limit)
+            .build()
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(stranded).collect()
+    }
+
+    async fn resolve_claim(
+        &self,
+        consumer: &str,
+        key: &str,
+        state: ClaimState,
+        detail: &str,
+    ) -> StoreResult<bool> {
+        let n = sqlx::query(
+            "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
+             WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
+        )
+        .bind(state.as_str())
+        .bind(ts(Utc::now()))
+        .bind(detail)
+        .bind(consumer)
+        .bind(key)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+}
+
+fn stranded(row: &sqlx::sqlite::SqliteRow) -> StoreResult<StrandedClaim> {
+    Ok(StrandedClaim {
+        claim: claim_from_row(row)?,
+        message: row.try_get("message")?,
+    })
 }

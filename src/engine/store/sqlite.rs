@@ -199,7 +199,7 @@ async fn apply_write(conn: &mut sqlx::SqliteConnection, write: &BusinessWrite) -
     Ok(())
 }
 
-fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim> {
+pub(super) fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim> {
     let state: String = row.try_get("state")?;
     Ok(Claim {
         consumer: row.try_get("consumer")?,
@@ -213,7 +213,7 @@ fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim> {
     })
 }
 
-const CLAIM_COLUMNS: &str =
+pub(super) const CLAIM_COLUMNS: &str =
     "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
 
 #[async_trait]

@@ -1,0 +1,133 @@
+//! The claim sweeper: no claim stays in doubt forever (issue 14).
+//!
+//! A claim left `claimed` past its lease is in doubt: the send may or may not have
+//! happened. Usually a redelivery of its message takes it over. But a message can be
+//! gone from the queue while its claim is still open (the queue gave up on it, it
+//! was purged, a broker lost it), and then nothing would ever finish the claim. The
+//! sweeper re-drives such claims itself, from the message kept beside the claim
+//! (`side_effect_claims.message`): it hands the message to the consumer's own
+//! handler, which takes the claim over with its compare-and-set and resends with
+//! the claim's provider key, so the provider's dedup answers for a send that had
+//! already gone out. A redelivery racing the sweeper loses the compare-and-set and
+//! comes back later as a duplicate: one effect either way.
+//!
+//! Claims taken before the message was kept (NULL) cannot be re-driven here; they
+//! wait for a redelivery or `idemwatch claims resolve`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::consumers::{Consumer, ConsumerMode, HandleError, Outcome};
+use super::crash::CrashPlan;
+use super::envelope::Envelope;
+use super::store::{Store, StoreError};
+
+/// Claims re-driven per sweep at most: a sweep after a long provider outage must
+/// not hold the loop for minutes; the next sweep takes the rest.
+pub const MAX_PER_SWEEP: i64 = 500;
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    /// Open claims past their lease.
+    pub in_doubt: usize,
+    /// Finished by the sweep (sent, or the provider's stored answer replayed).
+    pub finished: usize,
+    /// Not finished this time (the provider still failing, another owner): left
+    /// for the next sweep or a redelivery.
+    pub left: usize,
+    /// Refused for good by the provider: dead-lettered with the message.
+    pub dead_lettered: usize,
+    /// No message kept beside the claim: only a redelivery or `claims resolve`.
+    pub without_message: usize,
+}
+
+/// Re-drive every in-doubt claim of `consumers` (idempotent ones only: a naive or
+/// seen-set handler does not take claims and must not send without one).
+pub async fn sweep(
+    consumers: &[Arc<dyn Consumer>],
+    store: &dyn Store,
+    lease: Duration,
+) -> Result<SweepReport, StoreError> {
+    let claiming: Vec<&Arc<dyn Consumer>> = consumers
+        .iter()
+        .filter(|c| c.mode() == ConsumerMode::Idempotent)
+        .collect();
+    let names: Vec<&str> = claiming.iter().map(|c| c.name()).collect();
+    let mut report = SweepReport::default();
+    if names.is_empty() {
+        return Ok(report);
+    }
+    let before = chrono::Duration::from_std(lease)
+        .ok()
+        .and_then(|lease| Utc::now().checked_sub_signed(lease))
+        .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
+    let stranded = store.stranded_claims(&names, before, MAX_PER_SWEEP).await?;
+    report.in_doubt = stranded.len();
+    for s in stranded {
+        let Some(consumer) = claiming.iter().find(|c| c.name() == s.claim.consumer) else {
+            continue;
+        };
+        let Some(env) = s.message.as_deref().and_then(|m| Envelope::parse(m).ok()) else {
+            report.without_message += 1;
+            continue;
+        };
+        match consumer.handle(&env, &CrashPlan::none()).await {
+            Ok(Outcome::Processed { .. }) => {
+                tracing::info!(consumer = consumer.name(), key = %s.claim.message_key,
+                    attempts = s.claim.attempts + 1, "claim sweeper: in-doubt claim finished");
+                report.finished += 1;
+            }
+            Ok(Outcome::Rejected(r)) => {
+                let raw = s.message.unwrap_or_default();
+                store
+                    .dead_letter(consumer.name(), r.reason, &r.detail, &raw)
+                    .await?;
+                report.dead_lettered += 1;
+            }
+            Ok(Outcome::Retry(why)) => {
+                tracing::warn!(consumer = consumer.name(), key = %s.claim.message_key,
+                    %why, "claim sweeper: claim still in doubt, retried at the next sweep");
+                report.left += 1;
+            }
+            Ok(_) => report.left += 1,
+            Err(HandleError::Store(e)) => return Err(e),
+            Err(HandleError::Crashed(_)) => report.left += 1,
+        }
+    }
+    Ok(report)
+}
+
+/// How often [`run`] sweeps: twice per lease, between 100 ms and 30 s.
+pub fn interval(lease: Duration) -> Duration {
+    (lease / 2).clamp(Duration::from_millis(100), Duration::from_secs(30))
+}
+
+/// Sweep every [`interval`] until `shutdown`; a failed sweep (the store away) is
+/// logged and tried again at the next tick.
+pub async fn run(
+    consumers: Vec<Arc<dyn Consumer>>,
+    store: Arc<dyn Store>,
+    lease: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let every = interval(lease);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        match sweep(&consumers, store.as_ref(), lease).await {
+            Ok(r) if r.in_doubt > 0 => tracing::info!(?r, "claim sweep"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "claim sweep failed; trying again later"),
+        }
+    }
+}
