@@ -683,6 +683,7 @@ fn parse_float(text: &str) -> Option<f64> {
 #[derive(Debug, Clone)]
 pub struct ScrapeResult {
     pub target: String,
+    /// As it may be shown (redacted).
     pub url: String,
     pub at: DateTime<Utc>,
     pub duration: Duration,
@@ -731,7 +732,7 @@ impl Scraper {
         let outcome = self.exposition(url).await;
         ScrapeResult {
             target: target.to_string(),
-            url: url.to_string(),
+            url: crate::redact::redact_url(url),
             at,
             duration: started.elapsed(),
             outcome,
@@ -782,7 +783,8 @@ impl Scraper {
 }
 
 /// reqwest's own message is terse ("error sending request"); the operator needs the
-/// cause ("Connection refused").
+/// cause ("Connection refused"). reqwest quotes the URL, userinfo included: the
+/// text comes back redacted.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
@@ -794,7 +796,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         }
         source = s.source();
     }
-    text
+    crate::redact::redact_text(&text)
 }
 
 #[cfg(test)]

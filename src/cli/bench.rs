@@ -143,7 +143,7 @@ impl LoadArgs {
 #[derive(Debug, Args)]
 pub struct QueriesArgs {
     /// A postgres:// database (its processed_messages is replaced with --load).
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: String,
     /// Empty processed_messages and generate --rows rows first.
     #[arg(long)]
@@ -159,7 +159,7 @@ pub struct QueriesArgs {
 
 #[derive(Debug, Args)]
 pub struct PurgeBenchArgs {
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: String,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
     pub older_than: Duration,

@@ -40,10 +40,10 @@ pub struct ChaosArgs {
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// Database URL (default: SQLite in the data dir).
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
     /// Queue URL, e.g. amqp://guest:guest@127.0.0.1:5672/%2f (default: the embedded queue).
-    #[arg(long, env = "IDEMWATCH_QUEUE")]
+    #[arg(long, env = idemwatch::engine::ENV_QUEUE, hide_env_values = true)]
     pub queue: Option<String>,
     /// Machine-readable report.
     #[arg(long)]

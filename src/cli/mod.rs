@@ -85,7 +85,13 @@ pub struct Cli {
     pub config: Option<PathBuf>,
 
     /// Where logs go (the terminal belongs to the TUI and to --json output).
-    #[arg(long, global = true, value_name = "FILE", env = "IDEMWATCH_LOG_FILE")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "IDEMWATCH_LOG_FILE",
+        hide_env_values = true
+    )]
     pub log_file: Option<PathBuf>,
 
     /// Threads of the async runtime. Default: one fewer than the cores (at least 1) —
@@ -96,7 +102,8 @@ pub struct Cli {
         long,
         global = true,
         value_name = "N",
-        env = "IDEMWATCH_RUNTIME_THREADS"
+        env = "IDEMWATCH_RUNTIME_THREADS",
+        hide_env_values = true
     )]
     pub runtime_threads: Option<usize>,
 
@@ -141,16 +148,16 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
     /// Database URL: sqlite://PATH, postgres://…, mysql://… (default: SQLite in the data dir).
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
     /// Queue URL (default: the embedded queue next to the database).
-    #[arg(long, env = "IDEMWATCH_QUEUE")]
+    #[arg(long, env = idemwatch::engine::ENV_QUEUE, hide_env_values = true)]
     pub queue: Option<String>,
     /// Base URL of the SMS provider (default: an embedded sandbox).
-    #[arg(long, env = "IDEMWATCH_SMS_URL")]
+    #[arg(long, env = idemwatch::engine::ENV_SMS_URL, hide_env_values = true)]
     pub sms_url: Option<String>,
     /// Base URL of the ERP webhook sink (default: same as --sms-url).
-    #[arg(long, env = "IDEMWATCH_WEBHOOK_URL")]
+    #[arg(long, env = idemwatch::engine::ENV_WEBHOOK_URL, hide_env_values = true)]
     pub webhook_url: Option<String>,
     /// Idempotency mode of the consumers.
     #[arg(long, value_enum, default_value_t = ConsumerMode::Idempotent)]
@@ -310,5 +317,36 @@ mod runtime_tests {
         assert_eq!(runtime_threads(Some(0)), 1);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(runtime_threads(None), cores.saturating_sub(1).max(1));
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// `--help` prints `[env: NAME=VALUE]` for an env-backed flag unless told not
+    /// to: a database URL in the environment would show its password.
+    #[test]
+    fn no_help_shows_an_environment_value() {
+        fn walk(cmd: &clap::Command, path: &str, checked: &mut usize) {
+            for arg in cmd.get_arguments() {
+                if arg.get_env().is_some() {
+                    *checked += 1;
+                    assert!(
+                        arg.is_hide_env_values_set(),
+                        "{path} --{}: env value shown in --help",
+                        arg.get_id()
+                    );
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), checked);
+            }
+        }
+        let mut checked = 0;
+        walk(&Cli::command(), "idemwatch", &mut checked);
+        assert!(checked > 0, "no env-backed argument found");
     }
 }

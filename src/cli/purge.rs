@@ -51,7 +51,7 @@ pub struct PurgeArgs {
     #[arg(long, default_value_t = RunnerSettings::default().max_deliveries, value_name = "N")]
     pub max_deliveries: u32,
     /// Database URL (default: SQLite in the data dir).
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
     /// Machine-readable output.
     #[arg(long)]

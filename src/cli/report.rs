@@ -31,7 +31,7 @@ pub struct ReportArgs {
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
     /// Database URL; overrides the config's (default: the engine's SQLite file).
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
 }
 

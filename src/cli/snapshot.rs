@@ -18,7 +18,7 @@ use idemwatch::monitor::{self, Snapshot};
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
     /// Database URL; overrides the config's (default: the engine's SQLite file).
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
     /// A /metrics endpoint as NAME=URL (repeatable); replaces the config's targets
     /// (default: local=http://127.0.0.1:9464/metrics).

@@ -290,6 +290,8 @@ fn generate(opts: &ChaosOptions, prefix: &str) -> Truth {
 struct Instance {
     child: Option<Child>,
     args: Vec<String>,
+    /// The connection URLs (see [`crate::engine::url_env`]).
+    env: Vec<(&'static str, String)>,
     exe: PathBuf,
 }
 
@@ -297,6 +299,7 @@ impl Instance {
     fn start(&mut self) -> Result<(), DrillError> {
         let child = Command::new(&self.exe)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -375,14 +378,6 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
             "serve".into(),
             "--listen".into(),
             "127.0.0.1:0".into(),
-            "--db".into(),
-            opts.db_url.clone(),
-            "--queue".into(),
-            opts.queue_url.clone(),
-            "--sms-url".into(),
-            sms_url.clone(),
-            "--webhook-url".into(),
-            sms_url.clone(),
             "--namespace".into(),
             namespace.clone(),
             "--mode".into(),
@@ -397,6 +392,9 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
         .map(|i| Instance {
             child: None,
             args: serve_args(i),
+            env: crate::engine::url_env(&opts.db_url, &opts.queue_url, &sms_url, &sms_url)
+                .map(|(k, v)| (k, v.to_string()))
+                .to_vec(),
             exe: opts.exe.clone(),
         })
         .collect();

@@ -26,6 +26,7 @@ use crate::engine::metrics::Metrics;
 use crate::engine::store::{HistoryRow, VehicleState};
 use crate::engine::{Engine, EngineConfig};
 use crate::exposition::{ScrapeLimits, Scraper};
+use crate::redact::redact_url;
 
 /// What the operator set for a live drill.
 #[derive(Debug, Clone)]
@@ -86,7 +87,7 @@ async fn scrape(http: &Scraper, url: &str) -> Result<BTreeMap<String, Counters>,
     let exposition = http
         .exposition(url)
         .await
-        .map_err(|e| DrillError::Setup(format!("cannot scrape {url}: {e}")))?;
+        .map_err(|e| DrillError::Setup(format!("cannot scrape {}: {e}", redact_url(url))))?;
     let mut out: BTreeMap<String, Counters> = BTreeMap::new();
     for (name, field) in [
         ("idem_messages_processed_total", 0),
@@ -226,7 +227,7 @@ pub(crate) async fn run(rig: &Rig, live: &LiveSettings) -> Result<Findings, Dril
             .collect::<Vec<_>>()
             .join(", "),
         rig.queue.redacted_url(),
-        live.metrics_url,
+        redact_url(&live.metrics_url),
         live.timeout
     ));
 
@@ -344,19 +345,19 @@ pub(crate) async fn run(rig: &Rig, live: &LiveSettings) -> Result<Findings, Dril
         if provider > 0 {
             f.note(format!(
                 "the provider at {} sent {provider} SMS again",
-                rig.sms_url
+                redact_url(&rig.sms_url)
             ));
         }
     }
     if !settled {
         f.note(format!(
             "timeout after {watched_ms} ms: not every copy was accounted for on {}",
-            live.metrics_url
+            redact_url(&live.metrics_url)
         ));
     }
     f.state_ok = state_moves.is_empty() && f.counter_delta == 0;
     f.extra
-        .insert("metrics_url".into(), json!(live.metrics_url));
+        .insert("metrics_url".into(), json!(redact_url(&live.metrics_url)));
     f.extra.insert("k".into(), json!(envelopes.len()));
     f.extra.insert(
         "republished".into(),

@@ -237,8 +237,7 @@ impl Rig {
         cmd.arg("consume")
             .arg("--until-idle")
             .arg("--events")
-            .args(["--db", &cfg.db_url, "--queue", &cfg.queue_url])
-            .args(["--sms-url", &cfg.sms_url, "--webhook-url", &cfg.webhook_url])
+            .envs(cfg.url_env())
             .args(["--consumer", consumer, "--mode", self.mode.as_str()])
             .args(["--namespace", &self.namespace])
             .args([

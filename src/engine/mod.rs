@@ -70,7 +70,41 @@ pub struct EngineConfig {
     pub seen_set: seen_set::SeenSetConfig,
 }
 
+/// The environment variables the command line reads its connection URLs from.
+/// Drills start their child processes with the URLs in these, never on the command
+/// line: a command line is readable by every user of the machine (`ps`,
+/// `/proc/<pid>/cmdline`), a process's environment only by its owner.
+pub const ENV_DB: &str = "IDEMWATCH_DB";
+pub const ENV_QUEUE: &str = "IDEMWATCH_QUEUE";
+pub const ENV_SMS_URL: &str = "IDEMWATCH_SMS_URL";
+pub const ENV_WEBHOOK_URL: &str = "IDEMWATCH_WEBHOOK_URL";
+
+/// The connection URLs as a child `idemwatch` process's environment.
+pub fn url_env<'a>(
+    db_url: &'a str,
+    queue_url: &'a str,
+    sms_url: &'a str,
+    webhook_url: &'a str,
+) -> [(&'static str, &'a str); 4] {
+    [
+        (ENV_DB, db_url),
+        (ENV_QUEUE, queue_url),
+        (ENV_SMS_URL, sms_url),
+        (ENV_WEBHOOK_URL, webhook_url),
+    ]
+}
+
 impl EngineConfig {
+    /// This config's URLs for a child process ([`url_env`]).
+    pub fn url_env(&self) -> [(&'static str, &str); 4] {
+        url_env(
+            &self.db_url,
+            &self.queue_url,
+            &self.sms_url,
+            &self.webhook_url,
+        )
+    }
+
     pub fn new(db_url: &str, queue_url: &str, sms_url: &str, webhook_url: &str) -> Self {
         EngineConfig {
             db_url: db_url.to_string(),

@@ -101,13 +101,13 @@ impl ProviderClient {
         let resp = req
             .send()
             .await
-            .map_err(|e| ProviderError::Transport(e.to_string()))?;
+            .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
         let status = resp.status().as_u16();
         let replayed = idempotency_key::is_replayed(resp.headers());
         let body = resp
             .text()
             .await
-            .map_err(|e| ProviderError::Transport(e.to_string()))?;
+            .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
         match status {
             200..=299 => Ok(ProviderReply {
                 status,

@@ -55,6 +55,7 @@ struct BrokerTrack {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TargetStatus {
     pub name: String,
+    /// Redacted (see [`crate::redact::redact_url`]).
     pub url: String,
     #[serde(flatten)]
     pub status: SourceStatus,
@@ -264,11 +265,13 @@ fn consumer_of<'a>(
 
 impl TargetTracker {
     /// A target not scraped yet: down with "not scraped yet" until its first answer.
+    /// The status keeps the URL as it may be shown (userinfo and secret parameters
+    /// masked): snapshot text, `--json` and the dashboard all print it.
     pub fn new(name: &str, url: &str) -> TargetTracker {
         TargetTracker {
             status: TargetStatus {
                 name: name.to_string(),
-                url: url.to_string(),
+                url: crate::redact::redact_url(url),
                 status: SourceStatus::Down {
                     error: "not scraped yet".into(),
                 },

@@ -53,6 +53,7 @@ pub fn run_cli(env: &TempEnv, args: &[&str]) -> (i32, String, String) {
 pub mod amqp;
 pub mod backends;
 pub mod services;
+pub mod tmux;
 
 /// A `zone_exit` of `device` with sequence number `seq` (zone X, one phone number).
 pub fn zone_exit(device: &str, seq: u64) -> idemwatch::engine::envelope::Envelope {
