@@ -92,6 +92,7 @@ fn help_never_shows_environment_values() {
         &["report"],
         &["bench", "engine"],
         &["chaos"],
+        &["dead-letters", "replay"],
     ] {
         let out = idemwatch(env.dir.path(), &db)
             .args(sub)

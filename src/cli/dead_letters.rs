@@ -43,7 +43,7 @@ pub struct FilterArgs {
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub limit: i64,
     /// Database URL (default: SQLite in the data dir).
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
     /// Machine-readable output.
     #[arg(long)]
@@ -75,7 +75,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// Queue URL (default: the embedded queue next to the database).
-    #[arg(long, env = "IDEMWATCH_QUEUE")]
+    #[arg(long, env = idemwatch::engine::ENV_QUEUE, hide_env_values = true)]
     pub queue: Option<String>,
 }
 
