@@ -190,7 +190,12 @@ pub struct EngineArgs {
 
     /// Where `--mode seen-set` keeps its keys: redis://… (SET key NX PX ttl after
     /// success). Default: the database's processed_messages table.
-    #[arg(long, value_name = "URL", env = "IDEMWATCH_SEEN_SET")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IDEMWATCH_SEEN_SET",
+        hide_env_values = true
+    )]
     pub seen_set: Option<String>,
     /// While the seen-set cannot be reached: pause like a store outage (fail-closed),
     /// or handle unchecked and count idem_seen_set_bypassed_total (fail-open).
