@@ -28,7 +28,7 @@ pub struct MarkArgs {
     #[arg(long, value_name = "TIME", value_parser = parse_time, default_value = "now")]
     pub at: DateTime<Utc>,
     /// Database URL; overrides the config's (default: the engine's SQLite file).
-    #[arg(long, env = "IDEMWATCH_DB")]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
     /// Print the written marker as JSON (only JSON on stdout).
     #[arg(long)]
