@@ -19,7 +19,7 @@ pub struct ClaimsArgs {
     #[command(subcommand)]
     pub action: ClaimsAction,
     /// Database URL (default: SQLite in the data dir).
-    #[arg(long, env = "IDEMWATCH_DB", global = true)]
+    #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true, global = true)]
     pub db: Option<String>,
     /// Machine-readable output.
     #[arg(long, global = true)]
