@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::amqp::{amqp_url, exclusive, force_close_connections_of, namespace};
 use common::backends::{Kind, TestDb};
-use common::{run_cli, TempEnv};
+use common::{chaos_short, run_cli, TempEnv};
 use idemwatch::engine::consumers::{trip_counter, zone_exit_sms};
 use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::envelope::EventType;
@@ -431,31 +431,7 @@ async fn chaos_run_with_process_kills_ends_exactly_once() {
     let Some(db) = TestDb::new(Kind::Postgres).await else {
         return;
     };
-    let (code, stdout, stderr) = run_cli(
-        &db.env,
-        &[
-            "chaos",
-            "--instances",
-            "3",
-            "--events",
-            "2000",
-            "--dup-rate",
-            "0.1",
-            "--kill-every-messages",
-            "600",
-            "--seed",
-            "2026",
-            "--timeout",
-            "3m",
-            "--queue",
-            &url,
-            "--db",
-            &db.url,
-            "--json",
-        ],
-    );
-    let r: serde_json::Value =
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let (code, r) = chaos_short(&db.env, &url, &db.url, "3m");
     assert_eq!(code, 0, "{r:#}");
     assert_eq!(r["verdict"], "pass", "{r:#}");
     // Kills go by progress, not by the clock: 8,000 deliveries (2,000 messages on 4

@@ -41,6 +41,11 @@ pub const CHAOS_CLAIM_LEASE: Duration = Duration::from_secs(5);
 /// each return in `x-delivery-count`: at one kill every 2 s a message can be bounced
 /// ten times without ever being handled. The poison-message limit scales with it.
 pub const CHAOS_MAX_DELIVERIES: u32 = 50;
+/// The visibility timeout of the instances on a queue that redelivers only when it
+/// runs out (JetStream's AckWait): a killed instance's deliveries come back after this,
+/// not after the 30 s default. RabbitMQ requeues at the connection's death and keeps
+/// the default.
+pub const CHAOS_ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// When the killer strikes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -374,7 +379,7 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
     }
 
     let serve_args = |_i: usize| -> Vec<String> {
-        vec![
+        let mut args: Vec<String> = vec![
             "serve".into(),
             "--listen".into(),
             "127.0.0.1:0".into(),
@@ -386,7 +391,14 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
             CHAOS_CLAIM_LEASE.as_millis().to_string(),
             "--max-deliveries".into(),
             CHAOS_MAX_DELIVERIES.to_string(),
-        ]
+        ];
+        if opts.queue_url.starts_with("nats://") {
+            args.extend([
+                "--visibility-ms".into(),
+                CHAOS_ACK_WAIT.as_millis().to_string(),
+            ]);
+        }
+        args
     };
     let mut instances: Vec<Instance> = (0..opts.instances)
         .map(|i| Instance {

@@ -81,3 +81,40 @@ impl Drop for KillOnDrop {
         self.stop();
     }
 }
+
+/// The short chaos run both broker suites make: 3 `serve` processes, a SIGKILL every
+/// 600 deliveries taken off the queues, 2,000 messages with ~10 % duplicates and late
+/// events, seed 2026. Returns the exit code and the JSON report.
+pub fn chaos_short(
+    env: &TempEnv,
+    queue: &str,
+    db: &str,
+    timeout: &str,
+) -> (i32, serde_json::Value) {
+    let (code, stdout, stderr) = run_cli(
+        env,
+        &[
+            "chaos",
+            "--instances",
+            "3",
+            "--events",
+            "2000",
+            "--dup-rate",
+            "0.1",
+            "--kill-every-messages",
+            "600",
+            "--seed",
+            "2026",
+            "--timeout",
+            timeout,
+            "--queue",
+            queue,
+            "--db",
+            db,
+            "--json",
+        ],
+    );
+    let report = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("chaos printed no JSON report ({e}): {stdout}\n{stderr}"));
+    (code, report)
+}

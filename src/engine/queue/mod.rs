@@ -11,6 +11,7 @@ use serde::Serialize;
 
 pub mod amqp;
 pub mod embedded;
+pub mod nats;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -20,12 +21,14 @@ pub enum QueueError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("{0}")]
     Store(#[from] crate::engine::store::StoreError),
-    #[error("unsupported queue URL {0} (expected sqlite://… or amqp://…)")]
+    #[error("unsupported queue URL {0} (expected sqlite://…, amqp://… or nats://…)")]
     UnsupportedUrl(String),
     #[error("bad queue URL {0}: {1}")]
     BadUrl(String, String),
     #[error("AMQP: {0}")]
     Amqp(String),
+    #[error("NATS: {0}")]
+    Nats(String),
     #[error("{0}")]
     Other(String),
 }
@@ -133,6 +136,8 @@ pub async fn open(url: &str) -> QueueResult<Arc<dyn Queue>> {
         Ok(Arc::new(embedded::EmbeddedQueue::open(url).await?))
     } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
         Ok(Arc::new(amqp::AmqpQueue::open(url).await?))
+    } else if url.starts_with("nats://") {
+        Ok(Arc::new(nats::NatsQueue::open(url).await?))
     } else {
         Err(QueueError::UnsupportedUrl(
             crate::engine::store::redact_url(url),
