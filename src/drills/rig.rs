@@ -250,7 +250,6 @@ impl Rig {
                 &cfg.runner.retry_delay.as_millis().to_string(),
             ])
             .args(["--lease-batch", "1"])
-            .env_remove("IDEMWATCH_SEEN_SET")
             .args([
                 "--seen-set-unavailable",
                 self.seen_set.unavailable.as_str(),
@@ -261,9 +260,11 @@ impl Rig {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true);
-        if let Some(url) = &self.seen_set.url {
-            cmd.args(["--seen-set", url]);
-        }
+        // Like the other URLs, through the environment: a password never in argv.
+        match &self.seen_set.url {
+            Some(url) => cmd.env("IDEMWATCH_SEEN_SET", url),
+            None => cmd.env_remove("IDEMWATCH_SEEN_SET"),
+        };
         if let Some(p) = crash {
             cmd.args(["--crash-at", p.as_str(), "--crash-abort"]);
         }
