@@ -1,12 +1,16 @@
 //! `drill live-redelivery` against a running `idemwatch serve`, as an operator runs
-//! it: pass against the idempotent service, fail — naming the duplicated side
-//! effects — against the same service started in naive mode. On the embedded queue
-//! and SQLite, and on RabbitMQ and PostgreSQL when they are reachable.
+//! it: pass against the idempotent service under a steady live load (its own traffic
+//! moves every counter; the verdict reads only the drill's keys), refuse to
+//! re-publish a message whose dedup row was purged, and fail — naming the duplicated
+//! side effects — against the same service started in naive mode. On the embedded
+//! queue and SQLite, and on RabbitMQ and PostgreSQL when they are reachable.
 
 mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::amqp::amqp_url;
@@ -72,6 +76,49 @@ async fn drained(queue_url: &str) {
         empty_in_a_row = if empty { empty_in_a_row + 1 } else { 0 };
     }
     q.close().await;
+}
+
+/// A steady live load: fleet traffic of devices of its own, a few messages every
+/// 50 ms to every consumer's queue, until `stop`. Returns how many it published.
+fn live_load(queue_url: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let q = idemwatch::engine::queue::open(&queue_url).await.unwrap();
+        let queues: Vec<String> = FLEET_CONSUMERS.iter().map(|c| c.to_string()).collect();
+        let trace = FleetSim::new(FleetConfig {
+            vehicles: 4,
+            seed: 11,
+            device_prefix: format!("LOAD-{:04x}-", rand::random::<u16>()),
+            ..FleetConfig::default()
+        })
+        .take_n(6000);
+        let mut published = 0;
+        for chunk in trace.chunks(2) {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let bodies: Vec<Vec<u8>> = chunk.iter().map(|m| m.raw.clone()).collect();
+            q.publish(&queues, &bodies).await.unwrap();
+            published += bodies.len();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        q.close().await;
+        published
+    })
+}
+
+/// Forget one dedup row behind the engine's back, as an over-eager retention would.
+async fn purge_dedup_row(db: &str, consumer: &str, key: &str) {
+    use sqlx::Connection;
+    let sql = format!(
+        "DELETE FROM processed_messages WHERE consumer = '{consumer}' AND message_key = '{key}'"
+    );
+    if db.starts_with("sqlite:") {
+        let mut c = sqlx::SqliteConnection::connect(db).await.unwrap();
+        sqlx::query(&sql).execute(&mut c).await.unwrap();
+    } else {
+        let mut c = sqlx::PgConnection::connect(db).await.unwrap();
+        sqlx::query(&sql).execute(&mut c).await.unwrap();
+    }
 }
 
 fn drill(
@@ -155,16 +202,55 @@ async fn live_drill_against_serve(env: &TempEnv, db: &str, queue: &str) {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--yes-live"));
 
-    let (code, r) = drill(env, db, queue, &sms, &metrics);
+    // Under a steady live load: its traffic moves processed counters, trip counters
+    // and SMS all along; the verdict reads only the drill's own keys.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = live_load(queue.to_string(), stop.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The drill blocks this thread; the load keeps running on the runtime's other one.
+    let (code, r) = tokio::task::block_in_place(|| drill(env, db, queue, &sms, &metrics));
+    stop.store(true, Ordering::SeqCst);
+    let published = load.await.unwrap();
+    assert!(published > 0);
     assert_eq!(code, 0, "{r:#}");
     assert_eq!(r["verdict"], "pass", "{r:#}");
     assert_eq!(r["deliveries"], 3);
-    assert_eq!(
-        r["details"]["deltas"]["zone-exit-sms"]["duplicate_dropped"], 3.0,
+    assert!(
+        r["details"]["deltas"]["zone-exit-sms"]["duplicate_dropped"].as_f64() >= Some(3.0),
         "{r:#}"
     );
+    let moved: f64 = FLEET_CONSUMERS
+        .iter()
+        .filter_map(|c| r["details"]["deltas"][c]["processed"].as_f64())
+        .sum();
+    assert!(
+        moved > 0.0,
+        "the live load moved the processed counters during the drill: {r:#}"
+    );
     assert_eq!(r["sms_sent"], 0);
-    assert_eq!(r["counter_delta"], 0);
+    drained(queue).await;
+
+    // A message whose dedup row is gone is never re-published: the drill says so and
+    // picks another.
+    let store = idemwatch::engine::store::open(db).await.unwrap();
+    let newest = store.recent_history(Some("zone_exit"), 1).await.unwrap();
+    let purged = format!(
+        "{}:{}:{}",
+        newest[0].device_id, newest[0].seq, newest[0].event_type
+    );
+    purge_dedup_row(db, "trip-counter", &purged).await;
+    let (code, r) = drill(env, db, queue, &sms, &metrics);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["verdict"], "pass", "{r:#}");
+    let skipped = r["details"]["skipped"].to_string();
+    assert!(skipped.contains(&purged), "{r:#}");
+    assert!(skipped.contains("no dedup row"), "{skipped}");
+    let republished = r["details"]["republished"].to_string();
+    assert!(
+        !republished.contains(&format!("\"{purged}\"")),
+        "{republished}"
+    );
+    assert_eq!(r["deliveries"], 3, "another message was picked: {r:#}");
 
     // The same system without the pattern: the drill fails and names the harm.
     service.stop();
@@ -174,6 +260,9 @@ async fn live_drill_against_serve(env: &TempEnv, db: &str, queue: &str) {
     assert_eq!(r["verdict"], "fail");
     assert_eq!(r["sms_sent"], 3, "{r:#}");
     assert_eq!(r["counter_delta"], 3, "{r:#}");
+    assert!(!r["details"]["republished"]
+        .to_string()
+        .contains(&format!("\"{purged}\"")));
     let notes = r["details"]["notes"].to_string();
     assert!(notes.contains("zone-exit-sms sent 3 SMS again"), "{notes}");
     assert!(notes.contains("trip_counters.zone_exits"), "{notes}");

@@ -217,6 +217,16 @@ impl Findings {
         });
     }
 
+    /// A check that holds when `actual` is at least `min` (a count live traffic may add to).
+    pub fn check_at_least(&mut self, name: &str, min: u64, actual: u64) {
+        self.checks.push(Check {
+            name: name.to_string(),
+            expected: Value::from(format!(">= {min}")),
+            actual: Value::from(actual),
+            ok: actual >= min,
+        });
+    }
+
     pub fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());
     }

@@ -342,19 +342,15 @@ impl Rig {
             .collect())
     }
 
-    /// SMS the watched system's provider sent to these devices; `None` when the drill
+    /// The texts of the SMS the watched system's provider sent; `None` when the drill
     /// only has its own embedded sandbox (it sees nothing of the watched system) or the
     /// provider has no sent list.
-    pub async fn sms_sent_for(&self, devices: &[String]) -> Option<usize> {
+    pub async fn sms_texts_sent(&self) -> Option<Vec<String>> {
         if self._embedded_sandbox.is_some() {
             return None;
         }
         let sent = self.sandbox.sent_sms().await.ok()?;
-        Some(
-            sent.iter()
-                .filter(|s| devices.iter().any(|d| s.text.contains(d.as_str())))
-                .count(),
-        )
+        Some(sent.into_iter().map(|s| s.text).collect())
     }
 
     pub fn db_url(&self) -> &str {
