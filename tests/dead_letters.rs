@@ -355,3 +355,34 @@ async fn a_dead_letter_replays_through_rabbitmq() {
         .unwrap();
     engine.queue.close().await;
 }
+
+/// What the dashboard's Tables tab calls after its confirmation: one dead letter by
+/// id, on the database and queue the dashboard watches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboards_replay_of_one_dead_letter() {
+    let env = TempEnv::new();
+    let st = store::open(&env.db_url()).await.unwrap();
+    let e = zone_exit("34-TUI-1", 1);
+    let id = st
+        .dead_letter(
+            trip_counter::NAME,
+            RejectReason::MaxDeliveries,
+            "gave up",
+            &body(&e),
+        )
+        .await
+        .unwrap();
+    let r = replay::replay_by_id(&env.db_url(), &env.queue_url(), id)
+        .await
+        .unwrap();
+    assert_eq!((r.replayed, r.letters[0].replay_count), (1, 1));
+    assert_eq!(r.letters[0].queue.as_deref(), Some(trip_counter::NAME));
+    let q = idemwatch::engine::queue::open(&env.queue_url())
+        .await
+        .unwrap();
+    assert_eq!(q.depth(trip_counter::NAME).await.unwrap().ready, 1);
+    let missing = replay::replay_by_id(&env.db_url(), &env.queue_url(), id + 100)
+        .await
+        .unwrap();
+    assert_eq!(missing.matched, 0);
+}

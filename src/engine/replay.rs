@@ -103,6 +103,28 @@ pub async fn replay(
     Ok(report)
 }
 
+/// Replay one dead letter by id on the database and queue these URLs name (what
+/// the dashboard's Tables tab does after its confirmation).
+pub async fn replay_by_id(
+    db_url: &str,
+    queue_url: &str,
+    id: i64,
+) -> Result<ReplayReport, EngineError> {
+    let store = super::store::open(db_url).await?;
+    let queue = super::queue::open(queue_url).await?;
+    let plan = ReplayPlan {
+        filter: DeadLetterFilter {
+            ids: vec![id],
+            ..DeadLetterFilter::default()
+        },
+        dry_run: false,
+        namespace: None,
+    };
+    let result = replay(store.as_ref(), queue.as_ref(), &plan).await;
+    queue.close().await;
+    result
+}
+
 async fn replay_one(
     store: &dyn Store,
     queue: &dyn Queue,

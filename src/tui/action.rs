@@ -78,8 +78,10 @@ pub enum Action {
     CycleRateWindow,
     /// Drills tab: idempotent ↔ naive.
     ToggleDrillMode,
-    /// `y` on a question (a drill).
+    /// `y` on a question (a drill, a replay).
     Confirm,
+    /// Tables tab, a dead letter open: replay it (asks first).
+    ReplayDeadLetter,
     /// Overview alerts: acknowledge (kept, out of the badge) / silence (hidden).
     Acknowledge,
     Silence,
@@ -129,4 +131,6 @@ pub enum Effect {
     Copy(String),
     /// Write the report of the window on screen.
     Export,
+    /// Re-publish this dead letter to its consumer's queue (`engine::replay`).
+    ReplayDeadLetter(i64),
 }

@@ -95,6 +95,8 @@ pub struct ChartView {
 pub struct RawView {
     pub id: i64,
     pub scroll: u16,
+    /// `p` asked "replay it?"; `y` replays, Esc cancels.
+    pub confirm_replay: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -358,6 +360,7 @@ impl App {
                 self.drills.confirming = false;
             }
             Action::Confirm => effects.extend(self.confirm()),
+            Action::ReplayDeadLetter => self.ask_replay(),
             Action::Acknowledge => self.mark_alert(false),
             Action::Silence => self.mark_alert(true),
             Action::Copy => effects.extend(self.copy()),
@@ -479,6 +482,9 @@ impl App {
             self.help = None;
         } else if self.drills.confirming {
             self.drills.confirming = false;
+        } else if let Some(raw) = self.raw.as_mut().filter(|r| r.confirm_replay) {
+            raw.confirm_replay = false;
+            self.status = Some("replay cancelled".into());
         } else if self.raw.is_some() && self.tab == Tab::Tables {
             self.raw = None;
             return vec![Effect::Monitor(MonitorCommand::OpenDeadLetter(None))];
@@ -772,7 +778,29 @@ impl App {
         row.message_key.clone().or_else(|| row.device_id.clone())
     }
 
+    /// `p` on an open dead letter: ask before re-publishing it.
+    fn ask_replay(&mut self) {
+        if self.tab != Tab::Tables {
+            return;
+        }
+        if let Some(raw) = self.raw.as_mut() {
+            raw.confirm_replay = true;
+            self.status = Some(format!(
+                "replay dead letter #{} to its consumer's queue (a processed message is dropped as a duplicate)? y replays, Esc cancels",
+                raw.id
+            ));
+        }
+    }
+
     fn confirm(&mut self) -> Vec<Effect> {
+        if self.tab == Tab::Tables {
+            let Some(raw) = self.raw.as_mut().filter(|r| r.confirm_replay) else {
+                return Vec::new();
+            };
+            raw.confirm_replay = false;
+            self.status = Some(format!("replaying dead letter #{}…", raw.id));
+            return vec![Effect::ReplayDeadLetter(raw.id)];
+        }
         if self.tab != Tab::Drills || !self.drills.confirming || self.drills.running.is_some() {
             return Vec::new();
         }

@@ -162,6 +162,39 @@ fn perform(
                 }
             });
         }
+        Effect::ReplayDeadLetter(id) => {
+            let Some(target) = opts.drill_target.clone() else {
+                let _ = tx.send(Action::Status(
+                    "no engine database and queue to replay into".into(),
+                ));
+                return;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let line = match crate::engine::replay::replay_by_id(
+                    &target.db_url,
+                    &target.queue_url,
+                    id,
+                )
+                .await
+                {
+                    Ok(r) => match r.letters.first() {
+                        Some(l) if r.replayed == 1 => format!(
+                            "dead letter #{id} replayed to {} (replay {})",
+                            l.queue.as_deref().unwrap_or("?"),
+                            l.replay_count
+                        ),
+                        Some(l) => format!(
+                            "dead letter #{id} not replayed: {} is not a consumer of this engine",
+                            l.consumer
+                        ),
+                        None => format!("dead letter #{id} is gone"),
+                    },
+                    Err(e) => format!("dead letter #{id} not replayed: {e}"),
+                };
+                let _ = tx.send(Action::Status(line));
+            });
+        }
         Effect::StartDrill { scenario, mode } => {
             let Some(target) = opts.drill_target.clone() else {
                 let _ = tx.send(Action::DrillFinished(Err(

@@ -424,6 +424,14 @@ pub const BINDINGS: &[Binding] = &[
         true,
         || Action::Enter,
     ),
+    b(
+        &[KeyCode::Char('p')],
+        "p",
+        "replay the open dead letter to its consumer's queue (asks first)",
+        Scope::Tab(Tab::Tables),
+        false,
+        || Action::ReplayDeadLetter,
+    ),
 ];
 
 /// Is `binding` active in the app's current context?
@@ -450,8 +458,9 @@ pub fn action_for(key: KeyEvent, app: &App) -> Option<Action> {
             _ => None,
         };
     }
-    // A question on screen takes `y` (run the drill).
-    if key.code == KeyCode::Char('y') && app.drills.confirming {
+    // A question on screen takes `y` (run the drill, replay the dead letter).
+    let replay_asked = app.raw.as_ref().is_some_and(|r| r.confirm_replay);
+    if key.code == KeyCode::Char('y') && (app.drills.confirming || replay_asked) {
         return Some(Action::Confirm);
     }
     // A tab's own binding wins over a global one on the same key.

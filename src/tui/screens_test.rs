@@ -292,6 +292,40 @@ fn a_dead_letter_opens_to_its_raw_bytes() {
 }
 
 #[test]
+fn an_open_dead_letter_is_replayed_only_after_confirmation() {
+    use super::keymap::action_for;
+    use crossterm::event::{KeyCode, KeyEvent};
+    let mut a = on(Tab::Tables);
+    a.update(Action::Right);
+    // No dead letter open: p does nothing.
+    assert!(a.update(Action::ReplayDeadLetter).is_empty());
+    assert!(a.status.is_none());
+    a.update(Action::Down);
+    a.update(Action::Down);
+    a.update(Action::Enter);
+    assert!(a.update(Action::ReplayDeadLetter).is_empty(), "asks first");
+    assert!(a
+        .status
+        .as_deref()
+        .is_some_and(|s| s.contains("replay dead letter #7")));
+    // While asked, y is the answer, not a copy.
+    let y = KeyEvent::from(KeyCode::Char('y'));
+    assert!(matches!(action_for(y, &a), Some(Action::Confirm)));
+    // Esc cancels and keeps the dead letter open.
+    a.update(Action::Back);
+    assert!(a.raw.is_some());
+    assert!(matches!(action_for(y, &a), Some(Action::Copy)));
+    assert!(a.update(Action::Confirm).is_empty());
+    a.update(Action::ReplayDeadLetter);
+    let effects = a.update(Action::Confirm);
+    assert_eq!(effects, vec![super::action::Effect::ReplayDeadLetter(7)]);
+    assert!(
+        a.update(Action::Confirm).is_empty(),
+        "one question, one replay"
+    );
+}
+
+#[test]
 fn inventory_with_twice_checks() {
     let mut a = on(Tab::Inventory);
     let checks = consumers::FLEET_CONSUMERS
