@@ -140,16 +140,6 @@ pub(crate) fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     t + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::days(365))
 }
 
-/// Headers as stored (a JSON array of pairs) and back.
-pub(crate) fn headers_json(headers: &[(String, String)]) -> String {
-    serde_json::to_string(headers).unwrap_or_else(|_| "[]".into())
-}
-
-pub(crate) fn headers_from_json(s: Option<&str>) -> Vec<(String, String)> {
-    s.and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_default()
-}
-
 /// How long until an in-flight lease ends (at least one second, for Retry-After).
 pub(crate) fn retry_after(locked_until: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Duration {
     locked_until

@@ -16,9 +16,7 @@ use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 mod batch;
 pub(crate) mod dialect;
 pub mod edge;
-mod edge_mysql;
-mod edge_postgres;
-mod edge_sqlite;
+mod edge_sql;
 mod error;
 pub mod mysql;
 pub mod postgres;
@@ -634,11 +632,15 @@ pub struct Stores {
     pub edge: Arc<dyn edge::EdgeStore>,
 }
 
-fn both<S: Store + edge::EdgeStore>(s: S) -> Stores {
-    let s = Arc::new(s);
+/// The store, and the edge's tables over the same pool.
+fn both<S: Store, D>(s: S, pool: sqlx::Pool<D>) -> Stores
+where
+    D: dialect::Dialect,
+    dialect::Pooled<D>: dialect::Sql,
+{
     Stores {
-        store: s.clone(),
-        edge: s,
+        store: Arc::new(s),
+        edge: Arc::new(edge_sql::SqlEdge(Box::new(dialect::Pooled(pool)))),
     }
 }
 
@@ -652,11 +654,17 @@ pub async fn open_with_edge(url: &str) -> StoreResult<Stores> {
 pub async fn open_with_edge_durability(url: &str, durability: Durability) -> StoreResult<Stores> {
     durability.check_url(url)?;
     if url.starts_with("sqlite:") {
-        Ok(both(sqlite::SqliteStore::open(url, durability).await?))
+        let s = sqlite::SqliteStore::open(url, durability).await?;
+        let pool = s.pool().clone();
+        Ok(both(s, pool))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(both(postgres::PostgresStore::open(url, durability).await?))
+        let s = postgres::PostgresStore::open(url, durability).await?;
+        let pool = s.pool().clone();
+        Ok(both(s, pool))
     } else if is_mysql_url(url) {
-        Ok(both(mysql::MysqlStore::open(url).await?))
+        let s = mysql::MysqlStore::open(url).await?;
+        let pool = s.pool().clone();
+        Ok(both(s, pool))
     } else {
         Err(StoreError::UnsupportedUrl(redact_url(url)))
     }

@@ -10,7 +10,6 @@
 //! key at once; such a transaction is retried whole.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -37,35 +36,7 @@ fn naive(t: DateTime<Utc>) -> NaiveDateTime {
     t.naive_utc()
 }
 
-/// InnoDB deadlock (1213) or lock wait timeout (1205): the transaction was rolled
-/// back whole and can simply run again.
-fn is_retryable(e: &StoreError) -> bool {
-    match e {
-        StoreError::Db(sqlx::Error::Database(db)) => {
-            matches!(db.code().as_deref(), Some("40001") | Some("HY000"))
-                && (db.message().contains("Deadlock") || db.message().contains("Lock wait"))
-        }
-        _ => false,
-    }
-}
-
-pub(super) async fn retrying<T, F, Fut>(mut attempt: F) -> StoreResult<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = StoreResult<T>>,
-{
-    let mut tries = 0u32;
-    loop {
-        match attempt().await {
-            Err(e) if is_retryable(&e) && tries < 8 => {
-                tries += 1;
-                tracing::debug!(tries, error = %e, "retrying a deadlocked transaction");
-                tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
-            }
-            other => return other,
-        }
-    }
-}
+use super::dialect::retrying;
 
 impl MysqlStore {
     pub async fn open(url: &str) -> StoreResult<Self> {

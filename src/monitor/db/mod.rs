@@ -8,14 +8,14 @@
 //! count or the catalog's estimate) because the dedup table holds ~40 million rows
 //! in production and the dashboard polls every second.
 //!
-//! One file per backend holds its SQL ([`sqlite`], [`postgres`], [`mysql`]) behind
-//! the [`DashboardSql`] trait; this file holds the plain-data results and the one
-//! poll that assembles them, so every backend yields the same figures.
+//! The queries are written once (`queries.rs`) over the engine's dialect layer; one
+//! file per backend opens its read-only connections; this file holds the plain-data
+//! results and the one poll that assembles them, so every backend yields the same
+//! figures.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -28,9 +28,10 @@ use crate::engine::store::redact_url;
 
 pub mod explain;
 pub mod mark;
-pub mod mysql;
-pub mod postgres;
-pub mod sqlite;
+mod mysql;
+mod postgres;
+mod queries;
+mod sqlite;
 
 /// Rows kept per list: enough for a screen, small enough for every poll.
 pub const LIST_LIMIT: i64 = 50;
@@ -255,16 +256,7 @@ const GAP_CONFIRM_SPAN: i64 = 10_000;
 /// A recent window for the vehicle anomaly scan.
 pub const VEHICLE_WINDOW: Duration = Duration::from_secs(3600);
 
-/// A value bound to a dashboard query, kept as data so that `EXPLAIN` (the bench and
-/// the plan tests) runs exactly the SQL and values the poll runs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(untagged)]
-pub enum BindValue {
-    Time(DateTime<Utc>),
-    Int(i64),
-    Text(String),
-    TextList(Vec<String>),
-}
+pub use crate::engine::store::dialect::BindValue;
 
 /// One dashboard query: its name in reports, its SQL and its bound values.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -274,90 +266,10 @@ pub struct DashboardQuery {
     pub binds: Vec<BindValue>,
 }
 
-/// The SQL of one backend, one method per dashboard question. The poll in this file
-/// asks them in the same order on every backend and assembles the same figures.
-#[async_trait]
-pub(crate) trait DashboardSql: Send + Sync {
-    fn backend_name(&self) -> &'static str;
-    async fn ping(&self) -> Result<(), sqlx::Error>;
-    /// Dedup rows per consumer with `processed_at >= since`, by consumer.
-    async fn inserts_since(
-        &self,
-        since: DateTime<Utc>,
-    ) -> Result<Vec<ConsumerInserts>, sqlx::Error>;
-    /// The catalog's estimate when it is above [`COUNT_CAP`], else a capped count.
-    async fn total_rows(&self) -> Result<RowEstimate, sqlx::Error>;
-    async fn oldest_processed_at(&self) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
-    /// Claims still `claimed` and claimed at or before `cutoff`: the count, and the
-    /// oldest [`LIST_LIMIT`] as `(consumer, key, claimed_at, attempts)`.
-    async fn claims_in_doubt(
-        &self,
-        cutoff: DateTime<Utc>,
-    ) -> Result<(i64, Vec<(String, String, Option<DateTime<Utc>>, i64)>), sqlx::Error>;
-    /// Dead letters by consumer and reason, with those received since `since`.
-    async fn dead_letters(&self, since: DateTime<Utc>)
-        -> Result<Vec<DeadLetterGroup>, sqlx::Error>;
-    /// The newest [`LIST_LIMIT`] dead letters with the first [`DEAD_LETTER_PREFIX`]
-    /// bytes of each.
-    async fn recent_dead_letters(&self) -> Result<Vec<DeadLetterRow>, sqlx::Error>;
-    /// One dead letter with all its bytes.
-    async fn dead_letter(&self, id: i64) -> Result<Option<DeadLetterDetail>, sqlx::Error>;
-    async fn markers(&self) -> Result<Vec<TimelineMarker>, sqlx::Error>;
-    async fn drill_runs(&self) -> Result<Vec<DrillRunSummary>, sqlx::Error>;
-    /// The newest history rows received since `since`, at most `limit`.
-    async fn history_since(
-        &self,
-        since: DateTime<Utc>,
-        limit: i64,
-    ) -> Result<Vec<HistoryEvent>, sqlx::Error>;
-    /// History rows received since `since` and not applied (late).
-    async fn late_since(&self, since: DateTime<Utc>) -> Result<i64, sqlx::Error>;
-    /// The distinct seqs of one device in `lo..=hi`.
-    async fn device_seqs(&self, device_id: &str, lo: i64, hi: i64)
-        -> Result<Vec<i64>, sqlx::Error>;
-    async fn states_of(&self, devices: &[&str]) -> Result<Vec<StateRow>, sqlx::Error>;
-    async fn state_of(&self, device_id: &str) -> Result<Option<StateRow>, sqlx::Error>;
-    /// One device's newest `limit` history rows.
-    async fn history_of(
-        &self,
-        device_id: &str,
-        limit: i64,
-    ) -> Result<Vec<HistoryEvent>, sqlx::Error>;
-
-    /// The dedup and claims queries a poll at `now` runs, with their bound values.
-    async fn dashboard_queries(
-        &self,
-        _settings: &DatabaseConfig,
-        _now: DateTime<Utc>,
-    ) -> Result<Vec<DashboardQuery>, DbError> {
-        Err(DbError::NotOnBackend(
-            "EXPLAIN of the dashboard queries",
-            self.backend_name(),
-        ))
-    }
-
-    /// One dashboard query under `EXPLAIN`.
-    async fn explain(
-        &self,
-        _query: &DashboardQuery,
-        _analyze: bool,
-    ) -> Result<explain::PlanSummary, DbError> {
-        Err(DbError::NotOnBackend("EXPLAIN", self.backend_name()))
-    }
-
-    /// One dashboard query run as the poll runs it, rows discarded.
-    async fn run(&self, _query: &DashboardQuery) -> Result<(), DbError> {
-        Err(DbError::NotOnBackend(
-            "running a named dashboard query",
-            self.backend_name(),
-        ))
-    }
-}
-
 /// Polls one database. Connections are opened lazily, so a database that is down at
 /// start is reported as down and picked up when it comes back.
 pub struct DbPoller {
-    sql: Box<dyn DashboardSql>,
+    sql: queries::Dashboard,
     redacted_url: String,
     settings: DatabaseConfig,
 }
@@ -375,17 +287,17 @@ impl DbPoller {
     pub fn new(settings: &DatabaseConfig) -> Result<DbPoller, DbError> {
         let redacted_url = redact_url(&settings.url);
         let url = settings.url.as_str();
-        let sql: Box<dyn DashboardSql> = if url.starts_with("sqlite:") {
-            Box::new(sqlite::SqlitePoller::new(settings)?)
+        let sql = if url.starts_with("sqlite:") {
+            sqlite::connect(settings)?
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            Box::new(postgres::PostgresPoller::new(settings)?)
+            postgres::connect(settings)?
         } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            Box::new(mysql::MysqlPoller::new(settings)?)
+            mysql::connect(settings)?
         } else {
             return Err(DbError::Unsupported(redacted_url));
         };
         Ok(DbPoller {
-            sql,
+            sql: queries::Dashboard::new(sql, &settings.tables),
             redacted_url,
             settings: settings.clone(),
         })
@@ -597,12 +509,6 @@ pub fn purge_stalled(oldest_age: chrono::Duration, retention: Duration) -> bool 
         + chrono::Duration::days(1);
     oldest_age > limit
 }
-
-/// The TEXT timestamp form the engine writes; bound as the cutoff of range queries.
-pub(crate) use crate::engine::store::dialect::text_time as db_time;
-
-/// Read a TEXT timestamp (the engine's form or SQLite's `datetime()` form).
-pub(crate) use crate::engine::store::dialect::parse_text_time as parse_db_time;
 
 #[cfg(test)]
 mod tests {

@@ -1,9 +1,26 @@
-//! What really differs between the SQL backends, in one place per backend: how a
-//! database's error codes are read (infrastructure or content, see
-//! [`super::Failure`]), and the stored time format of the backends that keep time
-//! as text. The store, the HTTP-edge store and the monitor's queries share it.
+//! What really differs between the SQL backends, in one place per backend
+//! ([`sqlite`], [`postgres`], [`mysql`]): placeholders, how a time is bound and read
+//! back, the casts a user's table may need, how a write transaction opens, how rows
+//! affected and new ids are reported, and how error codes are read (infrastructure or
+//! content, see [`super::Failure`]). Everything else — the SQL the engine store, the
+//! HTTP-edge store and the monitor's queries share — is written once, with `?`
+//! placeholders, and runs through [`Sql`] on any backend.
+//!
+//! Why our own small value layer and not `sqlx::Any`: `Any` has no chrono, and a time
+//! is exactly what differs (TEXT on SQLite, `timestamptz` on PostgreSQL, UTC
+//! `DATETIME` on MySQL). Statements bind [`BindValue`]s and read [`Row`]s of the
+//! [`Kind`]s the caller names; each backend decodes a column as its own type for that
+//! kind. The hot batch writes stay native per backend (see `batch.rs` and each store).
 
+use std::borrow::Cow;
+
+use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
+use serde::Serialize;
+use sqlx::query::Query;
+use sqlx::{Database, Executor, IntoArguments, Pool};
+
+use super::Backend;
 
 pub(crate) mod mysql;
 pub(crate) mod postgres;
@@ -27,6 +44,481 @@ pub(crate) fn parse_text_time(s: &str) -> Option<DateTime<Utc>> {
     NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f")
         .ok()
         .map(|n| n.and_utc())
+}
+
+/// What a column is read as; each backend decodes it from its own column type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Int,
+    Float,
+    Text,
+    Bytes,
+    /// Unreadable stored text reads as NULL rather than failing the statement.
+    Time,
+    Bool,
+    Json,
+}
+
+/// A value bound to a statement, kept as data so that `EXPLAIN` (the bench and the
+/// plan tests) runs exactly the SQL and values a poll runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum BindValue {
+    Time(DateTime<Utc>),
+    Int(i64),
+    Text(String),
+    /// One value per element: an array on PostgreSQL (`= ANY(?)`), one placeholder
+    /// each elsewhere (see [`Sql::in_list`]).
+    TextList(Vec<String>),
+    Float(f64),
+    Bytes(Vec<u8>),
+    Bool(bool),
+    Json(serde_json::Value),
+    Null(Kind),
+}
+
+impl From<&str> for BindValue {
+    fn from(s: &str) -> Self {
+        BindValue::Text(s.to_string())
+    }
+}
+impl From<&String> for BindValue {
+    fn from(s: &String) -> Self {
+        BindValue::Text(s.clone())
+    }
+}
+impl From<i64> for BindValue {
+    fn from(i: i64) -> Self {
+        BindValue::Int(i)
+    }
+}
+impl From<DateTime<Utc>> for BindValue {
+    fn from(t: DateTime<Utc>) -> Self {
+        BindValue::Time(t)
+    }
+}
+impl From<&[u8]> for BindValue {
+    fn from(b: &[u8]) -> Self {
+        BindValue::Bytes(b.to_vec())
+    }
+}
+impl From<bool> for BindValue {
+    fn from(b: bool) -> Self {
+        BindValue::Bool(b)
+    }
+}
+impl From<&serde_json::Value> for BindValue {
+    fn from(j: &serde_json::Value) -> Self {
+        BindValue::Json(j.clone())
+    }
+}
+impl<T: Into<BindValue> + NullKind> From<Option<T>> for BindValue {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(BindValue::Null(T::KIND), Into::into)
+    }
+}
+
+/// The kind a NULL of this Rust type is bound as (PostgreSQL types its NULLs).
+pub trait NullKind {
+    const KIND: Kind;
+}
+impl NullKind for &str {
+    const KIND: Kind = Kind::Text;
+}
+impl NullKind for &String {
+    const KIND: Kind = Kind::Text;
+}
+impl NullKind for i64 {
+    const KIND: Kind = Kind::Int;
+}
+impl NullKind for DateTime<Utc> {
+    const KIND: Kind = Kind::Time;
+}
+impl From<f64> for BindValue {
+    fn from(f: f64) -> Self {
+        BindValue::Float(f)
+    }
+}
+impl NullKind for f64 {
+    const KIND: Kind = Kind::Float;
+}
+
+/// The values of one statement, in placeholder order.
+macro_rules! binds {
+    ($($v:expr),* $(,)?) => {
+        [$($crate::engine::store::dialect::BindValue::from($v)),*]
+    };
+}
+pub(crate) use binds;
+
+/// One decoded column.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Cell {
+    Null,
+    Int(i64),
+    Float(f64),
+    Text(String),
+    Bytes(Vec<u8>),
+    Time(DateTime<Utc>),
+    Bool(bool),
+    Json(serde_json::Value),
+}
+
+impl Cell {
+    pub(crate) fn of<T>(v: Option<T>, f: impl FnOnce(T) -> Cell) -> Cell {
+        v.map_or(Cell::Null, f)
+    }
+}
+
+/// One row, its columns decoded as the statement's [`Kind`]s asked.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Row(pub Vec<Cell>);
+
+fn not_as(index: usize, what: &str) -> sqlx::Error {
+    sqlx::Error::ColumnDecode {
+        index: index.to_string(),
+        source: format!("NULL or not {what}").into(),
+    }
+}
+
+impl Row {
+    fn cell(&self, i: usize) -> &Cell {
+        self.0.get(i).unwrap_or(&Cell::Null)
+    }
+    pub(crate) fn opt_text(&self, i: usize) -> Option<String> {
+        match self.cell(i) {
+            Cell::Text(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+    pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
+        self.opt_text(i).ok_or_else(|| not_as(i, "text"))
+    }
+    pub(crate) fn opt_int(&self, i: usize) -> Option<i64> {
+        match self.cell(i) {
+            Cell::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+    pub(crate) fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
+        self.opt_int(i).ok_or_else(|| not_as(i, "an integer"))
+    }
+    pub(crate) fn opt_bytes(&self, i: usize) -> Option<Vec<u8>> {
+        match self.cell(i) {
+            Cell::Bytes(b) => Some(b.clone()),
+            _ => None,
+        }
+    }
+    /// A time; NULL (or unreadable stored text) is None.
+    pub(crate) fn time(&self, i: usize) -> Option<DateTime<Utc>> {
+        match self.cell(i) {
+            Cell::Time(t) => Some(*t),
+            _ => None,
+        }
+    }
+    /// A NOT NULL time; unreadable stored text reads as the epoch.
+    pub(crate) fn at(&self, i: usize) -> DateTime<Utc> {
+        self.time(i).unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+    }
+    pub(crate) fn bool(&self, i: usize) -> Result<bool, sqlx::Error> {
+        match self.cell(i) {
+            Cell::Bool(b) => Ok(*b),
+            _ => Err(not_as(i, "a boolean")),
+        }
+    }
+    pub(crate) fn json(&self, i: usize) -> Option<serde_json::Value> {
+        match self.cell(i) {
+            Cell::Json(j) => Some(j.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// What a statement changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Done {
+    pub rows_affected: u64,
+    /// The id an auto-increment insert produced (SQLite, MySQL; PostgreSQL says it
+    /// with `RETURNING`).
+    pub last_insert_id: Option<i64>,
+}
+
+/// Run a whole transaction again when the database rolled it back as a deadlock
+/// victim (InnoDB, when several transactions insert the same new key at once; see
+/// [`mysql::is_deadlock`]). Other errors, and other backends, pass straight through.
+pub(crate) async fn retrying<T, F, Fut>(mut attempt: F) -> super::StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = super::StoreResult<T>>,
+{
+    let mut tries = 0u32;
+    loop {
+        match attempt().await {
+            Err(super::StoreError::Db(e)) if mysql::is_deadlock(&e) && tries < 8 => {
+                tries += 1;
+                tracing::debug!(tries, error = %e, "retrying a deadlocked transaction");
+                let pause = std::time::Duration::from_millis(5 * u64::from(tries));
+                tokio::time::sleep(pause).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// What a backend's catalog and planner offer the dashboard: a row estimate that
+/// needs no scan, and `EXPLAIN` in JSON.
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    /// One row: the estimate of the table bound as [`Catalog::estimate_name`].
+    pub estimate_sql: &'static str,
+    pub estimate_kinds: &'static [Kind],
+    /// How the statement names the table.
+    pub estimate_name: fn(&str) -> String,
+    /// The estimate from that row; None when the catalog does not know.
+    pub read_estimate: fn(&Row) -> Option<i64>,
+    /// A capped count runs before the estimate (SQLite: a capped count is cheap, and
+    /// `sqlite_stat1` is only as fresh as the last `ANALYZE`).
+    pub count_first: bool,
+    /// The statement under `EXPLAIN`, returning the plan as one JSON column; None
+    /// when the dashboard does not explain on this backend.
+    pub explain: fn(&str, bool) -> Option<String>,
+}
+
+/// One backend's differences. Implemented for `sqlx::Sqlite`, `Postgres` and `MySql`
+/// in this module's backend files; everything generic goes through [`Pooled`].
+pub(crate) trait Dialect: Database {
+    const BACKEND: Backend;
+    /// The statement that opens a write transaction.
+    const BEGIN: &'static str;
+    /// The generic SQL's `?` placeholders as this backend writes them.
+    fn placeholders(sql: &str) -> Cow<'_, str> {
+        Cow::Borrowed(sql)
+    }
+    /// An identifier, quoted.
+    fn quote(identifier: &str) -> String {
+        format!("\"{identifier}\"")
+    }
+    /// A column of a user's table, cast so that it reads as `kind`.
+    fn cast(identifier: &str, _kind: Kind) -> String {
+        Self::quote(identifier)
+    }
+    /// `a <op> b` true when both are NULL or both equal.
+    const NULL_SAFE_EQ: &'static str = "IS NOT DISTINCT FROM";
+    /// What a read that decides a write appends to lock the row it read.
+    const LOCK_READ: &'static str = "";
+    /// `INSERT` that skips a row whose key exists: `into` is `INTO t (…) VALUES (…)`.
+    fn insert_or_skip(into: &str) -> String {
+        format!("INSERT {into} ON CONFLICT DO NOTHING")
+    }
+    fn bind<'q>(
+        query: Query<'q, Self, Self::Arguments<'q>>,
+        value: &'q BindValue,
+    ) -> Query<'q, Self, Self::Arguments<'q>>;
+    fn cell(row: &Self::Row, index: usize, kind: Kind) -> Result<Cell, sqlx::Error>;
+    fn done(result: &Self::QueryResult) -> Done;
+    const CATALOG: Catalog;
+}
+
+/// A backend's connections behind one interface: the generic SQL of the engine
+/// store, the edge store and the monitor runs here.
+#[async_trait]
+pub(crate) trait Sql: Send + Sync {
+    fn backend(&self) -> Backend;
+    /// See [`Dialect::quote`].
+    fn quote(&self, identifier: &str) -> String;
+    /// See [`Dialect::cast`].
+    fn cast(&self, identifier: &str, kind: Kind) -> String;
+    fn catalog(&self) -> &'static Catalog;
+    /// See [`Dialect::NULL_SAFE_EQ`].
+    fn null_safe_eq(&self) -> &'static str;
+    /// See [`Dialect::LOCK_READ`].
+    fn lock_read(&self) -> &'static str;
+    /// See [`Dialect::insert_or_skip`].
+    fn insert_or_skip(&self, into: &str) -> String;
+    /// Generic SQL in this backend's placeholders (done once for a statement kept).
+    fn native(&self, sql: &str) -> String;
+    /// `column IN` a list of `n` values bound as one [`BindValue::TextList`].
+    fn in_list(&self, column: &str, n: usize) -> String {
+        match self.backend() {
+            Backend::Postgres => format!("{column} = ANY(?)"),
+            _ => format!("{column} IN ({})", vec!["?"; n.max(1)].join(", ")),
+        }
+    }
+    async fn rows(
+        &self,
+        sql: &str,
+        binds: &[BindValue],
+        kinds: &[Kind],
+    ) -> Result<Vec<Row>, sqlx::Error>;
+    async fn execute(&self, sql: &str, binds: &[BindValue]) -> Result<Done, sqlx::Error>;
+    /// A write transaction ([`Dialect::BEGIN`]).
+    async fn begin(&self) -> Result<Box<dyn SqlTx>, sqlx::Error>;
+}
+
+/// The first row, if any.
+pub(crate) async fn first(
+    sql: &(impl Sql + ?Sized),
+    query: &str,
+    binds: &[BindValue],
+    kinds: &[Kind],
+) -> Result<Option<Row>, sqlx::Error> {
+    Ok(sql.rows(query, binds, kinds).await?.into_iter().next())
+}
+
+/// An open write transaction; dropped without [`SqlTx::commit`], it rolls back.
+#[async_trait]
+pub(crate) trait SqlTx: Send {
+    fn backend(&self) -> Backend;
+    async fn rows(
+        &mut self,
+        sql: &str,
+        binds: &[BindValue],
+        kinds: &[Kind],
+    ) -> Result<Vec<Row>, sqlx::Error>;
+    async fn execute(&mut self, sql: &str, binds: &[BindValue]) -> Result<Done, sqlx::Error>;
+    /// The one row a statement must return.
+    async fn one(
+        &mut self,
+        sql: &str,
+        binds: &[BindValue],
+        kinds: &[Kind],
+    ) -> Result<Row, sqlx::Error> {
+        self.rows(sql, binds, kinds)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or(sqlx::Error::RowNotFound)
+    }
+    /// An insert into a table with an `id` key: the new id (`RETURNING id` on
+    /// PostgreSQL, the connection's last insert id elsewhere).
+    async fn insert(&mut self, sql: &str, binds: &[BindValue]) -> Result<i64, sqlx::Error> {
+        if self.backend() == Backend::Postgres {
+            let returning = format!("{sql} RETURNING id");
+            return self.one(&returning, binds, &[Kind::Int]).await?.int(0);
+        }
+        let done = self.execute(sql, binds).await?;
+        done.last_insert_id.ok_or(sqlx::Error::RowNotFound)
+    }
+    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
+    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
+}
+
+/// A pool of one backend, seen as [`Sql`].
+#[derive(Debug, Clone)]
+pub(crate) struct Pooled<D: Database>(pub Pool<D>);
+
+struct Tx<D: Database>(sqlx::Transaction<'static, D>);
+
+fn bound<'q, D: Dialect>(sql: &'q str, binds: &'q [BindValue]) -> Query<'q, D, D::Arguments<'q>> {
+    binds.iter().fold(sqlx::query(sql), D::bind)
+}
+
+async fn fetch<'c, D, E>(
+    executor: E,
+    sql: &str,
+    binds: &[BindValue],
+    kinds: &[Kind],
+) -> Result<Vec<Row>, sqlx::Error>
+where
+    D: Dialect,
+    E: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+{
+    let sql = D::placeholders(sql);
+    let rows = bound(&sql, binds).fetch_all(executor).await?;
+    rows.iter()
+        .map(|r| {
+            let cells = kinds.iter().enumerate().map(|(i, k)| D::cell(r, i, *k));
+            Ok(Row(cells.collect::<Result<_, _>>()?))
+        })
+        .collect()
+}
+
+async fn execute<'c, D, E>(executor: E, sql: &str, binds: &[BindValue]) -> Result<Done, sqlx::Error>
+where
+    D: Dialect,
+    E: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+{
+    let sql = D::placeholders(sql);
+    Ok(D::done(&bound(&sql, binds).execute(executor).await?))
+}
+
+#[async_trait]
+impl<D> Sql for Pooled<D>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+{
+    fn backend(&self) -> Backend {
+        D::BACKEND
+    }
+    fn quote(&self, identifier: &str) -> String {
+        D::quote(identifier)
+    }
+    fn cast(&self, identifier: &str, kind: Kind) -> String {
+        D::cast(identifier, kind)
+    }
+    fn catalog(&self) -> &'static Catalog {
+        &D::CATALOG
+    }
+    fn null_safe_eq(&self) -> &'static str {
+        D::NULL_SAFE_EQ
+    }
+    fn lock_read(&self) -> &'static str {
+        D::LOCK_READ
+    }
+    fn insert_or_skip(&self, into: &str) -> String {
+        D::insert_or_skip(into)
+    }
+    fn native(&self, sql: &str) -> String {
+        D::placeholders(sql).into_owned()
+    }
+    async fn rows(
+        &self,
+        sql: &str,
+        binds: &[BindValue],
+        kinds: &[Kind],
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        fetch(&self.0, sql, binds, kinds).await
+    }
+    async fn execute(&self, sql: &str, binds: &[BindValue]) -> Result<Done, sqlx::Error> {
+        execute(&self.0, sql, binds).await
+    }
+    async fn begin(&self) -> Result<Box<dyn SqlTx>, sqlx::Error> {
+        Ok(Box::new(Tx(self.0.begin_with(D::BEGIN).await?)))
+    }
+}
+
+#[async_trait]
+impl<D> SqlTx for Tx<D>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+{
+    fn backend(&self) -> Backend {
+        D::BACKEND
+    }
+    async fn rows(
+        &mut self,
+        sql: &str,
+        binds: &[BindValue],
+        kinds: &[Kind],
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        fetch(&mut *self.0, sql, binds, kinds).await
+    }
+    async fn execute(&mut self, sql: &str, binds: &[BindValue]) -> Result<Done, sqlx::Error> {
+        execute(&mut *self.0, sql, binds).await
+    }
+    async fn commit(self: Box<Self>) -> Result<(), sqlx::Error> {
+        self.0.commit().await
+    }
+    async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error> {
+        self.0.rollback().await
+    }
 }
 
 #[cfg(test)]

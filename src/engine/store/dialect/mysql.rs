@@ -1,6 +1,12 @@
 //! MySQL / MariaDB: what differs from the other backends.
 
-use super::super::Failure;
+use chrono::NaiveDateTime;
+use sqlx::mysql::{MySqlArguments, MySqlQueryResult, MySqlRow};
+use sqlx::query::Query;
+use sqlx::{MySql, Row};
+
+use super::super::{Backend, Failure};
+use super::{BindValue, Catalog, Cell, Done, Kind};
 
 /// By error number, then SQLSTATE
 /// (<https://dev.mysql.com/doc/mysql-errors/8.0/en/server-error-reference.html>,
@@ -57,5 +63,108 @@ pub(crate) fn failure(number: u16, sqlstate: Option<&str>) -> Failure {
             Some("08") | Some("40") => Failure::Infrastructure,
             _ => Failure::Other,
         },
+    }
+}
+
+/// InnoDB deadlock (1213) or lock wait timeout (1205): the transaction was rolled
+/// back whole and can simply run again.
+pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("40001") | Some("HY000"))
+                && (db.message().contains("Deadlock") || db.message().contains("Lock wait"))
+        }
+        _ => false,
+    }
+}
+
+impl super::Dialect for MySql {
+    const BACKEND: Backend = Backend::Mysql;
+    const BEGIN: &'static str = "BEGIN";
+    const NULL_SAFE_EQ: &'static str = "<=>";
+    const LOCK_READ: &'static str = " FOR UPDATE";
+
+    /// `INSERT IGNORE`: a duplicate key is 0 rows affected, no error, and the
+    /// transaction goes on.
+    fn insert_or_skip(into: &str) -> String {
+        format!("INSERT IGNORE {into}")
+    }
+
+    fn quote(identifier: &str) -> String {
+        format!("`{identifier}`")
+    }
+
+    /// Keys use a binary collation that the driver reports as VARBINARY, so text is
+    /// read through `CAST(… AS CHAR)`; integers and booleans of a user's table
+    /// through `CAST(… AS SIGNED)`.
+    fn cast(identifier: &str, kind: Kind) -> String {
+        match kind {
+            Kind::Text => format!("CAST(`{identifier}` AS CHAR)"),
+            Kind::Int | Kind::Bool => format!("CAST(`{identifier}` AS SIGNED)"),
+            _ => format!("`{identifier}`"),
+        }
+    }
+
+    /// DATETIME columns hold UTC (every session sets `time_zone = '+00:00'`).
+    fn bind<'q>(
+        query: Query<'q, MySql, MySqlArguments>,
+        value: &'q BindValue,
+    ) -> Query<'q, MySql, MySqlArguments> {
+        match value {
+            BindValue::Time(t) => query.bind(t.naive_utc()),
+            BindValue::Int(i) => query.bind(*i),
+            BindValue::Text(s) => query.bind(s.as_str()),
+            BindValue::TextList(list) => list.iter().fold(query, |q, s| q.bind(s.as_str())),
+            BindValue::Float(f) => query.bind(*f),
+            BindValue::Bytes(b) => query.bind(b.as_slice()),
+            BindValue::Bool(b) => query.bind(*b),
+            BindValue::Json(j) => query.bind(j.to_string()),
+            BindValue::Null(_) => query.bind(None::<String>),
+        }
+    }
+
+    fn cell(row: &MySqlRow, i: usize, kind: Kind) -> Result<Cell, sqlx::Error> {
+        Ok(match kind {
+            Kind::Int => Cell::of(row.try_get(i)?, Cell::Int),
+            Kind::Float => Cell::of(row.try_get(i)?, Cell::Float),
+            Kind::Text => Cell::of(text(row, i)?, Cell::Text),
+            Kind::Bytes => Cell::of(row.try_get(i)?, Cell::Bytes),
+            Kind::Time => Cell::of(row.try_get::<Option<NaiveDateTime>, _>(i)?, |t| {
+                Cell::Time(t.and_utc())
+            }),
+            Kind::Bool => Cell::of(row.try_get::<Option<i64>, _>(i)?, |n| Cell::Bool(n != 0)),
+            Kind::Json => Cell::of(text(row, i)?, |s| {
+                Cell::Json(serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s)))
+            }),
+        })
+    }
+
+    /// InnoDB's sampled estimate; `EXPLAIN FORMAT=JSON` is not executed (`analyze`
+    /// is ignored).
+    const CATALOG: Catalog = Catalog {
+        estimate_sql: "SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES
+                       WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        estimate_kinds: &[Kind::Int],
+        estimate_name: str::to_string,
+        read_estimate: |row| row.opt_int(0),
+        count_first: false,
+        explain: |sql, _| Some(format!("EXPLAIN FORMAT=JSON {sql}")),
+    };
+
+    fn done(result: &MySqlQueryResult) -> Done {
+        Done {
+            rows_affected: result.rows_affected(),
+            last_insert_id: i64::try_from(result.last_insert_id()).ok(),
+        }
+    }
+}
+
+/// Text, or bytes the driver reports as binary (a binary collation, JSON on MariaDB).
+fn text(row: &MySqlRow, i: usize) -> Result<Option<String>, sqlx::Error> {
+    match row.try_get::<Option<String>, _>(i) {
+        Ok(s) => Ok(s),
+        Err(_) => Ok(row
+            .try_get::<Option<Vec<u8>>, _>(i)?
+            .map(|b| String::from_utf8_lossy(&b).into_owned())),
     }
 }
