@@ -64,9 +64,10 @@ fn main() {
             Some(Command::Claims(a)) => cli::claims::run(a).await,
             Some(Command::Report(a)) => cli::report::run(a, config_path).await,
             Some(Command::SmsSandbox(a)) => cli::sandbox::run(a).await,
-            Some(Command::Simulate(a)) => cli::simulate::run(a),
+            Some(Command::Simulate(a)) => cli::simulate::run(a).await,
             Some(Command::Bench(a)) => cli::bench::run(a).await,
             Some(Command::Chaos(a)) => cli::chaos::run(a).await,
+            Some(Command::Ingest(a)) => cli::ingest::run(a).await,
             None => cli::dashboard::run(config_path).await,
         }
     });

@@ -21,6 +21,7 @@ pub mod consume;
 pub mod dashboard;
 pub mod dead_letters;
 pub mod drill;
+pub mod ingest;
 pub mod mark;
 pub mod publish;
 pub mod purge;
@@ -142,6 +143,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Several `serve` processes killed at random while a fleet publishes; then verify.
     Chaos(chaos::ChaosArgs),
+    /// Take device messages in from a broker (MQTT QoS 1) onto the engine's queue.
+    Ingest(ingest::IngestArgs),
 }
 
 /// Flags every engine-backed command shares (SPEC §6 "common flags").

@@ -7,6 +7,7 @@ use clap::Args;
 
 use super::{CliError, CliResult, EXIT_OK};
 use idemwatch::sim::fleet::{FleetConfig, FleetSim};
+use idemwatch::sim::mqtt_device;
 
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
@@ -24,12 +25,26 @@ pub struct SimulateArgs {
     /// Fraction of events held back and delivered late.
     #[arg(long, default_value_t = 0.001)]
     pub late_rate: f64,
+    /// Publish the fleet to this MQTT broker (QoS 1, topic `{topic-prefix}/{device}/events`)
+    /// instead of printing it.
+    #[arg(long, value_name = "URL")]
+    pub mqtt: Option<String>,
+    #[arg(long, default_value = "fleet")]
+    pub topic_prefix: String,
+    /// MQTT only: fraction of publishes a device sends again with the DUP flag (its
+    /// PUBACK came too late).
+    #[arg(long, default_value_t = 0.0)]
+    pub dup_rate: f64,
+    /// MQTT only: how many DUP copies such a publish gets.
+    #[arg(long, default_value_t = 1)]
+    pub dup_copies: u32,
 }
 
-pub fn run(args: SimulateArgs) -> CliResult {
+pub async fn run(args: SimulateArgs) -> CliResult {
     for (name, rate) in [
         ("redelivery-rate", args.redelivery_rate),
         ("late-rate", args.late_rate),
+        ("dup-rate", args.dup_rate),
     ] {
         if !(0.0..=1.0).contains(&rate) {
             return Err(CliError::usage(format!("--{name} must be between 0 and 1")));
@@ -42,6 +57,30 @@ pub fn run(args: SimulateArgs) -> CliResult {
         late_rate: args.late_rate,
         ..FleetConfig::default()
     });
+    if let Some(broker) = &args.mqtt {
+        let messages: Vec<(String, Vec<u8>)> = (0..args.messages)
+            .map(|_| {
+                let m = sim.next();
+                (m.envelope.device_id.clone(), m.raw)
+            })
+            .collect();
+        let stats = mqtt_device::publish_fleet(
+            broker,
+            &format!("idemwatch-sim-{}", std::process::id()),
+            &args.topic_prefix,
+            &messages,
+            args.dup_rate,
+            args.dup_copies,
+            args.seed,
+        )
+        .await
+        .map_err(CliError::unavailable)?;
+        println!(
+            "{}",
+            serde_json::to_string(&stats).unwrap_or_else(|_| "{}".into())
+        );
+        return Ok(EXIT_OK);
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for _ in 0..args.messages {

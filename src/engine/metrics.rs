@@ -33,6 +33,12 @@ struct DeadLetterLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IngressLabel {
+    source: String,
+    dup_flag: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabel {
     route: String,
     outcome: String,
@@ -120,6 +126,7 @@ pub struct Metrics {
     http_requests: Family<HttpLabel, Counter>,
     engine_info: Family<EngineInfoLabel, Gauge>,
     seen_set_bypassed: Family<ConsumerLabel, Counter>,
+    ingress: Family<IngressLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -221,6 +228,12 @@ impl Metrics {
             "Seen-set checks or records skipped because the seen-set was unreachable and the policy is fail-open",
             seen_set_bypassed.clone(),
         );
+        let ingress = Family::<IngressLabel, Counter>::default();
+        registry.register(
+            "idem_ingress_messages",
+            "Messages taken in from a device broker and put on the engine's queue, by source and the DUP flag they arrived with",
+            ingress.clone(),
+        );
         let metrics = Metrics {
             registry,
             processed,
@@ -234,6 +247,7 @@ impl Metrics {
             http_requests,
             engine_info,
             seen_set_bypassed,
+            ingress,
         };
         metrics.set_durability(Durability::default());
         metrics
@@ -280,6 +294,28 @@ impl Metrics {
                 }));
             }
         }
+    }
+
+    /// Both `dup_flag` series of an ingress source at 0 from the start.
+    pub fn register_ingress(&self, source: &str) {
+        for dup in [false, true] {
+            drop(self.ingress.get_or_create(&ingress_label(source, dup)));
+        }
+    }
+
+    /// One message taken in from a device broker.
+    pub fn ingress(&self, source: &str, dup_flag: bool) {
+        self.ingress
+            .get_or_create(&ingress_label(source, dup_flag))
+            .inc();
+    }
+
+    /// `idem_ingress_messages_total` of one source and flag so far.
+    pub fn ingress_count(&self, source: &str, dup_flag: bool) -> u64 {
+        self.ingress
+            .get(&ingress_label(source, dup_flag))
+            .map(|c| c.get())
+            .unwrap_or(0)
     }
 
     /// A seen-set call skipped under fail-open (Redis unreachable).
@@ -451,6 +487,13 @@ pub struct CountSummary {
     #[serde(flatten)]
     pub total: ConsumerCounts,
     pub consumers: BTreeMap<String, ConsumerCounts>,
+}
+
+fn ingress_label(source: &str, dup_flag: bool) -> IngressLabel {
+    IngressLabel {
+        source: source.to_string(),
+        dup_flag: dup_flag.to_string(),
+    }
 }
 
 /// Content type of [`Metrics::encode`].

@@ -18,6 +18,7 @@ pub mod exporter;
 pub mod http_api;
 pub mod http_server;
 pub mod idempotency_key;
+pub mod ingress;
 pub mod metrics;
 pub mod provider;
 pub mod queue;
@@ -147,6 +148,14 @@ pub fn default_queue_url(db_url: &str) -> String {
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or_else(default_data_dir);
     format!("sqlite://{}", dir.join("idemwatch-queue.db").display())
+}
+
+/// The queue one consumer reads, in a namespace or not: `{namespace}/{consumer}`.
+pub fn queue_name(namespace: Option<&str>, consumer: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{ns}/{consumer}"),
+        None => consumer.to_string(),
+    }
 }
 
 /// The consumer engine.

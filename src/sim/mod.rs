@@ -2,4 +2,5 @@
 //! provider (a real HTTP server).
 
 pub mod fleet;
+pub mod mqtt_device;
 pub mod sandbox_provider;

@@ -1,0 +1,206 @@
+//! Device ingress: MQTT (QoS 1) into the engine's queue.
+//!
+//! Vehicles publish with QoS 1: a PUBLISH not acknowledged in time is sent again with
+//! the DUP flag, which is where most device-side duplicates are born. The ingress does
+//! not try to drop them (it cannot tell a retransmission from a new event without the
+//! dedup table); it makes sure none is lost on the way in:
+//!
+//! - a persistent session (clean start false, a fixed client id): while the ingress
+//!   is away the broker keeps its subscription and queues the QoS 1 messages for it;
+//! - manual acks: a message is PUBACKed only after the queue accepted it, so a broker
+//!   connection (or the ingress) that dies in between gets it redelivered, DUP set;
+//! - an ack is sent only on the connection the message came in on: a packet id is
+//!   per connection, and acking an old id on a new connection could ack another message.
+//!
+//! The MQTT client's event loop runs on its own task and hands messages to the
+//! publishing task through a bounded channel (backpressure, not memory growth).
+//! Counted: `idem_ingress_messages_total{source="mqtt",dup_flag}` — the flag as it
+//! arrived here (a broker does not pass a device's DUP on; it sets its own when it
+//! redelivers to us).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, Publish, QoS};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+use super::metrics::Metrics;
+use super::queue::Queue;
+
+/// Messages published into the queue per call, at most.
+pub const MAX_BATCH: usize = 256;
+/// Messages waiting between the MQTT event loop and the queue, at most.
+const CHANNEL_CAPACITY: usize = 1024;
+/// Longest pause before reconnecting to a broker that went away.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+/// MQTT keep-alive: a dead broker connection is noticed within about this.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// Largest MQTT packet accepted (the envelope's 64 KiB plus room for bad input).
+const MAX_PACKET: usize = 1 << 20;
+
+/// Where to read and where to write.
+#[derive(Debug, Clone)]
+pub struct MqttIngressConfig {
+    /// `mqtt://HOST:PORT`.
+    pub broker: String,
+    /// A topic filter, e.g. `fleet/+/events`.
+    pub topic: String,
+    /// The persistent session's name: the same id resumes the same session.
+    pub client_id: String,
+    /// The engine queues each message goes to (one per consumer).
+    pub queues: Vec<String>,
+    /// Stop after this long without a message (tests, one-off imports); `None`: run
+    /// until shutdown.
+    pub idle_exit: Option<Duration>,
+}
+
+/// What one ingress run did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct IngressStats {
+    pub received: u64,
+    pub received_dup_flag: u64,
+    pub published: u64,
+    /// Broker connections made (1 without a reconnect).
+    pub connections: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngressError {
+    #[error("bad broker URL {0}: {1}")]
+    BadUrl(String, String),
+    #[error("{0}")]
+    Queue(#[from] super::queue::QueueError),
+}
+
+/// Host and port of `mqtt://HOST[:PORT]` (1883 by default).
+pub fn broker_address(url: &str) -> Result<(String, u16), IngressError> {
+    let redacted = crate::redact::redact_url(url);
+    let u =
+        url::Url::parse(url).map_err(|e| IngressError::BadUrl(redacted.clone(), e.to_string()))?;
+    if u.scheme() != "mqtt" && u.scheme() != "tcp" {
+        return Err(IngressError::BadUrl(
+            redacted,
+            "expected mqtt://HOST:PORT".into(),
+        ));
+    }
+    let host = u
+        .host_str()
+        .ok_or_else(|| IngressError::BadUrl(redacted, "no host".into()))?;
+    Ok((host.to_string(), u.port().unwrap_or(1883)))
+}
+
+/// Run the ingress until `shutdown` (or `idle_exit`).
+pub async fn run_mqtt(
+    cfg: &MqttIngressConfig,
+    queue: Arc<dyn Queue>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<IngressStats, IngressError> {
+    let (host, port) = broker_address(&cfg.broker)?;
+    let mut options = MqttOptions::new(cfg.client_id.clone(), host, port);
+    options
+        .set_keep_alive(KEEP_ALIVE)
+        .set_clean_session(false)
+        .set_manual_acks(true)
+        .set_max_packet_size(MAX_PACKET, MAX_PACKET);
+    let (client, mut eventloop) = AsyncClient::new(options, 64);
+    metrics.register_ingress("mqtt");
+
+    // The connection a message came in on; an ack goes only back on that one.
+    let generation = Arc::new(AtomicU64::new(0));
+    let (tx, mut rx) = mpsc::channel::<(Publish, u64)>(CHANNEL_CAPACITY);
+    let poller = {
+        let (client, generation, topic) = (client.clone(), generation.clone(), cfg.topic.clone());
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                        generation.fetch_add(1, Ordering::SeqCst);
+                        delay = Duration::from_millis(100);
+                        tracing::info!(session_present = ack.session_present, "MQTT connected");
+                        // A new session (first start, or a broker that lost it): subscribe.
+                        if !ack.session_present {
+                            if let Err(e) = client.try_subscribe(topic.clone(), QoS::AtLeastOnce) {
+                                tracing::warn!(error = %e, "MQTT subscribe could not be queued");
+                            }
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let g = generation.load(Ordering::SeqCst);
+                        if tx.send((p, g)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?delay, "MQTT connection lost; resuming the session");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(MAX_RECONNECT_DELAY);
+                    }
+                }
+            }
+        })
+    };
+
+    let mut stats = IngressStats::default();
+    let mut batch: Vec<(Publish, u64)> = Vec::with_capacity(MAX_BATCH);
+    loop {
+        let first = tokio::select! {
+            m = rx.recv() => m,
+            _ = shutdown.changed() => None,
+            _ = idle(cfg.idle_exit) => None,
+        };
+        let Some(first) = first else { break };
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
+            }
+        }
+        let bodies: Vec<Vec<u8>> = batch.iter().map(|(p, _)| p.payload.to_vec()).collect();
+        for (p, _) in &batch {
+            metrics.ingress("mqtt", p.dup);
+            stats.received += 1;
+            stats.received_dup_flag += u64::from(p.dup);
+        }
+        // Not accepted by the queue: not acked either. The broker keeps them (the
+        // session) and sends them again; retry the same batch meanwhile.
+        let mut delay = Duration::from_millis(100);
+        while let Err(e) = queue.publish(&cfg.queues, &bodies).await {
+            tracing::warn!(error = %e, retry_in = ?delay, "queue refused the batch; not acked, retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.changed() => { batch.clear(); break; }
+            }
+            delay = (delay * 2).min(MAX_RECONNECT_DELAY);
+        }
+        stats.published += batch.len() as u64;
+        let current = generation.load(Ordering::SeqCst);
+        for (p, g) in batch.drain(..) {
+            if g == current {
+                if let Err(e) = client.ack(&p).await {
+                    tracing::warn!(error = %e, "PUBACK not sent; the broker will redeliver");
+                }
+            }
+        }
+        if *shutdown.borrow() {
+            break;
+        }
+    }
+    stats.connections = generation.load(Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(2), client.disconnect()).await;
+    poller.abort();
+    Ok(stats)
+}
+
+/// Resolves after `d`, or never.
+async fn idle(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}

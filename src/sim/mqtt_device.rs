@@ -1,0 +1,153 @@
+//! Vehicles over MQTT: the fleet published with QoS 1, as devices do, including the
+//! retransmissions with the DUP flag that a device sends when a PUBACK is late.
+//!
+//! Written on the MQTT packets themselves (encoded by `rumqttc`'s `mqttbytes`) rather
+//! than through a client library: a client library retransmits only when it decides
+//! to, and a simulator must do it on demand, with the same packet id and the DUP bit.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rand::{Rng, SeedableRng};
+use rumqttc::mqttbytes::v4::{Connect, Packet, Publish};
+use rumqttc::mqttbytes::QoS;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Longest wait for the broker (connect, CONNACK, the last PUBACKs).
+const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest packet read back from the broker.
+const MAX_PACKET: usize = 1 << 16;
+
+/// What the device publisher sent.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct DevicePublishStats {
+    /// Distinct PUBLISH packets (one per envelope).
+    pub published: u64,
+    /// Extra copies sent again with the DUP flag and the same packet id.
+    pub retransmitted: u64,
+    /// PUBACKs received from the broker.
+    pub acked: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("{0}")]
+    Broker(String),
+    #[error("MQTT: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The topic a device publishes its events on: `{prefix}/{device_id}/events`.
+pub fn device_topic(prefix: &str, device_id: &str) -> String {
+    format!("{prefix}/{device_id}/events")
+}
+
+/// Publish `(device_id, body)` pairs with QoS 1 to `broker` (`mqtt://HOST:PORT`); each
+/// is retransmitted `extra` more times with the DUP flag with probability `dup_rate`
+/// (or always, `extra` times, with `dup_rate` ≥ 1). Waits for every PUBACK.
+pub async fn publish_fleet(
+    broker: &str,
+    client_id: &str,
+    topic_prefix: &str,
+    messages: &[(String, Vec<u8>)],
+    dup_rate: f64,
+    extra: u32,
+    seed: u64,
+) -> Result<DevicePublishStats, DeviceError> {
+    let (host, port) = crate::engine::ingress::broker_address(broker)
+        .map_err(|e| DeviceError::Broker(e.to_string()))?;
+    let mut stream =
+        tokio::time::timeout(BROKER_TIMEOUT, TcpStream::connect((host.as_str(), port)))
+            .await
+            .map_err(|_| DeviceError::Broker("connect timed out".into()))??;
+    stream.set_nodelay(true)?;
+    let mut out = BytesMut::new();
+    let mut connect = Connect::new(client_id);
+    connect.keep_alive = 60;
+    connect
+        .write(&mut out)
+        .map_err(|e| DeviceError::Broker(format!("{e:?}")))?;
+    stream.write_all(&out).await?;
+    let mut inbuf = BytesMut::with_capacity(4096);
+    match read_packet(&mut stream, &mut inbuf).await? {
+        Packet::ConnAck(_) => {}
+        other => {
+            return Err(DeviceError::Broker(format!(
+                "expected CONNACK, got {other:?}"
+            )))
+        }
+    }
+    let (mut reader, mut writer) = stream.into_split();
+    let expected = messages.len() as u64;
+    // PUBACKs are read beside the writes: a broker stops reading a client whose
+    // socket buffer it cannot write into.
+    let acks = tokio::spawn(async move {
+        let mut acked = 0u64;
+        let mut buf = inbuf;
+        while acked < expected {
+            match tokio::time::timeout(BROKER_TIMEOUT, read_packet(&mut reader, &mut buf)).await {
+                Ok(Ok(Packet::PubAck(_))) => acked += 1,
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+        acked
+    });
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut stats = DevicePublishStats::default();
+    for (i, (device, body)) in messages.iter().enumerate() {
+        let mut p = Publish::new(
+            device_topic(topic_prefix, device),
+            QoS::AtLeastOnce,
+            body.clone(),
+        );
+        p.pkid = u16::try_from(i % 65_535 + 1).unwrap_or(1);
+        out.clear();
+        p.write(&mut out)
+            .map_err(|e| DeviceError::Broker(format!("{e:?}")))?;
+        stats.published += 1;
+        let copies = if dup_rate >= 1.0 || rng.random_bool(dup_rate.clamp(0.0, 1.0)) {
+            extra.max(1)
+        } else {
+            0
+        };
+        if copies > 0 {
+            p.dup = true;
+            let mut again = BytesMut::new();
+            p.write(&mut again)
+                .map_err(|e| DeviceError::Broker(format!("{e:?}")))?;
+            for _ in 0..copies {
+                out.extend_from_slice(&again);
+                stats.retransmitted += 1;
+            }
+        }
+        writer.write_all(&out).await?;
+    }
+    writer.flush().await?;
+    // A PUBACK per distinct packet id is what the device waits for; the broker may
+    // answer the retransmissions too.
+    stats.acked = acks.await.unwrap_or(0);
+    let _ = writer.write_all(&[0xE0, 0x00]).await; // DISCONNECT
+    Ok(stats)
+}
+
+async fn read_packet<R: AsyncReadExt + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+) -> Result<Packet, DeviceError> {
+    loop {
+        match Packet::read(buf, MAX_PACKET) {
+            Ok(p) => return Ok(p),
+            Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => {}
+            Err(e) => return Err(DeviceError::Broker(format!("{e:?}"))),
+        }
+        let n = tokio::time::timeout(BROKER_TIMEOUT, r.read_buf(buf))
+            .await
+            .map_err(|_| DeviceError::Broker("broker did not answer in time".into()))??;
+        if n == 0 {
+            return Err(DeviceError::Broker("broker closed the connection".into()));
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Device ingress end to end over a PRIVATE Mosquitto (its own port, persistence
+//! directory and log; never the shared one): devices publish QoS 1 with DUP
+//! retransmissions, the broker restarts in the middle, `idemwatch ingest mqtt` resumes
+//! its persistent session — nothing lost, and the consumers apply each effect once.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::services::{free_port, reachable};
+use common::{idemwatch_bin, KillOnDrop, TempEnv};
+use idemwatch::engine::crash::CrashPlan;
+use idemwatch::engine::envelope::EventType;
+use idemwatch::engine::{Engine, EngineConfig};
+use idemwatch::sim::fleet::{FleetConfig, FleetSim};
+use idemwatch::sim::mqtt_device::publish_fleet;
+use idemwatch::sim::sandbox_provider::{self, SandboxClient};
+
+struct PrivateMosquitto {
+    port: u16,
+    conf: std::path::PathBuf,
+    log: std::path::PathBuf,
+    proc: Option<KillOnDrop>,
+}
+
+impl PrivateMosquitto {
+    fn new(env: &TempEnv) -> Option<Self> {
+        if Command::new("mosquitto").arg("-h").output().is_err() {
+            if common::backends::required() {
+                panic!("mosquitto is required (IDEMWATCH_REQUIRE_SERVICES=1)");
+            }
+            eprintln!("SKIP: mosquitto not installed");
+            return None;
+        }
+        let port = free_port();
+        let dir = env.path("mosquitto");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("mosquitto.log");
+        let conf = dir.join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "user root\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nlog_dest file {}\nlog_type all\nmax_queued_messages 10000\n",
+                dir.display(),
+                log.display()
+            ),
+        )
+        .unwrap();
+        let mut m = PrivateMosquitto {
+            port,
+            conf,
+            log,
+            proc: None,
+        };
+        m.start();
+        Some(m)
+    }
+
+    fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    fn start(&mut self) {
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&self.conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto starts");
+        self.proc = Some(KillOnDrop(child));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while reachable(&self.url()).is_err() {
+            assert!(Instant::now() < deadline, "private mosquitto did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A clean stop (SIGTERM: the broker writes its sessions and queued messages to
+    /// its persistence file), then a start on the same port.
+    fn restart(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &p.0.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while p.0.try_wait().ok().flatten().is_none() {
+                assert!(Instant::now() < deadline, "mosquitto did not stop");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        self.start();
+    }
+
+    fn log_has(&self, needle: &str) -> bool {
+        std::fs::read_to_string(&self.log).is_ok_and(|t| t.contains(needle))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothing_and_doubles_nothing(
+) {
+    let env = TempEnv::new();
+    let Some(mut broker) = PrivateMosquitto::new(&env) else {
+        return;
+    };
+    let ingest = Command::new(idemwatch_bin())
+        .args([
+            "ingest",
+            "mqtt",
+            "--broker",
+            &broker.url(),
+            "--topic",
+            "fleet/+/events",
+        ])
+        .args([
+            "--client-id",
+            "idemwatch-ingest-test",
+            "--idle-exit",
+            "8s",
+            "--json",
+        ])
+        .env("IDEMWATCH_LOG_FILE", env.path("ingest.log"))
+        .env("IDEMWATCH_DB", env.db_url())
+        .env("IDEMWATCH_QUEUE", env.queue_url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ingest starts");
+    let mut ingest = KillOnDrop(ingest);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !broker.log_has("Received SUBSCRIBE from idemwatch-ingest-test") {
+        assert!(Instant::now() < deadline, "ingest never subscribed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut sim = FleetSim::new(FleetConfig {
+        vehicles: 5,
+        seed: 20,
+        redelivery_rate: 0.0,
+        late_rate: 0.0,
+        ..FleetConfig::default()
+    });
+    let events: Vec<_> = (0..400).map(|_| sim.next()).collect();
+    let messages: Vec<(String, Vec<u8>)> = events
+        .iter()
+        .map(|m| (m.envelope.device_id.clone(), m.raw.clone()))
+        .collect();
+    let (first, second) = messages.split_at(200);
+    let a = publish_fleet(&broker.url(), "dev-a", "fleet", first, 0.3, 2, 1)
+        .await
+        .unwrap();
+    assert!(a.retransmitted > 50, "{a:?}");
+    broker.restart();
+    // Published while the ingress is still reconnecting: kept for its session.
+    let b = publish_fleet(&broker.url(), "dev-b", "fleet", second, 0.3, 2, 2)
+        .await
+        .unwrap();
+    assert!(b.retransmitted > 50, "{b:?}");
+
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while ingest.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "ingest did not go idle");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut out = String::new();
+    use std::io::Read;
+    ingest
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let stats: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let sent = a.published + a.retransmitted + b.published + b.retransmitted;
+    // Every copy the devices sent arrived (QoS 1: at least once), over 2+ connections.
+    assert!(
+        stats["received"].as_u64().unwrap() >= sent,
+        "{stats} vs {sent}"
+    );
+    assert!(stats["connections"].as_u64().unwrap() >= 2, "{stats}");
+
+    // The consumers over what the ingress queued: each effect once.
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let cfg = EngineConfig::new(
+        &env.db_url(),
+        &env.queue_url(),
+        &sandbox.url(),
+        &sandbox.url(),
+    );
+    let engine = Engine::open(&cfg).await.unwrap();
+    let s = engine
+        .run_until_idle(Arc::new(CrashPlan::none()), None)
+        .await
+        .unwrap();
+    assert_eq!(s.total.dead_lettered, 0, "{s:?}");
+    let mut exits: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    for m in &events {
+        if m.envelope.event_type == EventType::ZoneExit {
+            exits
+                .entry(m.envelope.device_id.clone())
+                .or_default()
+                .insert(m.envelope.seq);
+        }
+    }
+    let distinct: usize = exits.values().map(BTreeSet::len).sum();
+    assert!(distinct > 0);
+    for (device, seqs) in &exits {
+        assert_eq!(
+            engine.store.zone_exits(device).await.unwrap(),
+            seqs.len() as i64,
+            "{device}"
+        );
+    }
+    let sms = SandboxClient::new(sandbox.url())
+        .unwrap()
+        .sent_sms()
+        .await
+        .unwrap();
+    assert_eq!(sms.len(), distinct, "one SMS per distinct zone exit");
+    assert_eq!(
+        s.consumers["trip-counter"].processed as usize, distinct,
+        "{s:?}"
+    );
+    assert!(
+        s.total.duplicate_dropped > 0,
+        "the retransmissions were dropped as duplicates: {s:?}"
+    );
+}
