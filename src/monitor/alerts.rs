@@ -6,8 +6,9 @@
 //!
 //! Two things are never incidents: what a drill caused (a drill device's ghost
 //! state, its claims, a live drill's duplicates) is labelled [`Cause::Drill`], and a
-//! deploy's duplicate spike is judged against the deploy-day baseline over five
-//! minutes rather than the one-minute threshold.
+//! deploy's duplicate spike is judged over five minutes against the deploy-day
+//! baseline rather than the one-minute threshold, the redeliveries of what its
+//! restart left in flight counted as expected (see [`deploy_spike_beyond_baseline`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -17,7 +18,7 @@ use serde::Serialize;
 
 use super::db::{DbStats, SourceStatus};
 use super::markers::TimelineMarker;
-use super::targets::{ConsumerStatus, Flow, TargetStatus};
+use super::targets::{ConsumerStatus, Flow, TargetStatus, WindowCounts};
 use super::vehicles::VehicleAnomaly;
 use crate::config::AlertRules;
 use crate::engine::store::Durability;
@@ -375,6 +376,21 @@ fn drill_running(input: &AlertInputs<'_>) -> Option<Cause> {
     })
 }
 
+/// Inside a deploy window: the duplicates a deploy does not explain, when they are
+/// above the deploy-day rate; None when the spike is the deploy's expected one.
+///
+/// A restart hands the deliveries in flight back to the queue; they come back
+/// redelivered and the ones already committed are dropped as duplicates. That is
+/// the at-least-once contract working, however small the consumer's traffic (one
+/// redelivered duplicate among 30 messages is 3 %, and nothing is wrong). What the
+/// redeliveries do not explain (a producer resending, a seen-set that forgot) is
+/// judged against the deploy-day rate over the window.
+pub fn deploy_spike_beyond_baseline(w: &WindowCounts) -> Option<f64> {
+    let traffic = w.processed + w.duplicate_dropped;
+    let beyond = (w.duplicate_dropped - w.redelivered).max(0.0);
+    (traffic > 0.0 && beyond / traffic > DEPLOY_DAY_RATIO).then_some(beyond)
+}
+
 fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
     let deploy = recent(
         input.markers,
@@ -389,21 +405,25 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
             consumer: c.consumer.clone(),
         };
         let high = match deploy {
-            // The deploy's spike is expected: only above the deploy-day rate over
-            // the five minutes around it is it a warning.
-            Some(_) => c
-                .window_5m
-                .duplicate_ratio
-                .filter(|r| *r > DEPLOY_DAY_RATIO)
-                .map(|r| (r, c.window_5m.seconds)),
+            Some(_) => deploy_spike_beyond_baseline(&c.window_5m).map(|beyond| {
+                let ratio = c.window_5m.duplicate_ratio.unwrap_or(0.0);
+                (ratio, c.window_5m.seconds, Some(beyond))
+            }),
             None => c
                 .duplicate_ratio_1m
                 .filter(|r| *r > DUPLICATE_RATIO_ALERT)
-                .map(|r| (r, c.window_1m.seconds)),
+                .map(|r| (r, c.window_1m.seconds, None)),
         };
-        if let Some((ratio, seconds)) = high {
+        if let Some((ratio, seconds, beyond)) = high {
             let during = deploy
-                .map(|m| format!(" (deploy window of \"{}\")", m.label))
+                .map(|m| {
+                    format!(
+                        ", {} beyond the {} redeliveries a restart explains (deploy window of \"{}\")",
+                        beyond.unwrap_or(0.0),
+                        c.window_5m.redelivered,
+                        m.label
+                    )
+                })
                 .unwrap_or_default();
             out.push(
                 Alert::new(

@@ -53,24 +53,71 @@ pub fn restart_marker(target: &str, at: DateTime<Utc>, cause: &str) -> TimelineM
     }
 }
 
-/// Merge both sources newest first, keeping at most `limit`. A restart the database
-/// already records (same kind within 5 s) is not shown twice: the row wins, it
-/// carries the operator's label.
+/// How long after a deploy (or a recorded restart) the restarts seen in the scrapes
+/// are that deploy's own: a rolling restart replaces processes for a while after
+/// its hook wrote the marker.
+pub const EXPLAINED_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(120);
+/// Restarts of one target closer together than this are one marker ("restarted
+/// 3×"): a crash loop is one event on the chart, not a wall of ticks.
+pub const RESTART_DEBOUNCE: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+
+/// Merge both sources newest first, keeping at most `limit`. A restart the
+/// database explains is not shown twice: a deploy or restart row up to 5 s after it
+/// or up to [`EXPLAINED_AFTER`] before it wins, it carries the operator's label (its
+/// detail then says the scrapes saw the restart). Scraped restarts of one target
+/// within [`RESTART_DEBOUNCE`] of each other are one marker.
 pub fn merge(
     database: &[TimelineMarker],
     scraped: &[TimelineMarker],
     limit: usize,
 ) -> Vec<TimelineMarker> {
-    let near = |a: &TimelineMarker, b: &TimelineMarker| {
-        a.kind == b.kind && (a.at - b.at).num_seconds().abs() <= 5
+    let explains = |d: &TimelineMarker, s: &TimelineMarker| {
+        matches!(d.kind.as_str(), "deploy" | "restart")
+            && s.at - d.at <= EXPLAINED_AFTER
+            && d.at - s.at <= chrono::TimeDelta::seconds(5)
     };
     let mut all: Vec<TimelineMarker> = database.to_vec();
-    all.extend(
-        scraped
-            .iter()
-            .filter(|s| !database.iter().any(|d| near(d, s)))
-            .cloned(),
-    );
+    let mut restarts: Vec<&TimelineMarker> = scraped.iter().collect();
+    restarts.sort_by_key(|m| m.at);
+    // (the group's first restart, how many, its last)
+    let mut kept: Vec<(TimelineMarker, u32, DateTime<Utc>)> = Vec::new();
+    for s in restarts {
+        let nearest = all
+            .iter_mut()
+            .filter(|d| explains(d, s))
+            .min_by_key(|d| (s.at - d.at).abs());
+        if let Some(d) = nearest {
+            let seen = format!("{} (seen in the scrapes)", s.label);
+            match &mut d.detail {
+                Some(detail) if detail.contains(&seen) => {}
+                Some(detail) => *detail = format!("{detail}; {seen}"),
+                None => d.detail = Some(seen),
+            }
+            continue;
+        }
+        match kept
+            .iter_mut()
+            .rev()
+            .find(|(k, _, _)| k.kind == s.kind && k.label == s.label)
+        {
+            Some((_, n, last)) if s.at - *last <= RESTART_DEBOUNCE => {
+                *n += 1;
+                *last = s.at;
+            }
+            _ => kept.push((s.clone(), 1, s.at)),
+        }
+    }
+    all.extend(kept.into_iter().map(|(mut m, n, last)| {
+        if n > 1 {
+            m.label = format!("{} {n}×", m.label);
+            m.detail = Some(format!(
+                "{}; the last at {}",
+                m.detail.unwrap_or_default(),
+                last.format("%H:%M:%S")
+            ));
+        }
+        m
+    }));
     all.sort_by_key(|m| std::cmp::Reverse(m.at));
     all.truncate(limit);
     all
@@ -108,7 +155,58 @@ mod tests {
         ];
         let merged = merge(&db, &scraped, 10);
         let times: Vec<_> = merged.iter().map(|m| m.at).collect();
-        assert_eq!(times, vec![at(100), at(50), at(10)]);
+        assert_eq!(times, vec![at(100), at(10)]);
+        assert_eq!(
+            merged[0].detail.as_deref(),
+            Some("sms restarted (seen in the scrapes)")
+        );
+        assert_eq!(
+            merged[1].detail.as_deref(),
+            Some("sms restarted (seen in the scrapes)"),
+            "40 s after the deploy: its rolling restart"
+        );
         assert_eq!(merge(&db, &scraped, 1).len(), 1);
+    }
+
+    #[test]
+    fn a_crash_loop_is_one_marker_and_separate_restarts_stay_apart() {
+        let scraped: Vec<TimelineMarker> = [0, 20, 45, 90, 400]
+            .iter()
+            .map(|s| restart_marker("sms", at(*s), "counter reset"))
+            .chain([restart_marker("erp", at(30), "counter reset")])
+            .collect();
+        let merged = merge(&[], &scraped, 10);
+        let shown: Vec<(i64, &str)> = merged
+            .iter()
+            .map(|m| ((m.at - at(0)).num_seconds(), m.label.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (400, "sms restarted"),
+                (30, "erp restarted"),
+                (0, "sms restarted 4×")
+            ]
+        );
+    }
+
+    #[test]
+    fn twenty_minutes_of_deploys_show_one_marker_each() {
+        // A deploy every two minutes, its rolling restart seen 6 s later.
+        let db: Vec<TimelineMarker> = (0..10)
+            .map(|i| TimelineMarker {
+                at: at(i * 120),
+                kind: "deploy".into(),
+                label: format!("deploy #{i}"),
+                detail: None,
+                source: MarkerSource::Database,
+            })
+            .collect();
+        let scraped: Vec<TimelineMarker> = (0..10)
+            .map(|i| restart_marker("demo", at(i * 120 + 6), "new start time"))
+            .collect();
+        let merged = merge(&db, &scraped, 50);
+        assert_eq!(merged.len(), 10);
+        assert!(merged.iter().all(|m| m.kind == "deploy"), "{merged:?}");
     }
 }

@@ -65,8 +65,12 @@ pub struct ConsumerChart {
     pub span_seconds: u64,
     pub processed_per_s: Vec<Point>,
     pub duplicates_per_s: Vec<Point>,
-    /// Gaps (None) where a scrape failed or nothing flowed.
+    /// Gaps (None) where a scrape failed or nothing flowed: the ratio of each poll.
     pub duplicate_ratio: Vec<Point>,
+    /// The ratio over the minute (and the five minutes) before each poll: the
+    /// Overview's `dup %` column as it stood then.
+    pub duplicate_ratio_1m: Vec<Point>,
+    pub duplicate_ratio_5m: Vec<Point>,
 }
 
 /// A broker's redeliveries per second over the current zoom span.
@@ -364,6 +368,8 @@ fn chart(
         processed_per_s: series.processed_per_s.window(now, span),
         duplicates_per_s: series.duplicates_per_s.window(now, span),
         duplicate_ratio: series.duplicate_ratio.window(now, span),
+        duplicate_ratio_1m: series.duplicate_ratio_1m.window(now, span),
+        duplicate_ratio_5m: series.duplicate_ratio_5m.window(now, span),
     }
 }
 

@@ -41,6 +41,16 @@ impl RateWindow {
         }
     }
 
+    /// A consumer's duplicate ratio over this window: one reading for the Overview's
+    /// `dup %` column and the chart's legend, so the two never disagree.
+    pub fn duplicate_ratio(self, c: &crate::monitor::targets::ConsumerStatus) -> Option<f64> {
+        match self {
+            RateWindow::OneMinute => c.window_1m.duplicate_ratio,
+            RateWindow::FiveMinutes => c.window_5m.duplicate_ratio,
+            RateWindow::LastPoll => c.duplicate_ratio,
+        }
+    }
+
     fn next(self) -> RateWindow {
         match self {
             RateWindow::OneMinute => RateWindow::FiveMinutes,

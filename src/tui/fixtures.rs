@@ -42,6 +42,12 @@ fn consumer(name: &str, processed: f64, rate: f64, dups: f64, dup_rate: f64) -> 
         side_effects.insert("suppressed".into(), reading(3.0, 0.0));
         side_effects.insert("failed".into(), reading(0.0, 0.0));
     }
+    let window_1m = window(
+        60.0,
+        rate,
+        dup_rate,
+        if name == "vehicle-state" { 3.0 } else { 0.0 },
+    );
     ConsumerStatus {
         target: "demo-engine".into(),
         consumer: name.into(),
@@ -49,7 +55,8 @@ fn consumer(name: &str, processed: f64, rate: f64, dups: f64, dup_rate: f64) -> 
         processed: reading(processed, rate),
         duplicate_dropped: reading(dups, dup_rate),
         duplicate_ratio: Some(dup_rate / (rate + dup_rate)),
-        duplicate_ratio_1m: Some(dup_rate / (rate + dup_rate)),
+        // What the monitor sets: the minute's ratio is the window's.
+        duplicate_ratio_1m: window_1m.duplicate_ratio,
         redelivered: reading(dups + 2.0, dup_rate),
         out_of_order: reading(4.0, 0.0),
         dead_lettered: reading(2.0, 0.0),
@@ -58,12 +65,7 @@ fn consumer(name: &str, processed: f64, rate: f64, dups: f64, dup_rate: f64) -> 
         claims_in_doubt: Some(if name == "zone-exit-sms" { 1.0 } else { 0.0 }),
         last_restart: Some(now() - Duration::seconds(95)),
         duplicates_quiet_seconds: None,
-        window_1m: window(
-            60.0,
-            rate,
-            dup_rate,
-            if name == "vehicle-state" { 3.0 } else { 0.0 },
-        ),
+        window_1m,
         window_5m: window(300.0, rate, dup_rate * 0.6, 2.0),
         totals: Totals {
             since: Some(now() - Duration::seconds(1200)),
@@ -458,6 +460,8 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                     .collect(),
                 duplicates_per_s: rate_series(0.5 + i as f64 * 0.2),
                 duplicate_ratio: ratio_series(0.004 + i as f64 * 0.001),
+                duplicate_ratio_1m: ratio_series(0.004 + i as f64 * 0.001),
+                duplicate_ratio_5m: ratio_series(0.004 + i as f64 * 0.001),
             })
             .collect(),
         brokers: vec![BrokerStatus {

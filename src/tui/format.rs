@@ -56,6 +56,41 @@ pub fn clock(t: DateTime<Utc>) -> String {
     t.format("%H:%M:%S").to_string()
 }
 
+/// `text` in lines of at most `width` characters, broken between words, at most
+/// `max_lines` of them; the last ends in `…` when text was left out. A long alert
+/// then keeps its object on a second line instead of losing it at the edge.
+pub fn wrap(text: &str, width: usize, max_lines: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let len = line.chars().count();
+        let need = word.chars().count() + usize::from(len > 0);
+        if len > 0 && len + need > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    lines.push(line);
+    let cut = lines.len() > max_lines;
+    lines.truncate(max_lines.max(1));
+    for l in &mut lines {
+        if l.chars().count() > width {
+            *l = l.chars().take(width.saturating_sub(1)).collect::<String>() + "…";
+        }
+    }
+    if cut {
+        if let Some(last) = lines.last_mut() {
+            let keep = width.saturating_sub(1).min(last.chars().count());
+            *last = last.chars().take(keep).collect::<String>() + "…";
+        }
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +104,13 @@ mod tests {
         assert_eq!(rate(Some(12.345)), "12.3");
         assert_eq!(duration(190), "3m 10s");
         assert_eq!(duration(7 * 86_400 + 3600), "7d 01h");
+    }
+
+    #[test]
+    fn wrap_breaks_between_words_and_marks_what_it_leaves_out() {
+        assert_eq!(wrap("a bb ccc", 4, 3), vec!["a bb", "ccc"]);
+        assert_eq!(wrap("short", 10, 2), vec!["short"]);
+        assert_eq!(wrap("one two three four", 8, 2), vec!["one two", "three…"]);
+        assert_eq!(wrap("abcdefghij", 4, 2), vec!["abc…"]);
     }
 }

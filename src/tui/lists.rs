@@ -7,7 +7,9 @@ use std::cmp::Ordering;
 
 use crate::drills::Scenario;
 use crate::monitor::alerts::Alert;
-use crate::monitor::db::{ConsumerInserts, DeadLetterRow, DrillRunSummary, InDoubtClaim};
+use crate::monitor::db::{
+    ConsumerInserts, DeadLetterGroup, DeadLetterRow, DrillRunSummary, InDoubtClaim,
+};
 use crate::monitor::markers::TimelineMarker;
 use crate::monitor::targets::ConsumerStatus;
 use crate::monitor::vehicles::{DetailEvent, VehicleAnomaly};
@@ -26,6 +28,7 @@ pub enum ListId {
     DrillRuns,
     Claims,
     DeadLetters,
+    Reasons,
     Inserts,
     Markers,
 }
@@ -41,6 +44,7 @@ impl ListId {
             Tab::Tables => &[
                 ListId::Claims,
                 ListId::DeadLetters,
+                ListId::Reasons,
                 ListId::Inserts,
                 ListId::Markers,
             ],
@@ -58,6 +62,7 @@ impl ListId {
             ListId::DrillRuns => "drill runs",
             ListId::Claims => "claims in doubt",
             ListId::DeadLetters => "dead letters",
+            ListId::Reasons => "by reason",
             ListId::Inserts => "inserts",
             ListId::Markers => "markers",
         }
@@ -74,6 +79,7 @@ impl ListId {
             ListId::DrillRuns => &["newest", "scenario", "verdict"],
             ListId::Claims => &["oldest", "consumer", "attempts"],
             ListId::DeadLetters => &["newest", "reason", "consumer"],
+            ListId::Reasons => &["key_conflict first", "total", "last hour", "consumer"],
             ListId::Inserts => &["consumer", "rows/min"],
             ListId::Markers => &["newest", "kind"],
         }
@@ -347,6 +353,31 @@ pub fn dead_letters(app: &App) -> Arranged<'_, DeadLetterRow> {
     )
 }
 
+/// The database's dead letters per consumer and reason: key conflicts first (an
+/// identity bug upstream), then the biggest.
+pub fn reasons(app: &App) -> Arranged<'_, DeadLetterGroup> {
+    let items = app
+        .snapshot
+        .as_ref()
+        .and_then(|s| s.database.as_ref())
+        .map(|d| d.dead_letters.as_slice())
+        .unwrap_or(&[]);
+    arrange(
+        app,
+        ListId::Reasons,
+        items.iter(),
+        |g| format!("{}|{}", g.consumer, g.reason),
+        |g| format!("{} {}", g.consumer, g.reason),
+        |sort, a, b| match sort {
+            1 => b.total.cmp(&a.total),
+            2 => b.last_hour.cmp(&a.last_hour),
+            3 => (&a.consumer, &a.reason).cmp(&(&b.consumer, &b.reason)),
+            _ => (a.reason != "key_conflict", std::cmp::Reverse(a.total))
+                .cmp(&(b.reason != "key_conflict", std::cmp::Reverse(b.total))),
+        },
+    )
+}
+
 pub fn inserts(app: &App) -> Arranged<'_, ConsumerInserts> {
     let items = app
         .snapshot
@@ -399,6 +430,7 @@ pub fn keys(app: &App, id: ListId) -> Vec<String> {
         ListId::DrillRuns => drill_runs(app).keys(),
         ListId::Claims => claims(app).keys(),
         ListId::DeadLetters => dead_letters(app).keys(),
+        ListId::Reasons => reasons(app).keys(),
         ListId::Inserts => inserts(app).keys(),
         ListId::Markers => markers(app).keys(),
     }
@@ -418,6 +450,7 @@ pub fn counts(app: &App, id: ListId) -> (usize, usize) {
         ListId::DrillRuns => c(drill_runs(app)),
         ListId::Claims => c(claims(app)),
         ListId::DeadLetters => c(dead_letters(app)),
+        ListId::Reasons => c(reasons(app)),
         ListId::Inserts => c(inserts(app)),
         ListId::Markers => c(markers(app)),
     }

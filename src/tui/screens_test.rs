@@ -134,7 +134,7 @@ fn duplicates_all_consumers_with_markers() {
         wide.contains("04:12:03") || wide.contains("04:12"),
         "{wide}"
     );
-    assert!(small.contains("Duplicate rate"), "{small}");
+    assert!(small.contains("Dup % over 1 min"), "{small}");
 }
 
 #[test]

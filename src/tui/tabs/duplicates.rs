@@ -33,7 +33,7 @@ use crate::monitor::alerts::{DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
 use crate::monitor::markers::{glyph, TimelineMarker};
 use crate::monitor::series::Point;
 use crate::monitor::{BrokerChart, ConsumerChart};
-use crate::tui::app::{App, CURSOR_STEPS};
+use crate::tui::app::{App, RateWindow, CURSOR_STEPS};
 use crate::tui::format;
 use crate::tui::theme::Theme;
 use crate::tui::widgets::{panel, waiting};
@@ -166,6 +166,24 @@ fn linear_scale(values: &mut [f64]) -> Scale {
     }
 }
 
+/// The ratio the chart draws: over the window the Overview's `dup %` column reads
+/// (`w`), so the line at "now" is the number in the table.
+fn ratio_series(c: &ConsumerChart, window: RateWindow) -> &[Point] {
+    match window {
+        RateWindow::OneMinute => &c.duplicate_ratio_1m,
+        RateWindow::FiveMinutes => &c.duplicate_ratio_5m,
+        RateWindow::LastPoll => &c.duplicate_ratio,
+    }
+}
+
+/// What that ratio is, for the title and the legend.
+fn ratio_label(window: RateWindow) -> String {
+    match window {
+        RateWindow::LastPoll => "per poll".into(),
+        w => format!("over {}", w.label()),
+    }
+}
+
 fn plot<'a>(app: &'a App, charts: &[(usize, &ConsumerChart)]) -> Option<Plot<'a>> {
     let snap = app.snapshot.as_ref()?;
     let now = snap.taken_at;
@@ -181,7 +199,7 @@ fn plot<'a>(app: &'a App, charts: &[(usize, &ConsumerChart)]) -> Option<Plot<'a>
             (
                 *i,
                 format!("{}/{}", c.target, c.consumer),
-                segments(&c.duplicate_ratio, now, 100.0),
+                segments(ratio_series(c, app.rate_window), now, 100.0),
             )
         })
         .collect();
@@ -275,10 +293,28 @@ fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme:
         } => format!("y clamped at {max:.2}%: {clipped} points above ▲ (peak {peak:.2}%)"),
         Scale::Log { .. } => "log scale".to_string(),
     };
-    let title = format!(
-        " Duplicate rate — {which} — last {} · {scale_note} ",
-        span_label(plot.span)
-    );
+    let title = if app.compact() {
+        // Under 100 columns: the same facts, short enough to be read whole.
+        let which = which.split('/').nth(1).unwrap_or("all").to_string();
+        let scale = match plot.scale {
+            Scale::Linear {
+                max, clipped: 0, ..
+            } => format!("y ≤ {max:.2}%"),
+            Scale::Linear { max, clipped, .. } => format!("y ≤ {max:.2}%, {clipped} ▲"),
+            Scale::Log { .. } => "log".to_string(),
+        };
+        format!(
+            " Dup % {} — {which} — {} · {scale} ",
+            ratio_label(app.rate_window),
+            span_label(plot.span)
+        )
+    } else {
+        format!(
+            " Duplicate rate {} (w) — {which} — last {} · {scale_note} ",
+            ratio_label(app.rate_window),
+            span_label(plot.span)
+        )
+    };
     let block = panel(title, theme);
     let inner = block.inner(area);
     frame.render_widget(block, area);
@@ -472,7 +508,8 @@ fn marker_lane(
     }
 }
 
-/// Each consumer's colour and its current (1-minute) rate.
+/// Each consumer's colour and its current rate over the chart's window: the same
+/// number as the Overview's `dup %` column.
 fn legend<'a>(app: &App, plot: &Plot<'_>, theme: &Theme) -> Line<'a> {
     let Some(snap) = &app.snapshot else {
         return Line::default();
@@ -483,13 +520,16 @@ fn legend<'a>(app: &App, plot: &Plot<'_>, theme: &Theme) -> Line<'a> {
             .consumers
             .iter()
             .find(|c| format!("{}/{}", c.target, c.consumer) == *name)
-            .and_then(|c| c.duplicate_ratio_1m);
+            .and_then(|c| app.rate_window.duplicate_ratio(c));
         let short = name.split('/').nth(1).unwrap_or(name);
         spans.push(Span::styled(format!("── {short} "), theme.series(*i)));
         spans.push(Span::raw(format!("{}  ", format::pct(ratio))));
     }
     if !app.compact() {
-        spans.push(Span::styled("(1 min; ←/→ cursor)", theme.dim));
+        spans.push(Span::styled(
+            format!("({}; ←/→ cursor)", ratio_label(app.rate_window)),
+            theme.dim,
+        ));
     }
     Line::from(spans)
 }

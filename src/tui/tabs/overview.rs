@@ -12,7 +12,7 @@
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
-use ratatui::text::{Line, Span};
+use ratatui::text::{Line, Span, Text};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
@@ -122,11 +122,7 @@ fn consumers_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     }
     let rows = arranged.rows.iter().map(|(_, c)| {
         let [msgs, dups, pct, redeliv, late, dead] = figures(c, window);
-        let ratio = match window {
-            RateWindow::OneMinute => c.window_1m.duplicate_ratio,
-            RateWindow::FiveMinutes => c.window_5m.duplicate_ratio,
-            RateWindow::LastPoll => c.duplicate_ratio,
-        };
+        let ratio = window.duplicate_ratio(c);
         let dup_style = match ratio {
             Some(r) if r >= crate::monitor::alerts::DUPLICATE_RATIO_ALERT => theme.crit,
             Some(r) if r > crate::monitor::alerts::DEPLOY_DAY_RATIO => theme.warn,
@@ -269,6 +265,9 @@ fn alerts_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         return;
     }
     let compact = app.compact();
+    // The message column: the inner width less the fixed columns and their gaps.
+    let fixed: u16 = if compact { 8 + 7 + 2 } else { 8 + 8 + 7 + 3 };
+    let message_width = usize::from(area.width.saturating_sub(2 + fixed)).max(20);
     let rows = arranged.rows.iter().map(|(key, a)| {
         let drill = !a.is_incident();
         let acked = app.acked.contains(key);
@@ -297,23 +296,30 @@ fn alerts_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         } else {
             theme.base
         };
-        if compact {
-            Row::new([
-                Cell::from(tag).style(style),
-                Cell::from(lasted),
-                Cell::from(message).style(text_style),
-            ])
-        } else {
-            Row::new([
-                Cell::from(tag).style(style),
-                Cell::from(since),
-                Cell::from(lasted),
-                Cell::from(Line::from(vec![
-                    Span::styled(message, text_style),
-                    Span::styled(format!("  → {}", a.object.label()), theme.dim),
-                ])),
-            ])
+        // More lines when the alert does not fit in one: its end (the numbers, the
+        // deploy it belongs to) and the object Enter jumps to must not be cut.
+        let mut lines: Vec<Line> = format::wrap(&message, message_width, 2)
+            .into_iter()
+            .map(|l| Line::styled(l, text_style))
+            .collect();
+        if !compact {
+            let object = format!("→ {}", a.object.label());
+            let last = lines.last().map_or(0, |l| l.width());
+            match lines.last_mut() {
+                Some(l) if last + 2 + object.chars().count() <= message_width => {
+                    l.push_span(Span::styled(format!("  {object}"), theme.dim));
+                }
+                _ => lines.push(Line::styled(object, theme.dim)),
+            }
         }
+        let height = lines.len() as u16;
+        let mut cells = vec![Cell::from(tag).style(style)];
+        if !compact {
+            cells.push(Cell::from(since));
+        }
+        cells.push(Cell::from(lasted));
+        cells.push(Cell::from(Text::from(lines)));
+        Row::new(cells).height(height)
     });
     let widths: Vec<Constraint> = if compact {
         vec![

@@ -62,7 +62,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     list_panel(frame, inserts_area, app, ListId::Inserts, theme);
     list_panel(frame, doubt_area, app, ListId::Claims, theme);
     list_panel(frame, dead_area, app, ListId::DeadLetters, theme);
-    reasons_panel(frame, reasons_area, app, db, theme);
+    list_panel(frame, reasons_area, app, ListId::Reasons, theme);
     list_panel(frame, markers_area, app, ListId::Markers, theme);
 }
 
@@ -125,49 +125,6 @@ fn dedup_panel(frame: &mut Frame, area: Rect, db: &DbStats, theme: &Theme) {
     }
     frame.render_widget(
         Paragraph::new(lines).block(panel(" Dedup table ", theme)),
-        area,
-    );
-}
-
-/// Dead letters by consumer and reason (the database's totals), key_conflict first.
-fn reasons_panel(frame: &mut Frame, area: Rect, app: &App, db: &DbStats, theme: &Theme) {
-    let mut groups: Vec<_> = db
-        .dead_letters
-        .iter()
-        .filter(|d| app.matches(&format!("{} {}", d.consumer, d.reason)))
-        .collect();
-    groups.sort_by_key(|g| (g.reason != "key_conflict", std::cmp::Reverse(g.total)));
-    let rows = groups.iter().map(|d| {
-        Row::new([
-            Cell::from(d.consumer.clone()),
-            Cell::from(d.reason.clone()).style(if d.reason == "key_conflict" {
-                theme.crit
-            } else {
-                theme.base
-            }),
-            Cell::from(d.total.to_string()),
-            Cell::from(d.last_hour.to_string()),
-        ])
-    });
-    frame.render_widget(
-        Table::new(
-            rows,
-            [
-                Constraint::Length(14),
-                Constraint::Length(19),
-                Constraint::Length(7),
-                Constraint::Min(6),
-            ],
-        )
-        .header(Row::new(["consumer", "reason", "total", "last h"]).style(theme.title))
-        .block(panel(
-            format!(
-                " Dead letters by reason ({} of {}) ",
-                groups.len(),
-                db.dead_letters.len()
-            ),
-            theme,
-        )),
         area,
     );
 }
@@ -249,6 +206,37 @@ fn list_panel(frame: &mut Frame, area: Rect, app: &App, id: ListId, theme: &Them
                         Constraint::Length(14),
                         Constraint::Length(18),
                         Constraint::Min(10),
+                    ],
+                    rows,
+                    a.selected(sort),
+                )
+            }
+            ListId::Reasons => {
+                let a = lists::reasons(app);
+                let rows = a
+                    .rows
+                    .iter()
+                    .map(|(_, d)| {
+                        Row::new([
+                            Cell::from(d.consumer.clone()),
+                            Cell::from(d.reason.clone()).style(if d.reason == "key_conflict" {
+                                theme.crit
+                            } else {
+                                theme.base
+                            }),
+                            Cell::from(d.total.to_string()),
+                            Cell::from(d.last_hour.to_string()),
+                        ])
+                    })
+                    .collect();
+                (
+                    format!(" Dead letters by reason ({}, {sorted}) ", a.count_label()),
+                    vec!["consumer", "reason", "total", "last h"],
+                    vec![
+                        Constraint::Length(14),
+                        Constraint::Length(19),
+                        Constraint::Length(7),
+                        Constraint::Min(6),
                     ],
                     rows,
                     a.selected(sort),
