@@ -2,6 +2,7 @@
 
 mod cli;
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -16,6 +17,7 @@ fn init_logging(path: Option<PathBuf>) -> Option<tracing_appender::non_blocking:
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&path)
         .ok()?;
     let (writer, guard) = tracing_appender::non_blocking(file);
@@ -29,8 +31,25 @@ fn init_logging(path: Option<PathBuf>) -> Option<tracing_appender::non_blocking:
     Some(guard)
 }
 
+/// The data directory exists and is private (0700), and whatever this process
+/// creates (SQLite files, the queue, the log, reports) is readable by its owner only:
+/// the files hold message payloads, phone numbers and dead letters' raw bytes.
+fn private_files() -> Result<(), String> {
+    // SAFETY: umask only changes this process's file-creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+    let dir = idemwatch::engine::data_dir().map_err(|e| e.to_string())?;
+    idemwatch::engine::make_private_dir(&dir)
+        .map_err(|e| format!("cannot create the data directory {}: {e}", dir.display()))
+}
+
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = private_files() {
+        eprintln!("error: {e}");
+        std::process::exit(cli::EXIT_USAGE);
+    }
     let _guard = init_logging(cli.log_file.clone());
     let mut builder = match cli::runtime_threads(cli.runtime_threads) {
         // One thread: tokio's current-thread scheduler. A multi-thread runtime with one

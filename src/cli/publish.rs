@@ -1,6 +1,8 @@
 //! `idemwatch publish FILE|-`: enqueue one message per line, bytes as they are.
 //! Garbage lines are published too: the consumers dead-letter them with their raw
-//! bytes, which is the point.
+//! bytes, which is the point. A line over the envelope's size limit is not: the
+//! queue refuses it (`queue::check_body_sizes`), so the file is refused whole, with
+//! the line numbers, before anything is published.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -9,6 +11,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::{print_json, CliError, CliResult, EngineArgs, EXIT_OK};
+use idemwatch::engine::envelope::MAX_RAW_BYTES;
 use idemwatch::engine::Engine;
 
 #[derive(Debug, Args)]
@@ -22,13 +25,15 @@ pub struct PublishArgs {
     pub json: bool,
 }
 
-/// Split on newlines, keep every non-blank line's exact bytes (CRLF tolerated).
-pub fn split_lines(bytes: &[u8]) -> Vec<Vec<u8>> {
+/// Split on newlines, keep every non-blank line's exact bytes (CRLF tolerated),
+/// with its line number.
+pub fn split_lines(bytes: &[u8]) -> Vec<(usize, Vec<u8>)> {
     bytes
         .split(|b| *b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-        .map(<[u8]>::to_vec)
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.strip_suffix(b"\r").unwrap_or(l)))
+        .filter(|(_, l)| !l.iter().all(u8::is_ascii_whitespace))
+        .map(|(n, l)| (n, l.to_vec()))
         .collect()
 }
 
@@ -40,7 +45,19 @@ pub async fn run(args: PublishArgs) -> CliResult {
         std::fs::read(&args.file).map(|b| bytes = b)
     };
     read.map_err(|e| CliError::usage(format!("cannot read {}: {e}", args.file.display())))?;
-    let lines = split_lines(&bytes);
+    let numbered = split_lines(&bytes);
+    let too_large: Vec<String> = numbered
+        .iter()
+        .filter(|(_, l)| l.len() > MAX_RAW_BYTES)
+        .map(|(n, l)| format!("line {n} ({} bytes)", l.len()))
+        .collect();
+    if !too_large.is_empty() {
+        return Err(CliError::usage(format!(
+            "{}: over the envelope limit of {MAX_RAW_BYTES} bytes; nothing was published",
+            too_large.join(", ")
+        )));
+    }
+    let lines: Vec<Vec<u8>> = numbered.into_iter().map(|(_, l)| l).collect();
     // Publishing needs no provider: the URLs are placeholders never called.
     let cfg = args
         .engine
@@ -77,9 +94,9 @@ mod tests {
         assert_eq!(
             lines,
             vec![
-                b"a".to_vec(),
-                b"\xff\xfe garbage".to_vec(),
-                b"last".to_vec()
+                (1, b"a".to_vec()),
+                (4, b"\xff\xfe garbage".to_vec()),
+                (5, b"last".to_vec())
             ]
         );
     }

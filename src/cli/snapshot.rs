@@ -98,6 +98,13 @@ fn percent(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{:.3}%", v * 100.0))
 }
 
+/// A value a remote peer or a stored row chose (label values, errors, marker
+/// labels), as the terminal may show it: control characters (escape sequences)
+/// removed.
+fn p(text: &str) -> std::borrow::Cow<'_, str> {
+    idemwatch::redact::printable(text)
+}
+
 /// The human summary: sources first (is anything down?), then alerts, then numbers.
 pub fn render_text(s: &Snapshot) -> String {
     let mut out = String::new();
@@ -110,16 +117,16 @@ pub fn render_text(s: &Snapshot) -> String {
                 t.samples,
                 t.scrape_ms.unwrap_or(0)
             ),
-            SourceStatus::Down { error } => format!("DOWN: {error}"),
+            SourceStatus::Down { error } => format!("DOWN: {}", p(error)),
         };
-        let _ = writeln!(out, "  {:<12} {:<40} {state}", t.name, t.url);
+        let _ = writeln!(out, "  {:<12} {:<40} {state}", p(&t.name), p(&t.url));
     }
     let _ = writeln!(out, "\nAlerts");
     if s.alerts.is_empty() {
         let _ = writeln!(out, "  none");
     }
     for a in &s.alerts {
-        let _ = writeln!(out, "  [{:?}] {}", a.severity, a.message);
+        let _ = writeln!(out, "  [{:?}] {}", a.severity, p(&a.message));
     }
     let _ = writeln!(out, "\nConsumers");
     let _ = writeln!(
@@ -131,7 +138,7 @@ pub fn render_text(s: &Snapshot) -> String {
         let _ = writeln!(
             out,
             "  {:<24} {:>10} {:>10} {:>9} {:>12} {:>10} {:>8}",
-            format!("{}/{}", c.target, c.consumer),
+            p(&format!("{}/{}", c.target, c.consumer)),
             per_s(c.processed.per_second),
             per_s(c.duplicate_dropped.per_second),
             percent(c.duplicate_ratio),
@@ -141,10 +148,10 @@ pub fn render_text(s: &Snapshot) -> String {
         );
     }
     if let Some(db) = &s.database {
-        let _ = writeln!(out, "\nDatabase {}", db.url);
+        let _ = writeln!(out, "\nDatabase {}", p(&db.url));
         match &db.status {
             SourceStatus::Down { error } => {
-                let _ = writeln!(out, "  DOWN: {error}");
+                let _ = writeln!(out, "  DOWN: {}", p(error));
             }
             SourceStatus::Up => render_db(&mut out, db),
         }
@@ -157,7 +164,7 @@ pub fn render_text(s: &Snapshot) -> String {
                 "  {} {:<8} {}",
                 m.at.format("%Y-%m-%d %H:%M:%S"),
                 m.kind,
-                m.label
+                p(&m.label)
             );
         }
     }
@@ -190,7 +197,8 @@ fn render_db(out: &mut String, db: &idemwatch::monitor::db::DbStats) {
             let _ = writeln!(
                 out,
                 "  inserted last minute: {:<16} {}",
-                i.consumer, i.last_minute
+                p(&i.consumer),
+                i.last_minute
             );
         }
     }
@@ -199,14 +207,20 @@ fn render_db(out: &mut String, db: &idemwatch::monitor::db::DbStats) {
         let _ = writeln!(
             out,
             "    {} {} age {} s, {} attempt(s)",
-            c.consumer, c.message_key, c.age_seconds, c.attempts
+            p(&c.consumer),
+            p(&c.message_key),
+            c.age_seconds,
+            c.attempts
         );
     }
     for g in &db.dead_letters {
         let _ = writeln!(
             out,
             "  dead letters {}/{}: {} ({} last hour)",
-            g.consumer, g.reason, g.total, g.last_hour
+            p(&g.consumer),
+            p(&g.reason),
+            g.total,
+            g.last_hour
         );
     }
     if let Some(v) = &db.vehicles {
@@ -223,12 +237,12 @@ fn render_db(out: &mut String, db: &idemwatch::monitor::db::DbStats) {
             out,
             "  drill #{} {} ({}): {}",
             r.id,
-            r.scenario,
-            r.mode,
-            r.verdict.as_deref().unwrap_or("running")
+            p(&r.scenario),
+            p(&r.mode),
+            p(r.verdict.as_deref().unwrap_or("running"))
         );
     }
     for f in &db.failures {
-        let _ = writeln!(out, "  query {} failed: {}", f.query, f.error);
+        let _ = writeln!(out, "  query {} failed: {}", f.query, p(&f.error));
     }
 }

@@ -123,11 +123,46 @@ impl EngineConfig {
     }
 }
 
-/// The default data directory: `$XDG_DATA_HOME/idemwatch` (or the platform's).
+/// Why there is no data directory.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "no data directory: neither $XDG_DATA_HOME nor $HOME is set (idemwatch keeps its database, \
+     queue and log in $XDG_DATA_HOME/idemwatch or ~/.local/share/idemwatch); set one of them"
+)]
+pub struct NoDataDir;
+
+/// `$XDG_DATA_HOME/idemwatch`, else `$HOME/.local/share/idemwatch`. Never a shared
+/// directory such as `/tmp`: what lives there (the database, the queue, the log)
+/// holds message payloads and must be the user's alone.
+pub fn data_dir() -> Result<PathBuf, NoDataDir> {
+    let from_env = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    from_env("XDG_DATA_HOME")
+        .or_else(|| from_env("HOME").map(|h| h.join(".local").join("share")))
+        .map(|d| d.join("idemwatch"))
+        .ok_or(NoDataDir)
+}
+
+/// The data directory, for callers that run after the binary checked [`data_dir`]
+/// (it refuses to start without one); a library caller without a home gets a
+/// relative `idemwatch` directory, never a shared one.
 pub fn default_data_dir() -> PathBuf {
-    dirs::data_dir()
-        .unwrap_or_else(std::env::temp_dir)
-        .join("idemwatch")
+    data_dir().unwrap_or_else(|_| PathBuf::from("idemwatch"))
+}
+
+/// Create `dir` readable by its owner only (0700), and take away group and other
+/// access from one that exists.
+#[cfg(unix)]
+pub fn make_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
 /// `sqlite://…/idemwatch.db` in the default data directory.

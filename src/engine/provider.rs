@@ -30,6 +30,32 @@ pub enum ProviderError {
     Rejected { status: u16, body: String },
 }
 
+/// The most of a provider's answer we keep (SPEC §8: a `provider_rejected` detail
+/// holds at most 4 KiB of the body). The answer is stored and shown: a provider that
+/// answers with megabytes must not put them in `dead_letters` or the log.
+pub const MAX_PROVIDER_BODY: usize = 4096;
+
+/// The first `max` bytes of a response's body as text (invalid UTF-8 replaced, a
+/// character cut at the cap dropped); the rest is never read.
+async fn read_capped(mut resp: reqwest::Response, max: usize) -> Result<String, reqwest::Error> {
+    let mut body = Vec::new();
+    while body.len() < max {
+        match resp.chunk().await? {
+            Some(piece) => body.extend_from_slice(&piece[..piece.len().min(max - body.len())]),
+            None => break,
+        }
+    }
+    let text = match std::str::from_utf8(&body) {
+        Ok(text) => text.to_string(),
+        // Cut inside a character: keep what is whole.
+        Err(e) if e.error_len().is_none() => {
+            String::from_utf8_lossy(&body[..e.valid_up_to()]).into_owned()
+        }
+        Err(_) => String::from_utf8_lossy(&body).into_owned(),
+    };
+    Ok(text)
+}
+
 /// Where side effects go.
 #[derive(Debug, Clone)]
 pub struct ProviderClient {
@@ -104,8 +130,7 @@ impl ProviderClient {
             .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
         let status = resp.status().as_u16();
         let replayed = idempotency_key::is_replayed(resp.headers());
-        let body = resp
-            .text()
+        let body = read_capped(resp, MAX_PROVIDER_BODY)
             .await
             .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
         match status {

@@ -870,6 +870,7 @@ fn delivery_count(d: &lapin::message::Delivery) -> u32 {
 #[async_trait]
 impl Queue for AmqpQueue {
     async fn publish(&self, queues: &[String], bodies: &[Vec<u8>]) -> QueueResult<()> {
+        super::check_body_sizes(bodies)?;
         if queues.is_empty() || bodies.is_empty() {
             return Ok(());
         }

@@ -191,6 +191,7 @@ impl EmbeddedQueue {
 #[async_trait]
 impl Queue for EmbeddedQueue {
     async fn publish(&self, queues: &[String], bodies: &[Vec<u8>]) -> QueueResult<()> {
+        super::check_body_sizes(bodies)?;
         let now = now_ms();
         // Multi-row inserts, in publish order (ids follow it): one call to SQLite's
         // thread per chunk instead of one per message.

@@ -9,6 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
+use crate::engine::envelope::MAX_RAW_BYTES;
+
 pub mod amqp;
 pub mod embedded;
 pub mod nats;
@@ -29,6 +31,13 @@ pub enum QueueError {
     Amqp(String),
     #[error("NATS: {0}")]
     Nats(String),
+    /// A body over the envelope's limit: refused before any of the call is queued.
+    #[error("message {index} is {bytes} bytes, over the envelope limit of {limit} bytes: nothing was published")]
+    TooLarge {
+        index: usize,
+        bytes: usize,
+        limit: usize,
+    },
     #[error("{0}")]
     Other(String),
 }
@@ -63,9 +72,25 @@ impl QueueDepth {
     }
 }
 
+/// Refuse a publish call with a body over [`MAX_RAW_BYTES`] before any of it is
+/// queued: a consumer would only dead-letter it unread (`too_large`), and a queue
+/// without a cap lets one producer fill the broker's disk or memory. Every
+/// [`Queue::publish`] calls it first.
+pub fn check_body_sizes(bodies: &[Vec<u8>]) -> QueueResult<()> {
+    match bodies.iter().position(|b| b.len() > MAX_RAW_BYTES) {
+        Some(index) => Err(QueueError::TooLarge {
+            index,
+            bytes: bodies[index].len(),
+            limit: MAX_RAW_BYTES,
+        }),
+        None => Ok(()),
+    }
+}
+
 #[async_trait]
 pub trait Queue: Send + Sync + 'static {
-    /// Publish each body to every named queue, atomically for the whole call.
+    /// Publish each body to every named queue, atomically for the whole call; a body
+    /// over the envelope's limit refuses the call ([`check_body_sizes`]).
     async fn publish(&self, queues: &[String], bodies: &[Vec<u8>]) -> QueueResult<()>;
 
     /// Lease up to `max` visible messages of `queue` for `visibility`.

@@ -268,6 +268,7 @@ impl NatsQueue {
         queues: &[String],
         bodies: &[Vec<u8>],
     ) -> QueueResult<PublishCounts> {
+        super::check_body_sizes(bodies)?;
         let mut counts = PublishCounts::default();
         for queue in queues {
             let loc = self.location(queue);
