@@ -249,7 +249,15 @@ async fn a_drills_child_processes_get_their_urls_through_the_environment() {
             // The drill's own sandbox provider: the planted SMS URL goes nowhere.
             .env_remove("IDEMWATCH_SMS_URL")
             .env_remove("IDEMWATCH_WEBHOOK_URL")
-            .args(["drill", "crash-after-send", "--kill-process", "--json"])
+            // Ten child incarnations: each lives a moment, and one seen is enough.
+            .args([
+                "drill",
+                "crash-before-ack",
+                "--times",
+                "10",
+                "--kill-process",
+                "--json",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -264,7 +272,7 @@ async fn a_drills_child_processes_get_their_urls_through_the_environment() {
             seen.insert(child, cmdline);
         }
         assert!(Instant::now() < deadline, "the drill did not finish");
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(1));
     }
     assert!(
         seen.values().any(|c| c.contains(" consume ")),
