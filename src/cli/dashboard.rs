@@ -5,22 +5,25 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use super::{CliError, CliResult, EXIT_OK};
-use idemwatch::config::Config;
+use idemwatch::config::{Config, PrometheusServer};
 use idemwatch::demo::{Demo, DemoSettings};
 use idemwatch::drills::DrillTarget;
 use idemwatch::engine::{default_data_dir, default_queue_url};
 use idemwatch::tui::theme::Theme;
 use idemwatch::tui::{self, TuiError, TuiOptions};
 
-pub async fn run(config_path: Option<PathBuf>) -> CliResult {
+pub async fn run(config_path: Option<PathBuf>, prometheus: Option<String>) -> CliResult {
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         return Err(CliError::usage(
             "stdout is not a terminal: the dashboard needs one. For scripts and alerts use `idemwatch snapshot --json`.",
         ));
     }
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    let config =
+    let mut config =
         Config::discover(config_path.as_deref()).map_err(|e| CliError::usage(e.to_string()))?;
+    if let (Some(url), Some(c)) = (&prometheus, &mut config) {
+        c.prometheus = Some(PrometheusServer { url: url.clone() });
+    }
     let opts = match config {
         Some(config) => TuiOptions {
             theme: Theme::pick(config.theme, no_color),
@@ -55,8 +58,12 @@ pub async fn run(config_path: Option<PathBuf>) -> CliResult {
                 e.metrics_url,
                 e.sms_url
             );
+            let mut config = e.monitor_config();
+            if let Some(url) = prometheus {
+                config.prometheus = Some(PrometheusServer { url });
+            }
             TuiOptions {
-                config: e.monitor_config(),
+                config,
                 theme: Theme::pick(Default::default(), no_color),
                 drill_target: Some(DrillTarget::new(
                     &e.db_url,

@@ -108,6 +108,11 @@ pub struct Cli {
     )]
     pub runtime_threads: Option<usize>,
 
+    /// The dashboard's Prometheus server (base URL): the chart's window before the
+    /// dashboard started comes from its history. Overrides `[prometheus] url`.
+    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", value_parser = parse_http_url)]
+    pub prometheus: Option<String>,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -305,6 +310,17 @@ pub async fn open_engine(cfg: &EngineConfig) -> Result<Engine, CliError> {
         EngineError::Store(StoreError::DurabilityUnsupported(m)) => CliError::usage(m),
         other => CliError::unavailable(other),
     })
+}
+
+/// An http(s) URL (`--prometheus`); a bad one is shown redacted.
+pub fn parse_http_url(raw: &str) -> Result<String, String> {
+    match url::Url::parse(raw) {
+        Ok(u) if u.scheme() == "http" || u.scheme() == "https" => Ok(raw.to_string()),
+        _ => Err(format!(
+            "{} is not an http(s) URL",
+            idemwatch::redact::redact_url(raw)
+        )),
+    }
 }
 
 /// Print a value as one JSON document on stdout.

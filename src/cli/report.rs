@@ -11,9 +11,10 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::{CliError, CliResult, EXIT_OK};
-use idemwatch::config::{Config, DatabaseConfig};
+use idemwatch::config::{Config, DatabaseConfig, PrometheusServer};
 use idemwatch::engine::default_db_url;
-use idemwatch::monitor::Monitor;
+use idemwatch::monitor::history::{HistoryState, HistoryStatus};
+use idemwatch::monitor::{HistoryWindow, Monitor};
 use idemwatch::report::{Format, Report};
 
 #[derive(Debug, Args)]
@@ -33,6 +34,10 @@ pub struct ReportArgs {
     /// Database URL; overrides the config's (default: the engine's SQLite file).
     #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
+    /// A Prometheus server (base URL) whose history gives the window's rates;
+    /// overrides `[prometheus] url`.
+    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", value_parser = super::parse_http_url)]
+    pub prometheus: Option<String>,
 }
 
 /// RFC 3339, `now`, or a duration before now.
@@ -66,19 +71,30 @@ pub async fn run(args: ReportArgs, config_path: Option<PathBuf>) -> CliResult {
         (None, None) => config.database = Some(DatabaseConfig::with_url(&default_db_url())),
         (None, Some(_)) => {}
     }
-    // The window's data comes from the database: no scrape of the live targets.
-    let history = config.prometheus.clone();
-    config.targets.clear();
+    if let Some(url) = args.prometheus {
+        config.prometheus = Some(PrometheusServer { url });
+    }
+    // The window's data comes from the database and the Prometheus history: no
+    // scrape of the live targets (their names still name the history's series).
+    let targets = std::mem::take(&mut config.targets);
     let mut monitor = Monitor::new(&config).map_err(|e| CliError::usage(e.to_string()))?;
+    monitor.set_history_targets(targets);
+    monitor.set_history_window(HistoryWindow::Between(args.from, args.to));
+    monitor.settle_history().await;
     let snapshot = monitor.poll().await;
-    let mut report = Report::for_window(&snapshot, args.from, args.to, "database");
-    report.notes.push(match history {
-        Some(p) => format!(
-            "the duplicate-rate history of {} is not read yet: the chart shows the markers only",
-            idemwatch::redact::redact_url(&p.url)
-        ),
-        None => "no Prometheus configured ([prometheus] url): the database keeps no duplicates, so the chart shows the markers only".into(),
-    });
+    let source = if snapshot.history.is_some() {
+        "prometheus"
+    } else {
+        "database"
+    };
+    let mut report = Report::for_window(&snapshot, args.from, args.to, source);
+    match (&config.prometheus, &snapshot.history_source) {
+        (None, _) => report.notes.push("no Prometheus configured ([prometheus] url or --prometheus): the database keeps no duplicates, so the chart shows the markers only".into()),
+        (Some(_), Some(HistoryStatus { url, state: HistoryState::Down { error } })) => report
+            .notes
+            .push(format!("the history of {url} could not be read ({error}): the chart shows the markers only")),
+        (Some(_), _) => {}
+    }
     report
         .write(args.format, &args.out)
         .map_err(|e| CliError::unavailable(format!("cannot write {}: {e}", args.out.display())))?;

@@ -11,7 +11,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{print_json, CliError, CliResult, EXIT_OK};
-use idemwatch::config::{parse_byte_size, Config, DatabaseConfig, ScrapeTarget, MIN_SCRAPE_BYTES};
+use idemwatch::config::{
+    parse_byte_size, Config, DatabaseConfig, PrometheusServer, ScrapeTarget, MIN_SCRAPE_BYTES,
+};
 use idemwatch::monitor::db::{CountMethod, SourceStatus};
 use idemwatch::monitor::{self, Snapshot};
 
@@ -34,6 +36,13 @@ pub struct SnapshotArgs {
     /// Machine-readable snapshot (only JSON on stdout).
     #[arg(long)]
     pub json: bool,
+    /// A Prometheus server (its base URL) whose history of the window before the
+    /// snapshot goes into `history` and `markers`; overrides `[prometheus] url`.
+    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", value_parser = super::parse_http_url)]
+    pub prometheus: Option<String>,
+    /// How far back the history reaches (default: the config's chart window).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub history: Option<Duration>,
 }
 
 fn parse_scrape_max_bytes(raw: &str) -> Result<u64, String> {
@@ -75,11 +84,15 @@ pub async fn run(args: SnapshotArgs, config_path: Option<PathBuf>) -> CliResult 
     if let Some(max) = args.scrape_max_bytes {
         config.scrape_max_bytes = max;
     }
+    if let Some(url) = args.prometheus {
+        config.prometheus = Some(PrometheusServer { url });
+    }
+    let history = args.history.unwrap_or(config.chart_window);
     let mut config = config.with_local_defaults();
     // One look, seconds long: a target that does not answer it is down now (the
     // dashboard's grace period is for one missed scrape in a long session).
     config.alerts.target_down_after = Duration::ZERO;
-    let snapshot = monitor::snapshot_once(&config, args.spacing)
+    let snapshot = monitor::snapshot_once(&config, args.spacing, Some(history))
         .await
         .map_err(|e| CliError::usage(e.to_string()))?;
     if args.json {

@@ -14,6 +14,9 @@ pub enum MarkerSource {
     Database,
     /// Detected by the dashboard from two scrapes of a target.
     Scrape,
+    /// Found in a Prometheus server's history of the window before the dashboard
+    /// started (a new `process_start_time_seconds`, or a counter reset).
+    Prometheus,
 }
 
 /// One vertical line on the charts.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::FutureExt;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
@@ -20,6 +21,7 @@ use crate::config::Config;
 pub mod alerts;
 pub mod bytes;
 pub mod db;
+pub mod history;
 pub mod markers;
 pub mod promql;
 /// The Prometheus text parser and scraper live below every layer that reads an
@@ -33,6 +35,7 @@ pub mod zoom;
 
 use alerts::{Alert, AlertInputs, AlertLog, AlertRecord};
 use db::{DbError, DbPoller, DbStats, DeadLetterDetail};
+use history::{Fetched, History, HistoryClient, HistoryRequest, HistoryState, HistoryStatus};
 use markers::TimelineMarker;
 use prometheus::Scraper;
 use series::{Point, MAX_RETENTION};
@@ -63,6 +66,9 @@ pub struct ConsumerChart {
     pub target: String,
     pub consumer: String,
     pub span_seconds: u64,
+    /// Points before this time come from the Prometheus server's history, the rest
+    /// from the dashboard's own scrapes; None when the chart holds no history.
+    pub history_until: Option<DateTime<Utc>>,
     pub processed_per_s: Vec<Point>,
     pub duplicates_per_s: Vec<Point>,
     /// Gaps (None) where a scrape failed or nothing flowed: the ratio of each poll.
@@ -102,8 +108,17 @@ pub struct Snapshot {
     /// JSON document.
     #[serde(skip)]
     pub ended_alerts: Vec<AlertRecord>,
-    /// Database markers and scraped restarts, newest first.
+    /// Database markers, scraped restarts and the restarts found in the Prometheus
+    /// history, newest first.
     pub markers: Vec<TimelineMarker>,
+    /// The Prometheus server's history of the window before the dashboard's own
+    /// scrapes (SPEC §8); absent without a server or before its first answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<History>,
+    /// The history source as Sources shows it (up with its window, or down with
+    /// why); absent without a server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_source: Option<HistoryStatus>,
     /// The vehicle selected with [`MonitorCommand::SelectVehicle`], refreshed each
     /// poll.
     pub vehicle: Option<VehicleDetail>,
@@ -131,6 +146,40 @@ pub struct Monitor {
     open_dead_letter: Option<i64>,
     alert_log: AlertLog,
     polls: u64,
+    history: Option<HistoryTrack>,
+    /// The first poll: the dashboard's own data begins here, history ends here.
+    first_poll_at: Option<DateTime<Utc>>,
+}
+
+/// Which window the history covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryWindow {
+    /// The chart's zoom span before now (the dashboard).
+    Chart,
+    /// This long before now (`snapshot --history`).
+    Last(Duration),
+    /// A fixed window (`report --from --to`).
+    Between(DateTime<Utc>, DateTime<Utc>),
+}
+
+/// A failed history fetch is retried after this long (not at every poll: a server
+/// that is down would be asked every second).
+const HISTORY_RETRY: Duration = Duration::from_secs(30);
+
+/// The history source of a monitor: its client, the last answer, a fetch in flight.
+struct HistoryTrack {
+    client: HistoryClient,
+    window: HistoryWindow,
+    /// Points per series: about two per chart column (braille), else a default.
+    points: u32,
+    /// The targets whose `instance` names history series (a report scrapes none).
+    targets: Vec<crate::config::ScrapeTarget>,
+    state: HistoryState,
+    data: Option<History>,
+    /// The request of `data`, or of the last failure with its time.
+    answered: Option<HistoryRequest>,
+    failed: Option<(HistoryRequest, std::time::Instant)>,
+    running: Option<tokio::task::JoinHandle<Fetched>>,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -167,8 +216,127 @@ impl Monitor {
             open_dead_letter: None,
             alert_log: AlertLog::default(),
             polls: 0,
+            history: config
+                .prometheus
+                .as_ref()
+                .map(|p| {
+                    HistoryClient::new(&p.url).map(|client| HistoryTrack {
+                        client,
+                        window: HistoryWindow::Chart,
+                        points: history::DEFAULT_POINTS,
+                        targets: config.targets.clone(),
+                        state: HistoryState::Idle,
+                        data: None,
+                        answered: None,
+                        failed: None,
+                        running: None,
+                    })
+                })
+                .transpose()?,
+            first_poll_at: None,
             config: config.clone(),
         })
+    }
+
+    /// Which window the Prometheus history covers (default: the chart's span).
+    pub fn set_history_window(&mut self, window: HistoryWindow) {
+        if let Some(h) = &mut self.history {
+            h.window = window;
+        }
+    }
+
+    /// Name history series after these targets (by their `instance`) even when the
+    /// monitor scrapes none of them (`report`).
+    pub fn set_history_targets(&mut self, targets: Vec<crate::config::ScrapeTarget>) {
+        if let Some(h) = &mut self.history {
+            h.targets = targets;
+        }
+    }
+
+    /// The chart's width in terminal columns: history comes at about two points per
+    /// column (the braille canvas's resolution), so a week is not fetched at 1 s.
+    pub fn set_chart_columns(&mut self, columns: u16) {
+        if let Some(h) = &mut self.history {
+            h.points = u32::from(columns.max(10)) * 2;
+        }
+    }
+
+    /// The window the history should cover now, if it reaches before the
+    /// dashboard's own first scrape.
+    fn wanted_history(&self, now: DateTime<Utc>) -> Option<HistoryRequest> {
+        let h = self.history.as_ref()?;
+        let own_start = self.first_poll_at.unwrap_or(now);
+        let (from, to, span) = match h.window {
+            HistoryWindow::Chart => {
+                let span = self.zoom.span().min(history::MAX_SPAN);
+                (
+                    now - chrono::Duration::from_std(span).ok()?,
+                    own_start,
+                    span,
+                )
+            }
+            HistoryWindow::Last(d) => {
+                let d = d.min(history::MAX_SPAN);
+                (now - chrono::Duration::from_std(d).ok()?, own_start, d)
+            }
+            HistoryWindow::Between(from, to) => (from, to, (to - from).to_std().ok()?),
+        };
+        (from < to).then(|| HistoryRequest {
+            from,
+            to,
+            step: history::step_for(span, h.points),
+        })
+    }
+
+    /// Collect a finished fetch; start one when the wanted window is not covered
+    /// (at start, after a zoom-out, a finer step after a zoom-in). Never waits.
+    fn drive_history(&mut self, now: DateTime<Utc>) {
+        let wanted = self.wanted_history(now);
+        let Some(h) = &mut self.history else {
+            return;
+        };
+        if h.running.as_ref().is_some_and(|r| r.is_finished()) {
+            if let Some(Some(Ok(fetched))) = h.running.take().map(|r| r.now_or_never()) {
+                h.absorb(fetched);
+            }
+        }
+        let Some(wanted) = wanted else {
+            return;
+        };
+        if h.running.is_some() || covers(h.answered.as_ref(), &wanted) {
+            return;
+        }
+        if let Some((failed, at)) = &h.failed {
+            if covers(Some(failed), &wanted) && at.elapsed() < HISTORY_RETRY {
+                return;
+            }
+        }
+        h.state = HistoryState::Fetching;
+        h.running = Some(tokio::spawn(history::fetch_timed(
+            h.client.clone(),
+            wanted,
+            h.targets.clone(),
+            self.config.metrics.clone(),
+        )));
+    }
+
+    /// Wait for a history fetch in flight (bounded by the client's timeouts), for a
+    /// headless command that prints once.
+    pub async fn settle_history(&mut self) {
+        let now = Utc::now();
+        self.drive_history(now);
+        if let Some(h) = &mut self.history {
+            if let Some(running) = h.running.take() {
+                match running.await {
+                    Ok(fetched) => h.absorb(fetched),
+                    Err(e) => {
+                        h.state = HistoryState::Down {
+                            error: format!("history fetch stopped: {e}"),
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The config it runs with.
@@ -186,6 +354,10 @@ impl Monitor {
             .map(|t| (t.name.clone(), t.url.clone()))
             .collect();
         let now = Utc::now();
+        if self.first_poll_at.is_none() {
+            self.first_poll_at = Some(now);
+        }
+        self.drive_history(now);
         let scrapes = self.scraper.scrape_all(&endpoints);
         let database = async {
             match &self.database {
@@ -235,7 +407,11 @@ impl Monitor {
             .iter()
             .flat_map(|t| t.consumers().cloned())
             .collect();
-        let scraped: Vec<TimelineMarker> = self.scraped_markers.iter().cloned().collect();
+        let mut scraped: Vec<TimelineMarker> = self.scraped_markers.iter().cloned().collect();
+        let history = self.history.as_ref().and_then(|h| h.data.clone());
+        if let Some(h) = &history {
+            scraped.extend(h.restarts.iter().cloned());
+        }
         let db_markers = database
             .as_ref()
             .map(|d| d.markers.as_slice())
@@ -265,9 +441,14 @@ impl Monitor {
             alerts,
             ended_alerts,
             markers,
+            history_source: self.history.as_ref().map(|h| HistoryStatus {
+                url: h.client.shown_url().to_string(),
+                state: h.state.clone(),
+            }),
+            charts: self.charts(now, history.as_ref()),
+            history,
             vehicle,
             dead_letter: None,
-            charts: self.charts(now),
             brokers: self
                 .targets
                 .iter()
@@ -286,9 +467,13 @@ impl Monitor {
         }
     }
 
-    fn charts(&self, now: DateTime<Utc>) -> Vec<ConsumerChart> {
+    /// Each consumer's chart over the zoom span: the history before the first poll,
+    /// the own scrapes after it, one line; consumers only the history knows (an
+    /// instance no target names) with their history alone.
+    fn charts(&self, now: DateTime<Utc>, history: Option<&History>) -> Vec<ConsumerChart> {
         let span = self.zoom.span();
-        self.targets
+        let mut charts: Vec<ConsumerChart> = self
+            .targets
             .iter()
             .flat_map(|t| {
                 t.consumer_names().filter_map(move |c| {
@@ -296,7 +481,64 @@ impl Monitor {
                         .map(|s| chart(t.status().name.as_str(), c, s, now, span))
                 })
             })
-            .collect()
+            .collect();
+        let (Some(history), Some(own_start)) = (history, self.first_poll_at) else {
+            return charts;
+        };
+        let from = match self.history.as_ref().map(|h| h.window) {
+            Some(HistoryWindow::Between(from, _)) => from,
+            _ => now - chrono::Duration::from_std(span).unwrap_or(chrono::Duration::MAX),
+        };
+        for h in &history.consumers {
+            let before = |p: &history::HistoryPoint| {
+                let at = DateTime::from_timestamp(p.t, 0).unwrap_or_default();
+                at >= from && at < own_start
+            };
+            let part = |value: fn(&history::HistoryPoint) -> Option<f64>| -> Vec<Point> {
+                h.points
+                    .iter()
+                    .filter(|p| before(p))
+                    .map(|p| Point {
+                        at: DateTime::from_timestamp(p.t, 0).unwrap_or_default(),
+                        value: value(p),
+                    })
+                    .collect()
+            };
+            let index = match charts
+                .iter()
+                .position(|c| c.target == h.target && c.consumer == h.consumer)
+            {
+                Some(i) => i,
+                None => {
+                    charts.push(ConsumerChart {
+                        target: h.target.clone(),
+                        consumer: h.consumer.clone(),
+                        span_seconds: span.as_secs(),
+                        history_until: None,
+                        processed_per_s: Vec::new(),
+                        duplicates_per_s: Vec::new(),
+                        duplicate_ratio: Vec::new(),
+                        duplicate_ratio_1m: Vec::new(),
+                        duplicate_ratio_5m: Vec::new(),
+                    });
+                    charts.len() - 1
+                }
+            };
+            let c = &mut charts[index];
+            c.history_until = Some(own_start);
+            c.processed_per_s
+                .splice(0..0, part(|p| p.processed_per_second));
+            c.duplicates_per_s
+                .splice(0..0, part(|p| p.duplicate_dropped_per_second));
+            c.duplicate_ratio.splice(0..0, part(|p| p.duplicate_ratio));
+            // Prometheus' ratio is over at least a minute: it stands for the
+            // windowed ratios as well.
+            c.duplicate_ratio_1m
+                .splice(0..0, part(|p| p.duplicate_ratio));
+            c.duplicate_ratio_5m
+                .splice(0..0, part(|p| p.duplicate_ratio));
+        }
+        charts
     }
 
     /// The series of one consumer of one target (the whole bounded history).
@@ -336,6 +578,7 @@ impl Monitor {
                         Some(MonitorCommand::PollNow) => {}
                         Some(MonitorCommand::ZoomIn) => { self.zoom.zoom_in(); }
                         Some(MonitorCommand::ZoomOut) => { self.zoom.zoom_out(); }
+                        Some(MonitorCommand::ChartColumns(columns)) => self.set_chart_columns(columns),
                         Some(MonitorCommand::SelectVehicle(device)) => self.select_vehicle(device),
                         Some(MonitorCommand::OpenDeadLetter(id)) => self.open_dead_letter = id,
                     },
@@ -365,6 +608,7 @@ fn chart(
         target: target.to_string(),
         consumer: consumer.to_string(),
         span_seconds: span.as_secs(),
+        history_until: None,
         processed_per_s: series.processed_per_s.window(now, span),
         duplicates_per_s: series.duplicates_per_s.window(now, span),
         duplicate_ratio: series.duplicate_ratio.window(now, span),
@@ -383,6 +627,8 @@ pub enum MonitorCommand {
     SelectVehicle(Option<String>),
     /// Read one dead letter's raw bytes into every snapshot; None stops it.
     OpenDeadLetter(Option<i64>),
+    /// The chart is this many columns wide (the history's step follows it).
+    ChartColumns(u16),
 }
 
 /// The TUI's side of a spawned [`Monitor`].
@@ -396,9 +642,58 @@ pub struct MonitorHandle {
 
 /// One headless poll for `snapshot`: poll, wait `spacing`, poll again, so that the
 /// snapshot has rates (a rate needs two counter readings).
-pub async fn snapshot_once(config: &Config, spacing: Duration) -> Result<Snapshot, MonitorError> {
+///
+/// With a Prometheus server, its history of `history` before now (default: the
+/// chart window) is fetched meanwhile and awaited before the second poll.
+pub async fn snapshot_once(
+    config: &Config,
+    spacing: Duration,
+    history: Option<Duration>,
+) -> Result<Snapshot, MonitorError> {
     let mut monitor = Monitor::new(config)?;
+    if let Some(span) = history {
+        monitor.set_history_window(HistoryWindow::Last(span));
+    }
     monitor.poll().await;
     tokio::time::sleep(spacing).await;
+    monitor.settle_history().await;
     Ok(monitor.poll().await)
+}
+
+/// The answered request covers the wanted one: it starts no later (within a step)
+/// and its step is neither much coarser nor much finer.
+fn covers(answered: Option<&HistoryRequest>, wanted: &HistoryRequest) -> bool {
+    let Some(a) = answered else {
+        return false;
+    };
+    let slack = chrono::Duration::from_std(wanted.step).unwrap_or_default();
+    a.from <= wanted.from + slack
+        && a.to >= wanted.to - slack
+        && a.step <= wanted.step * 2
+        && a.step * 2 >= wanted.step
+}
+
+impl HistoryTrack {
+    /// Keep a finished fetch's answer (or its failure: the last good answer stays on
+    /// the chart, the error goes to Sources).
+    fn absorb(&mut self, fetched: Fetched) {
+        match fetched.result {
+            Ok(data) => {
+                self.state = HistoryState::Up {
+                    from: fetched.request.from,
+                    to: fetched.request.to,
+                    step_seconds: fetched.request.step.as_secs(),
+                    fetch_ms: u64::try_from(fetched.took.as_millis()).unwrap_or(u64::MAX),
+                    series: data.consumers.len(),
+                };
+                self.data = Some(data);
+                self.answered = Some(fetched.request);
+                self.failed = None;
+            }
+            Err(error) => {
+                self.state = HistoryState::Down { error };
+                self.failed = Some((fetched.request, std::time::Instant::now()));
+            }
+        }
+    }
 }

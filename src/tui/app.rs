@@ -392,6 +392,11 @@ impl App {
                 }
             }
             Action::Resize { width, height } => {
+                if width != self.width {
+                    effects.push(Effect::Monitor(MonitorCommand::ChartColumns(
+                        chart_columns(width),
+                    )));
+                }
                 self.width = width;
                 self.height = height;
             }
@@ -832,6 +837,12 @@ impl App {
             self.chart.consumer = None;
         }
     }
+}
+
+/// The chart's plotting columns in a terminal `width` wide (the panel's borders and
+/// the y labels off): the monitor fits the history's step to them.
+pub fn chart_columns(width: u16) -> u16 {
+    width.saturating_sub(2 + crate::tui::tabs::duplicates::Y_LABELS)
 }
 
 #[cfg(test)]

@@ -23,7 +23,10 @@ pub const FRAME_BUDGET: Duration = Duration::from_millis(50);
 const TICK: Duration = Duration::from_secs(1);
 
 pub async fn run(terminal: &mut DefaultTerminal, opts: TuiOptions) -> Result<(), TuiError> {
-    let monitor = Monitor::new(&opts.config).map_err(|e| TuiError::Setup(e.to_string()))?;
+    let mut monitor = Monitor::new(&opts.config).map_err(|e| TuiError::Setup(e.to_string()))?;
+    if let Ok(size) = terminal.size() {
+        monitor.set_chart_columns(crate::tui::app::chart_columns(size.width));
+    }
     let mut handle = monitor.spawn();
     let (tx, mut rx) = mpsc::unbounded_channel::<Action>();
     let theme = opts.theme;

@@ -418,6 +418,8 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             raw: conflict_raw(),
         }),
         markers,
+        history: None,
+        history_source: None,
         vehicle: Some(VehicleDetail {
             device_id: "34-SIM-0007".into(),
             state: Some(StateRow {
@@ -451,6 +453,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                 target: "demo-engine".into(),
                 consumer: c.to_string(),
                 span_seconds: 900,
+                history_until: None,
                 processed_per_s: ratio_series(0.0)
                     .into_iter()
                     .map(|p| Point {

@@ -41,7 +41,7 @@ use crate::tui::widgets::{panel, waiting};
 /// The floor of the log scale, in percent (0.001 %): zero sits there.
 const LOG_FLOOR_PCT: f64 = 0.001;
 /// Width of the y-axis labels.
-const Y_LABELS: u16 = 7;
+pub const Y_LABELS: u16 = 7;
 
 /// Runs of chart points, one line each.
 pub type Segments = Vec<Vec<(f64, f64)>>;
@@ -92,6 +92,9 @@ struct Plot<'a> {
     series: Vec<(usize, String, Segments)>,
     markers: Vec<&'a TimelineMarker>,
     scale: Scale,
+    /// The line left of this time is the Prometheus server's history, right of it
+    /// the dashboard's own scrapes.
+    history_until: Option<DateTime<Utc>>,
 }
 
 /// The y axis: a clamped linear scale, or a log one.
@@ -226,12 +229,14 @@ fn plot<'a>(app: &'a App, charts: &[(usize, &ConsumerChart)]) -> Option<Plot<'a>
                 && app.matches(&format!("{} {}", m.kind, m.label))
         })
         .collect();
+    let history_until = charts.iter().filter_map(|(_, c)| c.history_until).min();
     Some(Plot {
         now,
         span,
         series,
         markers,
         scale,
+        history_until,
     })
 }
 
@@ -293,6 +298,16 @@ fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme:
         } => format!("y clamped at {max:.2}%: {clipped} points above ▲ (peak {peak:.2}%)"),
         Scale::Log { .. } => "log scale".to_string(),
     };
+    // Where each part of the line came from.
+    let source_note = plot
+        .history_until
+        .map(|t| {
+            format!(
+                " · ◂ Prometheus history until {} ┊ own scrapes ▸",
+                axis_time(t, plot.span)
+            )
+        })
+        .unwrap_or_default();
     let title = if app.compact() {
         // Under 100 columns: the same facts, short enough to be read whole.
         let which = which.split('/').nth(1).unwrap_or("all").to_string();
@@ -303,14 +318,19 @@ fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme:
             Scale::Linear { max, clipped, .. } => format!("y ≤ {max:.2}%, {clipped} ▲"),
             Scale::Log { .. } => "log".to_string(),
         };
+        let source = if plot.history_until.is_some() {
+            " · ◂ Prom┊live ▸"
+        } else {
+            ""
+        };
         format!(
-            " Dup % {} — {which} — {} · {scale} ",
+            " Dup % {} — {which} — {} · {scale}{source} ",
             ratio_label(app.rate_window),
             span_label(plot.span)
         )
     } else {
         format!(
-            " Duplicate rate {} (w) — {which} — last {} · {scale_note} ",
+            " Duplicate rate {} (w) — {which} — last {} · {scale_note}{source_note} ",
             ratio_label(app.rate_window),
             span_label(plot.span)
         )
@@ -403,6 +423,12 @@ fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme:
         format!("└{}", "─".repeat(usize::from(canvas_area.width))),
         theme.dim,
     );
+    if let Some(t) = plot.history_until {
+        let before = (plot.now - t).num_milliseconds() as f64 / 1000.0;
+        if before < plot.span as f64 {
+            put(buf, col_of(-before), axis_row.y, "┊", theme.title);
+        }
+    }
     time_labels(buf, time_row, canvas_area, plot);
     marker_lane(buf, axis_row, lane_row, canvas_area, plot, &col_of, theme);
     if let Some(step) = app.chart.cursor {

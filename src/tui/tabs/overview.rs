@@ -18,6 +18,7 @@ use ratatui::Frame;
 
 use crate::engine::store::Durability;
 use crate::monitor::db::SourceStatus;
+use crate::monitor::history::{HistoryState, HistoryStatus};
 use crate::monitor::targets::{ConsumerStatus, Flow, WindowCounts};
 use crate::tui::app::{App, RateWindow};
 use crate::tui::format;
@@ -455,10 +456,44 @@ fn sources_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             }
         }
     }
+    if let Some(h) = &snap.history_source {
+        lines.push(history_line(h, theme));
+    }
     frame.render_widget(
         Paragraph::new(lines)
             .wrap(Wrap { trim: false })
             .block(panel(" Sources ", theme)),
         area,
     );
+}
+
+/// The Prometheus history source: what it covers, or why it is not on the chart
+/// (the live scrapes go on either way).
+fn history_line(h: &HistoryStatus, theme: &Theme) -> Line<'static> {
+    let (state, style) = match &h.state {
+        HistoryState::Idle => (
+            "idle (the chart starts after the dashboard)".to_string(),
+            theme.dim,
+        ),
+        HistoryState::Fetching => ("fetching…".to_string(), theme.dim),
+        HistoryState::Up {
+            from,
+            to,
+            step_seconds,
+            fetch_ms,
+            series,
+        } => (
+            format!(
+                "up: {} – {} at {step_seconds} s, {series} series in {fetch_ms} ms",
+                from.format("%m-%d %H:%M"),
+                to.format("%H:%M:%S")
+            ),
+            theme.ok,
+        ),
+        HistoryState::Down { error } => (format!("DOWN: {error}"), theme.warn),
+    };
+    Line::from(vec![
+        Span::styled("prometheus history ", theme.title),
+        Span::styled(state, style),
+    ])
 }

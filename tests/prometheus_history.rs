@@ -1,0 +1,277 @@
+//! History from a real Prometheus server (issue 15): the test starts its own
+//! Prometheus (own data directory, 1 s scrapes, a loopback port) against an
+//! `idemwatch serve`, consumes a fleet trace with redeliveries, restarts `serve`, and
+//! only then takes a `snapshot`: what happened before the snapshot started must be
+//! in its `history` (the duplicates) and in its `markers` (the restart, found by
+//! Prometheus). And a Prometheus that is away costs the snapshot nothing but a
+//! notice. Without the `prometheus` binary the test skips, unless
+//! IDEMWATCH_REQUIRE_SERVICES=1 (CI), where it fails.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{idemwatch_bin, run_cli, KillOnDrop, TempEnv};
+
+fn required() -> bool {
+    std::env::var("IDEMWATCH_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(env: &TempEnv, port: u16) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(idemwatch_bin())
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--db", &env.db_url(), "--queue", &env.queue_url()])
+            .env("IDEMWATCH_LOG_FILE", env.path("serve.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start serve"),
+    )
+}
+
+/// Our own Prometheus: scrapes `serve` every second as job `fleet`.
+fn prometheus(env: &TempEnv, serve_port: u16) -> Option<(KillOnDrop, String)> {
+    let port = free_port();
+    let config = env.path("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: fleet\n    static_configs:\n      - targets: ['127.0.0.1:{serve_port}']\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            env.path("prometheus-data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(env.path("prometheus.log")).unwrap())
+        .spawn();
+    match child {
+        Ok(c) => Some((KillOnDrop(c), format!("http://127.0.0.1:{port}"))),
+        Err(e) if !required() => {
+            eprintln!("SKIP: prometheus not available ({e})");
+            None
+        }
+        Err(e) => panic!("prometheus is required (IDEMWATCH_REQUIRE_SERVICES=1): {e}"),
+    }
+}
+
+/// One instant query's first value, if any.
+fn instant(prometheus: &str, query: &str) -> Option<f64> {
+    let body: serde_json::Value = reqwest::blocking::Client::new()
+        .get(format!("{prometheus}/api/v1/query"))
+        .query(&[("query", query)])
+        .timeout(Duration::from_secs(5))
+        .send()
+        .ok()?
+        .json()
+        .ok()?;
+    body["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+}
+
+/// Wait (at most `limit`) until `ok` holds for the query's value.
+fn wait_for(prometheus: &str, query: &str, limit: Duration, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = instant(prometheus, query).filter(|v| ok(*v)) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never answered {query} as expected"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn snapshot(env: &TempEnv, prometheus: &str, serve_port: u16) -> serde_json::Value {
+    let (code, out, err) = run_cli(
+        env,
+        &[
+            "snapshot",
+            "--json",
+            "--spacing",
+            "200ms",
+            "--prometheus",
+            prometheus,
+            "--history",
+            "10m",
+            "--target",
+            &format!("fleet-sms=http://127.0.0.1:{serve_port}/metrics"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).expect("one JSON document on stdout")
+}
+
+#[test]
+fn history_before_the_snapshot_shows_the_duplicates_and_the_restart() {
+    let env = TempEnv::new();
+    let serve_port = free_port();
+    let mut first = serve(&env, serve_port);
+    let Some((_prometheus, url)) = prometheus(&env, serve_port) else {
+        return;
+    };
+    wait_for(&url, r#"up{job="fleet"}"#, Duration::from_secs(60), |v| {
+        v == 1.0
+    });
+
+    // A fleet trace in which one message in five is delivered again.
+    let (code, trace, err) = run_cli(
+        &env,
+        &[
+            "simulate",
+            "--messages",
+            "400",
+            "--vehicles",
+            "6",
+            "--redelivery-rate",
+            "0.2",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let file = env.path("trace.jsonl");
+    std::fs::write(&file, trace).unwrap();
+    assert_eq!(run_cli(&env, &["publish", file.to_str().unwrap()]).0, 0);
+    // Prometheus has seen the duplicates, and the consumers are done (two scrapes
+    // a few seconds apart agree).
+    let dup_query = r#"sum(idem_duplicate_dropped_total{job="fleet"})"#;
+    wait_for(&url, dup_query, Duration::from_secs(90), |v| v > 0.0);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut last = -1.0;
+    loop {
+        let now = instant(&url, r#"sum(idem_messages_processed_total{job="fleet"}) + sum(idem_duplicate_dropped_total{job="fleet"})"#)
+            .unwrap_or(-1.0);
+        if now == last && now > 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the consumers never settled");
+        last = now;
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let before_restart = instant(&url, r#"max(process_start_time_seconds{job="fleet"})"#).unwrap();
+
+    // A deploy: the process goes, a new one comes up on the same address.
+    first.stop();
+    let _second = serve(&env, serve_port);
+    let restarted_at = wait_for(
+        &url,
+        r#"max(process_start_time_seconds{job="fleet"})"#,
+        Duration::from_secs(60),
+        |v| v > before_restart,
+    );
+    wait_for(&url, r#"up{job="fleet"}"#, Duration::from_secs(30), |v| {
+        v == 1.0
+    });
+    // Every sample of the last 3 s is the new process's: the first one is seconds
+    // old by the time the snapshot starts (the history ends at whole seconds).
+    wait_for(
+        &url,
+        r#"min(min_over_time(process_start_time_seconds{job="fleet"}[3s]))"#,
+        Duration::from_secs(30),
+        |v| v > before_restart,
+    );
+
+    // Only now does the dashboard's side start.
+    let doc = snapshot(&env, &url, serve_port);
+    let history = &doc["history"];
+    assert_eq!(history["source"], "prometheus", "{doc:#}");
+    let (from, to) = (
+        history["from"].as_i64().unwrap(),
+        history["to"].as_i64().unwrap(),
+    );
+    assert!(from < to && history["step_seconds"].as_u64().unwrap() >= 1);
+    let taken_at = chrono::DateTime::parse_from_rfc3339(doc["taken_at"].as_str().unwrap())
+        .unwrap()
+        .timestamp();
+    assert!(
+        to <= taken_at,
+        "history ends where the snapshot's own scrapes begin"
+    );
+    let consumers = history["consumers"].as_array().unwrap();
+    // Series matched to the configured target by their instance label.
+    assert!(!consumers.is_empty(), "{history:#}");
+    assert!(
+        consumers.iter().all(|c| c["target"] == "fleet-sms"),
+        "{history:#}"
+    );
+    let duplicates: Vec<&serde_json::Value> = consumers
+        .iter()
+        .flat_map(|c| c["points"].as_array().unwrap())
+        .filter(|p| p["duplicate_dropped_per_second"].as_f64().unwrap_or(0.0) > 0.0)
+        .collect();
+    assert!(
+        !duplicates.is_empty(),
+        "no duplicates in the history: {history:#}"
+    );
+    assert!(duplicates.iter().all(|p| p["t"].as_i64().unwrap() <= to));
+    assert!(
+        duplicates
+            .iter()
+            .any(|p| p["duplicate_ratio"].as_f64().unwrap_or(0.0) > 0.0),
+        "Prometheus computed the ratio too"
+    );
+    // Before Prometheus scraped anything the points are gaps, not zeros.
+    let first_points: Vec<&serde_json::Value> = consumers.iter().map(|c| &c["points"][0]).collect();
+    assert!(
+        first_points
+            .iter()
+            .all(|p| p["processed_per_second"].is_null()),
+        "{first_points:?}"
+    );
+    let restart = doc["markers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["kind"] == "restart" && m["source"] == "prometheus")
+        .unwrap_or_else(|| panic!("no restart from the history in {:#}", doc["markers"]));
+    let at = chrono::DateTime::parse_from_rfc3339(restart["at"].as_str().unwrap())
+        .unwrap()
+        .timestamp();
+    assert_eq!(
+        at,
+        restarted_at.floor() as i64,
+        "the restart at the new start time"
+    );
+    assert_eq!(doc["history_source"]["status"], "up");
+}
+
+/// A Prometheus that is away: a notice in the snapshot's sources, no history, and
+/// the live scrape as good as without one.
+#[test]
+fn an_absent_prometheus_is_a_notice_and_live_scraping_goes_on() {
+    let env = TempEnv::new();
+    let serve_port = free_port();
+    let _serve = serve(&env, serve_port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reqwest::blocking::get(format!("http://127.0.0.1:{serve_port}/metrics")).is_err() {
+        assert!(Instant::now() < deadline, "serve never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let gone = format!("http://127.0.0.1:{}", free_port());
+    let doc = snapshot(&env, &gone, serve_port);
+    assert!(doc.get("history").is_none(), "{doc:#}");
+    assert_eq!(doc["history_source"]["status"], "down", "{doc:#}");
+    assert!(
+        doc["history_source"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("127.0.0.1"),
+        "{doc:#}"
+    );
+    assert_eq!(doc["targets"][0]["status"], "up", "{doc:#}");
+}
