@@ -32,8 +32,11 @@ on_every_backend!(
     seen_set_mode_has_its_documented_window,
     handling_duplicates_equals_handling_once,
     racing_workers_never_double_an_effect,
+    a_batch_of_zone_exits_is_sent_concurrently_and_once,
     one_key_many_concurrent_transactions_one_winner,
     a_batch_is_decided_as_if_one_by_one,
+    a_vehicle_batch_is_decided_as_if_one_by_one,
+    a_claim_batch_is_decided_as_if_one_by_one,
     racing_batches_never_double_an_effect,
     a_pipelined_worker_that_dies_loses_and_doubles_nothing,
     a_prefetching_worker_that_dies_loses_and_doubles_nothing,
@@ -324,6 +327,59 @@ async fn racing_workers_never_double_an_effect(db: &TestDb) {
     assert_eq!(distinct.len() as u64, keys);
 }
 
+async fn a_batch_of_zone_exits_is_sent_concurrently_and_once(db: &TestDb) {
+    let state = sandbox_provider::SandboxState::new();
+    // Slow enough that the calls of one batch overlap when they are concurrent.
+    state.set_latency(Duration::from_millis(40));
+    let sandbox = sandbox_provider::spawn_with_state(([127, 0, 0, 1], 0).into(), state.clone())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    cfg.consumers = vec![zone_exit_sms::NAME.into()];
+    cfg.provider_concurrency = 6;
+    cfg.runner = RunnerSettings {
+        lease_batch: 40,
+        prefetch: 40,
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    let keys = 40u64;
+    // Every key twice: once in the first batch, once as a redelivery after it.
+    let bodies: Vec<Vec<u8>> = (0..2 * keys)
+        .map(|i| {
+            zone_exit(&format!("34-CC-{}", i % 4), i % keys)
+                .to_json_line()
+                .into_bytes()
+        })
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    engine
+        .worker(zone_exit_sms::NAME, Arc::new(CrashPlan::none()), None)
+        .unwrap()
+        .run_until_idle()
+        .await
+        .unwrap();
+    let sms = &engine.summary().consumers[zone_exit_sms::NAME];
+    assert_eq!((sms.processed, sms.duplicate_dropped), (keys, keys));
+    let sent = state.sent_sms();
+    assert_eq!(sent.len() as u64, keys, "exactly one SMS per key");
+    let distinct: HashSet<_> = sent.iter().map(|s| s.idempotency_key.clone()).collect();
+    assert_eq!(distinct.len() as u64, keys);
+    let peak = state.peak_in_flight();
+    assert!((2..=6).contains(&peak), "calls in flight at once: {peak}");
+    for k in 0..keys {
+        let key = zone_exit(&format!("34-CC-{}", k % 4), k).key();
+        let claim = engine
+            .store
+            .claim(zone_exit_sms::NAME, &key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claim.state, store::ClaimState::Sent, "{key}");
+    }
+}
+
 async fn one_key_many_concurrent_transactions_one_winner(db: &TestDb) {
     let store = store::open(&db.url).await.unwrap();
     let key = MessageKey::new("34-ABC-123", 48211, EventType::ZoneExit);
@@ -495,6 +551,274 @@ async fn a_batch_is_decided_as_if_one_by_one(db: &TestDb) {
         total += store.zone_exits(&format!("34-G-{d}")).await.unwrap();
     }
     assert_eq!(total, 1100);
+}
+
+/// One event of `device`; `variant` changes its payload (a key conflict when the
+/// rest is equal).
+fn vehicle_event(device: &str, seq: u64, event_type: &str, variant: u64) -> Envelope {
+    let payload = match event_type {
+        "position" => format!(r#""lat":{}.5,"lon":29.0"#, 41 + variant),
+        "zone_enter" | "zone_exit" => format!(r#""zone":"Z{variant}""#),
+        _ => format!(r#""odometer":{variant}"#),
+    };
+    Envelope::parse(
+        format!(
+            r#"{{"device_id":"{device}","seq":{seq},"event_type":"{event_type}","occurred_at":"2026-11-30T04:12:{:02}Z","payload":{{{payload}}}}}"#,
+            seq % 60
+        )
+        .as_bytes(),
+    )
+    .unwrap()
+}
+
+/// A device's state and history without its name and wall-clock columns.
+async fn vehicle_view(store: &Arc<dyn store::Store>, device: &str) -> (String, Vec<String>) {
+    let state = store
+        .vehicle_state(device)
+        .await
+        .unwrap()
+        .map(|s| {
+            format!(
+                "{}|{}|{:?}|{:?}|{:?}|{:?}|{}",
+                s.last_seq, s.last_event_type, s.ignition, s.zone, s.lat, s.lon, s.occurred_at
+            )
+        })
+        .unwrap_or_default();
+    let mut history: Vec<String> = store
+        .vehicle_history(device)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| format!("{}|{}|{}|{}", h.seq, h.event_type, h.applied, h.payload))
+        .collect();
+    history.sort();
+    (state, history)
+}
+
+async fn a_vehicle_batch_is_decided_as_if_one_by_one(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    // A seeded trace per device pair: in order, late, redelivered (same bytes) and
+    // conflicting (same key, other bytes) events, ignition/zone/position mixed so the
+    // columns an event keeps matter.
+    let types = [
+        "ignition_on",
+        "position",
+        "zone_enter",
+        "position",
+        "zone_exit",
+        "ignition_off",
+    ];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut trace: Vec<(u64, u64, &str, u64)> = Vec::new();
+    for i in 0..240u64 {
+        let device = next(4);
+        let seq = match next(5) {
+            0 => i.saturating_sub(next(20)), // late
+            _ => i,
+        };
+        let event_type = types[(seq % types.len() as u64) as usize];
+        let variant = u64::from(next(10) == 0);
+        trace.push((device, seq, event_type, variant));
+        if next(8) == 0 {
+            trace.push((device, seq, event_type, variant)); // redelivery
+        }
+    }
+    let batched: Vec<Envelope> = trace
+        .iter()
+        .map(|(d, s, t, v)| vehicle_event(&format!("34-VB-B{d}"), *s, t, *v))
+        .collect();
+    let single: Vec<Envelope> = trace
+        .iter()
+        .map(|(d, s, t, v)| vehicle_event(&format!("34-VB-S{d}"), *s, t, *v))
+        .collect();
+    let mut got = Vec::new();
+    for chunk in batched.chunks(37) {
+        got.extend(store.apply_vehicle_batch(chunk).await.unwrap());
+    }
+    let mut want = Vec::new();
+    for env in &single {
+        want.push(
+            store
+                .apply_vehicle_event(env, &env.fingerprint(), true)
+                .await
+                .unwrap(),
+        );
+    }
+    let label = |o: &store::VehicleOutcome| match o {
+        store::VehicleOutcome::KeyConflict { .. } => "conflict".to_string(),
+        other => format!("{other:?}"),
+    };
+    assert_eq!(
+        got.iter().map(label).collect::<Vec<_>>(),
+        want.iter().map(label).collect::<Vec<_>>()
+    );
+    for kind in ["Applied", "Late", "Duplicate", "conflict"] {
+        assert!(want.iter().any(|o| label(o) == kind), "trace has no {kind}");
+    }
+    for d in 0..4 {
+        assert_eq!(
+            vehicle_view(&store, &format!("34-VB-B{d}")).await,
+            vehicle_view(&store, &format!("34-VB-S{d}")).await,
+            "device {d}"
+        );
+    }
+}
+
+async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    let c = "zone-exit-sms";
+    let lease = Duration::from_secs(60);
+    let request = |prefix: &str, key: &str, variant: u64| {
+        let env = vehicle_event("34-CB", 1, "zone_exit", variant);
+        store::ClaimRequest {
+            key: MessageKey::from_stored(format!("{prefix}-{key}")),
+            fingerprint: env.fingerprint(),
+            provider_key: format!("pk-{prefix}-{key}"),
+        }
+    };
+    // Stored before, for both twins: a sent claim, a live claim, an in-doubt one.
+    for prefix in ["B", "S"] {
+        for key in ["sent", "live", "doubt"] {
+            let r = request(prefix, key, 0);
+            store
+                .claim_side_effect(c, &r.key, &r.fingerprint, &r.provider_key, lease)
+                .await
+                .unwrap();
+        }
+        let sent = MessageKey::from_stored(format!("{prefix}-sent"));
+        store
+            .finish_side_effect(c, &sent, store::ClaimState::Sent, "sent (200)")
+            .await
+            .unwrap();
+        let doubt = MessageKey::from_stored(format!("{prefix}-doubt"));
+        store.release_claim(c, &doubt, "timed out").await.unwrap();
+    }
+    let plan = [
+        ("new", 0),
+        ("sent", 0),
+        ("new", 0),
+        ("live", 0),
+        ("doubt", 0),
+        ("sent", 1),
+        ("other", 0),
+        ("new", 1),
+        ("doubt", 0),
+    ];
+    let batch: Vec<_> = plan.iter().map(|(k, v)| request("B", k, *v)).collect();
+    let got = store.claim_batch(c, &batch, lease).await.unwrap();
+    let mut want = Vec::new();
+    for (k, v) in plan {
+        let r = request("S", k, v);
+        want.push(
+            store
+                .claim_side_effect(c, &r.key, &r.fingerprint, &r.provider_key, lease)
+                .await
+                .unwrap(),
+        );
+    }
+    let label = |o: &ClaimOutcome| match o {
+        ClaimOutcome::Fresh(c) => format!("fresh {}", c.attempts),
+        ClaimOutcome::InDoubt(c) => format!("in doubt {}", c.attempts),
+        ClaimOutcome::Done(s) => format!("done {}", s.as_str()),
+        ClaimOutcome::Busy => "busy".into(),
+        ClaimOutcome::KeyConflict { .. } => "conflict".into(),
+    };
+    let got: Vec<String> = got.iter().map(label).collect();
+    assert_eq!(got, want.iter().map(label).collect::<Vec<_>>());
+    assert_eq!(
+        got,
+        [
+            "fresh 1",
+            "done sent",
+            "busy",
+            "busy",
+            "in doubt 2",
+            "conflict",
+            "fresh 1",
+            "conflict",
+            "busy"
+        ]
+    );
+    // Phase 3 for the batch: one sent, one failed, one released for a retry.
+    let result = |key: &str, finish| store::ClaimResult {
+        key: MessageKey::from_stored(format!("B-{key}")),
+        finish,
+    };
+    store
+        .finish_batch(
+            c,
+            &[
+                result(
+                    "new",
+                    store::ClaimFinish::Done {
+                        state: store::ClaimState::Sent,
+                        detail: "sent (200)".into(),
+                    },
+                ),
+                result(
+                    "other",
+                    store::ClaimFinish::Done {
+                        state: store::ClaimState::Failed,
+                        detail: "provider rejected (400)".into(),
+                    },
+                ),
+                result(
+                    "doubt",
+                    store::ClaimFinish::Release {
+                        detail: "timed out".into(),
+                    },
+                ),
+            ],
+        )
+        .await
+        .unwrap();
+    let state = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            let claim = store
+                .claim(c, &MessageKey::from_stored(format!("B-{key}")))
+                .await
+                .unwrap()
+                .unwrap();
+            (
+                claim.state,
+                claim.attempts,
+                claim.detail.unwrap_or_default(),
+            )
+        }
+    };
+    assert_eq!(
+        state("new").await,
+        (store::ClaimState::Sent, 1, "sent (200)".into())
+    );
+    assert_eq!(
+        state("other").await,
+        (
+            store::ClaimState::Failed,
+            1,
+            "provider rejected (400)".into()
+        )
+    );
+    assert_eq!(
+        state("doubt").await,
+        (store::ClaimState::Claimed, 2, "timed out".into())
+    );
+    // Released: in doubt again at once, so the next delivery retries with its key.
+    let again = store
+        .claim_batch(c, &[request("B", "doubt", 0)], lease)
+        .await
+        .unwrap();
+    assert_eq!(label(&again[0]), "in doubt 3");
+    match &again[0] {
+        ClaimOutcome::InDoubt(claim) => assert_eq!(claim.provider_key, "pk-B-doubt"),
+        other => panic!("{other:?}"),
+    }
 }
 
 async fn racing_batches_never_double_an_effect(db: &TestDb) {

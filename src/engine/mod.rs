@@ -69,6 +69,8 @@ pub struct EngineConfig {
     pub durability: store::Durability,
     /// Where `seen-set` mode keeps its keys and what it does when that is down.
     pub seen_set: seen_set::SeenSetConfig,
+    /// Provider calls of one batch in flight at once, per side-effect consumer.
+    pub provider_concurrency: usize,
 }
 
 /// The environment variables the command line reads its connection URLs from.
@@ -119,6 +121,7 @@ impl EngineConfig {
             claim_lease: Duration::from_secs(60),
             durability: store::Durability::Durable,
             seen_set: seen_set::SeenSetConfig::default(),
+            provider_concurrency: consumers::DEFAULT_PROVIDER_CONCURRENCY,
         }
     }
 }
@@ -233,6 +236,7 @@ impl Engine {
             provider: ProviderClient::new(&cfg.sms_url, &cfg.webhook_url),
             metrics: metrics.clone(),
             claim_lease: cfg.claim_lease,
+            provider_concurrency: cfg.provider_concurrency.max(1),
         };
         let names: Vec<String> = if cfg.consumers.is_empty() {
             consumers::FLEET_CONSUMERS

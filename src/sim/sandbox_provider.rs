@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -248,6 +249,27 @@ struct Inner {
 #[derive(Debug, Clone, Default)]
 pub struct SandboxState {
     inner: Arc<Mutex<Inner>>,
+    /// How long every POST takes to answer (see [`SandboxState::set_latency`]).
+    latency: Arc<Mutex<Duration>>,
+    /// POSTs being answered now, and the most there ever were at once.
+    in_flight: Arc<(AtomicUsize, AtomicUsize)>,
+}
+
+/// One POST being answered: counted in [`SandboxState::peak_in_flight`] while alive.
+struct InFlight(Arc<(AtomicUsize, AtomicUsize)>);
+
+impl InFlight {
+    fn enter(counts: &Arc<(AtomicUsize, AtomicUsize)>) -> Self {
+        let now = counts.0.fetch_add(1, Ordering::SeqCst) + 1;
+        counts.1.fetch_max(now, Ordering::SeqCst);
+        InFlight(counts.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl SandboxState {
@@ -261,6 +283,35 @@ impl SandboxState {
     /// invalid (422) are answered before the fault and do not consume it.
     pub fn fail_next(&self, n: usize) {
         self.lock().fail_next = n;
+    }
+
+    /// Answer every POST after `latency`, give or take a quarter of it (uniformly):
+    /// a real SMS API takes tens of milliseconds per call, and a caller that sends
+    /// one at a time is only found out against one that does. Zero (the default):
+    /// answer at once.
+    pub fn set_latency(&self, latency: Duration) {
+        *self
+            .latency
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = latency;
+    }
+
+    /// The most POSTs (SMS and ERP together) ever answered at once: how many calls
+    /// a client keeps in flight.
+    pub fn peak_in_flight(&self) -> usize {
+        self.in_flight.1.load(Ordering::SeqCst)
+    }
+
+    /// This request's latency: the set one with its jitter.
+    fn delay(&self) -> Duration {
+        let base = *self
+            .latency
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if base.is_zero() {
+            return base;
+        }
+        base.mul_f64(rand::random_range(0.75..=1.25))
     }
 
     /// SMS actually sent, in order: the customer's view of the world.
@@ -435,10 +486,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 async fn post_sms(State(state): State<SandboxState>, headers: HeaderMap, body: Bytes) -> Reply {
+    let _in_flight = InFlight::enter(&state.in_flight);
+    tokio::time::sleep(state.delay()).await;
     state.post_sms(idempotency_key(&headers), &body)
 }
 
 async fn post_erp(State(state): State<SandboxState>, headers: HeaderMap, body: Bytes) -> Reply {
+    let _in_flight = InFlight::enter(&state.in_flight);
+    tokio::time::sleep(state.delay()).await;
     state.post_erp(idempotency_key(&headers), &body)
 }
 
@@ -822,6 +877,18 @@ mod tests {
         assert_eq!(requests.len(), 3);
         assert!(requests[1].replayed);
         assert_eq!(client.sent_sms().await.expect("sent").len(), 1);
+    }
+
+    #[test]
+    fn latency_is_the_set_one_give_or_take_a_quarter() {
+        let state = SandboxState::new();
+        assert_eq!(state.delay(), Duration::ZERO);
+        state.set_latency(Duration::from_millis(80));
+        let delays: Vec<Duration> = (0..200).map(|_| state.delay()).collect();
+        assert!(delays
+            .iter()
+            .all(|d| (Duration::from_millis(60)..=Duration::from_millis(100)).contains(d)));
+        assert!(delays.iter().any(|d| *d != delays[0]), "no jitter");
     }
 
     #[tokio::test]

@@ -45,6 +45,25 @@ impl Consumer for ErpWebhook {
         event == EventType::IgnitionOff
     }
 
+    /// Idempotent: the batch's claims and results in one transaction each, its
+    /// webhooks posted concurrently (see [`side_effect::perform_batch`]).
+    async fn handle_batch(
+        &self,
+        envs: &[Envelope],
+        crash: &CrashPlan,
+    ) -> Result<Vec<Outcome>, HandleError> {
+        if self.mode != ConsumerMode::Idempotent {
+            return super::one_by_one(self, envs, crash).await;
+        }
+        let all: Vec<&Envelope> = envs.iter().collect();
+        let provider = &self.deps.provider;
+        side_effect::perform_batch(NAME, &self.deps, &all, crash, |env, key| {
+            let body = trip_end_body(env);
+            async move { provider.post_webhook(&body, Some(&key)).await }
+        })
+        .await
+    }
+
     async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError> {
         let body = trip_end_body(env);
         let provider = &self.deps.provider;

@@ -121,7 +121,16 @@ pub struct Deps {
     pub metrics: Arc<Metrics>,
     /// A claim older than this without a result is in doubt (SPEC §3: 60 s).
     pub claim_lease: Duration,
+    /// Provider calls of one batch in flight at once (`--provider-concurrency`).
+    pub provider_concurrency: usize,
 }
+
+/// `--provider-concurrency`'s default: calls in flight per side-effect consumer.
+/// Enough that a batch of 100 against a provider answering in 80 ms takes a few
+/// round trips, not a hundred (BENCHMARKS.md, "Pipeline", has the measurement);
+/// far below the hundreds of concurrent requests a real SMS API's rate limits
+/// start to refuse.
+pub const DEFAULT_PROVIDER_CONCURRENCY: usize = 32;
 
 #[async_trait]
 pub trait Consumer: Send + Sync + 'static {
@@ -140,17 +149,27 @@ pub trait Consumer: Send + Sync + 'static {
         envs: &[Envelope],
         crash: &CrashPlan,
     ) -> Result<Vec<Outcome>, HandleError> {
-        let mut outcomes = Vec::with_capacity(envs.len());
-        for env in envs {
-            outcomes.push(match self.handle(env, crash).await {
-                Ok(o) => o,
-                // Only this message retries; the ones before it are committed.
-                Err(HandleError::Store(e)) => Outcome::Retry(e.to_string()),
-                Err(crashed) => return Err(crashed),
-            });
-        }
-        Ok(outcomes)
+        one_by_one(self, envs, crash).await
     }
+}
+
+/// [`Consumer::handle`] per message, in order: the default of
+/// [`Consumer::handle_batch`], and the path of the modes a consumer does not batch.
+pub(crate) async fn one_by_one<C: Consumer + ?Sized>(
+    consumer: &C,
+    envs: &[Envelope],
+    crash: &CrashPlan,
+) -> Result<Vec<Outcome>, HandleError> {
+    let mut outcomes = Vec::with_capacity(envs.len());
+    for env in envs {
+        outcomes.push(match consumer.handle(env, crash).await {
+            Ok(o) => o,
+            // Only this message retries; the ones before it are committed.
+            Err(HandleError::Store(e)) => Outcome::Retry(e.to_string()),
+            Err(crashed) => return Err(crashed),
+        });
+    }
+    Ok(outcomes)
 }
 
 /// The names of the fleet consumers, in the order of the SPEC table.

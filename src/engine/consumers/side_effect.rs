@@ -9,6 +9,7 @@
 
 use std::future::Future;
 
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 use super::{ConsumerMode, Deps, HandleError, Outcome};
@@ -16,7 +17,9 @@ use crate::engine::crash::{CrashPlan, CrashPoint};
 use crate::engine::envelope::{Envelope, RejectReason, Rejection};
 use crate::engine::metrics::EffectResult;
 use crate::engine::provider::{ProviderError, ProviderReply};
-use crate::engine::store::{ClaimOutcome, ClaimState, DedupOutcome};
+use crate::engine::store::{
+    Claim, ClaimFinish, ClaimOutcome, ClaimRequest, ClaimResult, ClaimState, DedupOutcome,
+};
 
 /// The provider key for one consumer's effect of one message. Derived, never random:
 /// even with the claim row gone, the same message yields the same key.
@@ -121,11 +124,7 @@ where
             crash.reach(CrashPoint::AfterSideEffect)?;
             match reply {
                 Ok(r) => {
-                    let detail = if r.replayed {
-                        format!("provider replayed its first response ({})", r.status)
-                    } else {
-                        format!("sent ({})", r.status)
-                    };
+                    let detail = sent_detail(&r);
                     deps.store
                         .finish_side_effect(consumer, &key, ClaimState::Sent, &detail)
                         .await?;
@@ -162,6 +161,125 @@ async fn keep_message(deps: &Deps, consumer: &str, env: &Envelope) {
     {
         tracing::warn!(consumer, key = %env.key(), error = %e,
             "could not keep the claim's message: only a redelivery can re-drive it");
+    }
+}
+
+/// [`perform`] in idempotent mode for a batch: the claims of the whole batch in one
+/// transaction, the provider calls of the claims it won concurrently (at most
+/// `deps.provider_concurrency` in flight, each with its own claim's provider key),
+/// then every answer recorded in one transaction. One outcome per envelope, in order.
+///
+/// The ack of a finished call waits for the batch's slowest call, never longer: the
+/// batch is the unit of commit and ack. A crash point reached after one call drops
+/// the calls still in flight, as a dying process would; their claims stay `claimed`
+/// and come back in doubt after the lease, resent with the same provider key.
+pub(crate) async fn perform_batch<'e, F, Fut>(
+    consumer: &'static str,
+    deps: &Deps,
+    envs: &[&'e Envelope],
+    crash: &CrashPlan,
+    send: F,
+) -> Result<Vec<Outcome>, HandleError>
+where
+    F: Fn(&'e Envelope, String) -> Fut,
+    Fut: Future<Output = Result<ProviderReply, ProviderError>>,
+{
+    let requests: Vec<ClaimRequest> = envs
+        .iter()
+        .map(|env| ClaimRequest {
+            key: env.key(),
+            fingerprint: env.fingerprint(),
+            provider_key: provider_key(consumer, env),
+            message: env.to_json_line().into_bytes(),
+        })
+        .collect();
+    let claims = deps
+        .store
+        .claim_batch(consumer, &requests, deps.claim_lease)
+        .await?;
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; envs.len()];
+    let mut owned: Vec<(usize, Claim, bool)> = Vec::new();
+    for (i, claim) in claims.into_iter().enumerate() {
+        match claim {
+            ClaimOutcome::KeyConflict { stored } => outcomes[i] = Some(conflict(stored.as_str())),
+            ClaimOutcome::Done(_) => {
+                deps.metrics.side_effect(consumer, EffectResult::Suppressed);
+                outcomes[i] = Some(Outcome::Duplicate);
+            }
+            ClaimOutcome::Busy => {
+                outcomes[i] = Some(Outcome::Retry(
+                    "another delivery holds a live claim on this key".into(),
+                ))
+            }
+            ClaimOutcome::Fresh(c) => owned.push((i, c, false)),
+            ClaimOutcome::InDoubt(c) => {
+                tracing::warn!(consumer, key = %requests[i].key, attempts = c.attempts,
+                    "claim in doubt: resending with the same provider key");
+                owned.push((i, c, true));
+            }
+        }
+    }
+    if !owned.is_empty() {
+        crash.reach(CrashPoint::AfterClaim)?;
+    }
+    let mut calls = futures::stream::iter(owned.into_iter().map(|(i, claim, in_doubt)| {
+        let call = send(envs[i], claim.provider_key);
+        async move { (i, in_doubt, call.await) }
+    }))
+    .buffer_unordered(deps.provider_concurrency.max(1));
+    let mut results = Vec::new();
+    let mut effects = Vec::new();
+    while let Some((i, in_doubt, reply)) = calls.next().await {
+        crash.reach(CrashPoint::AfterSideEffect)?;
+        let key = requests[i].key.clone();
+        let (finish, effect) = match reply {
+            Ok(r) => (
+                ClaimFinish::Done {
+                    state: ClaimState::Sent,
+                    detail: sent_detail(&r),
+                },
+                Some(sent_or_replayed(&r)),
+            ),
+            Err(ProviderError::Rejected { status, body }) => (
+                ClaimFinish::Done {
+                    state: ClaimState::Failed,
+                    detail: format!("provider rejected ({status}): {body}"),
+                },
+                Some(EffectResult::Failed),
+            ),
+            Err(e) => {
+                // Whether it went out is unknown: keep the claim, retryable at once
+                // with the same key, and leave the delivery unacked.
+                outcomes[i] = Some(Outcome::Retry(e.to_string()));
+                (
+                    ClaimFinish::Release {
+                        detail: e.to_string(),
+                    },
+                    None,
+                )
+            }
+        };
+        results.push(ClaimResult { key, finish });
+        if let Some(effect) = effect {
+            effects.push((i, effect, in_doubt));
+        }
+    }
+    drop(calls);
+    deps.store.finish_batch(consumer, &results).await?;
+    for (i, effect, in_doubt) in effects {
+        outcomes[i] = Some(record(deps, consumer, effect, in_doubt));
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or(Outcome::Retry("no outcome decided".into())))
+        .collect())
+}
+
+fn sent_detail(reply: &ProviderReply) -> String {
+    if reply.replayed {
+        format!("provider replayed its first response ({})", reply.status)
+    } else {
+        format!("sent ({})", reply.status)
     }
 }
 

@@ -55,11 +55,7 @@ impl Consumer for TripCounter {
         crash: &CrashPlan,
     ) -> Result<Vec<Outcome>, HandleError> {
         if self.mode != ConsumerMode::Idempotent {
-            let mut outcomes = Vec::with_capacity(envs.len());
-            for env in envs {
-                outcomes.push(self.handle(env, crash).await?);
-            }
-            return Ok(outcomes);
+            return super::one_by_one(self, envs, crash).await;
         }
         let items: Vec<Recordable> = envs
             .iter()

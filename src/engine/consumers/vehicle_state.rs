@@ -36,6 +36,20 @@ impl Consumer for VehicleStateConsumer {
         true
     }
 
+    /// Guarded, the whole batch is one transaction (history rows and the seq-guarded
+    /// upserts); naive (drills only) goes one by one.
+    async fn handle_batch(
+        &self,
+        envs: &[Envelope],
+        crash: &CrashPlan,
+    ) -> Result<Vec<Outcome>, HandleError> {
+        if self.mode == ConsumerMode::Naive {
+            return super::one_by_one(self, envs, crash).await;
+        }
+        let outcomes = self.deps.store.apply_vehicle_batch(envs).await?;
+        Ok(outcomes.into_iter().map(outcome_of).collect())
+    }
+
     async fn handle(&self, env: &Envelope, _crash: &CrashPlan) -> Result<Outcome, HandleError> {
         // Seen-set adds nothing to a naturally idempotent write: it runs guarded.
         let guarded = self.mode != ConsumerMode::Naive;
@@ -44,17 +58,21 @@ impl Consumer for VehicleStateConsumer {
             .store
             .apply_vehicle_event(env, &env.fingerprint(), guarded)
             .await?;
-        Ok(match outcome {
-            VehicleOutcome::Applied => Outcome::Processed {
-                effect: None,
-                took_over_in_doubt: false,
-            },
-            VehicleOutcome::Late => Outcome::Late,
-            VehicleOutcome::Duplicate => Outcome::Duplicate,
-            VehicleOutcome::KeyConflict { stored } => Outcome::Rejected(Rejection::new(
-                RejectReason::KeyConflict,
-                format!("history already holds this event with fingerprint {stored}"),
-            )),
-        })
+        Ok(outcome_of(outcome))
+    }
+}
+
+fn outcome_of(outcome: VehicleOutcome) -> Outcome {
+    match outcome {
+        VehicleOutcome::Applied => Outcome::Processed {
+            effect: None,
+            took_over_in_doubt: false,
+        },
+        VehicleOutcome::Late => Outcome::Late,
+        VehicleOutcome::Duplicate => Outcome::Duplicate,
+        VehicleOutcome::KeyConflict { stored } => Outcome::Rejected(Rejection::new(
+            RejectReason::KeyConflict,
+            format!("history already holds this event with fingerprint {stored}"),
+        )),
     }
 }

@@ -44,6 +44,36 @@ impl Consumer for ZoneExitSms {
         event == EventType::ZoneExit
     }
 
+    /// Idempotent: the batch's claims and results in one transaction each, its SMS
+    /// sent concurrently (see [`side_effect::perform_batch`]).
+    async fn handle_batch(
+        &self,
+        envs: &[Envelope],
+        crash: &CrashPlan,
+    ) -> Result<Vec<Outcome>, HandleError> {
+        if self.mode != ConsumerMode::Idempotent {
+            return super::one_by_one(self, envs, crash).await;
+        }
+        let notify: Vec<&Envelope> = envs.iter().filter(|e| e.phone().is_some()).collect();
+        let provider = &self.deps.provider;
+        let mut sent = side_effect::perform_batch(NAME, &self.deps, &notify, crash, |env, key| {
+            let text = sms_text(env);
+            let phone = env.phone().unwrap_or_default();
+            async move { provider.send_sms(phone, &text, Some(&key)).await }
+        })
+        .await?
+        .into_iter();
+        Ok(envs
+            .iter()
+            .map(|e| match e.phone() {
+                Some(_) => sent
+                    .next()
+                    .unwrap_or(Outcome::Retry("no outcome decided".into())),
+                None => Outcome::Skipped,
+            })
+            .collect())
+    }
+
     async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError> {
         let Some(phone) = env.phone() else {
             // Nobody to notify: nothing to do, and nothing to do twice.

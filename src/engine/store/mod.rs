@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
 mod batch;
+mod claim_batch;
 pub(crate) mod dialect;
 pub mod edge;
 mod edge_sql;
@@ -25,7 +26,9 @@ mod repair_mysql;
 mod repair_postgres;
 mod repair_sqlite;
 pub mod sqlite;
+mod vehicle_batch;
 
+pub use claim_batch::{ClaimFinish, ClaimRequest, ClaimResult};
 pub use error::{Failure, StoreError, StoreResult};
 pub use repair::{DeadLetterFilter, RepairStore};
 
@@ -391,6 +394,22 @@ pub trait Store: RepairStore + Send + Sync + 'static {
         guarded: bool,
     ) -> StoreResult<VehicleOutcome>;
 
+    /// [`Store::apply_vehicle_event`] (guarded) for a batch, in ONE transaction: one
+    /// outcome per event, in order, each exactly what one-by-one calls in order would
+    /// have decided — an event earlier in the batch counts as stored, and the newest
+    /// event per device wins inside the batch as across batches (see
+    /// `vehicle_batch.rs`). The default calls [`Store::apply_vehicle_event`] per event.
+    async fn apply_vehicle_batch(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+        let mut outcomes = Vec::with_capacity(envs.len());
+        for env in envs {
+            outcomes.push(
+                self.apply_vehicle_event(env, &env.fingerprint(), true)
+                    .await?,
+            );
+        }
+        Ok(outcomes)
+    }
+
     // ---- side effects (two-phase claim) -------------------------------------
 
     /// Phase 1: in one transaction, insert the dedup row and a `claimed` claim.
@@ -425,6 +444,53 @@ pub trait Store: RepairStore + Send + Sync + 'static {
         key: &MessageKey,
         detail: &str,
     ) -> StoreResult<()>;
+
+    /// Phase 1 for a batch, in ONE transaction: each request decided exactly as
+    /// one-by-one [`Store::claim_side_effect`] calls in order would have (see
+    /// `claim_batch.rs`), with the same invariants, and each claim taken (fresh or in
+    /// doubt) keeping its request's message. The default claims one by one.
+    async fn claim_batch(
+        &self,
+        consumer: &str,
+        requests: &[ClaimRequest],
+        lease: Duration,
+    ) -> StoreResult<Vec<ClaimOutcome>> {
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for r in requests {
+            let outcome = self
+                .claim_side_effect(consumer, &r.key, &r.fingerprint, &r.provider_key, lease)
+                .await?;
+            if matches!(outcome, ClaimOutcome::Fresh(_) | ClaimOutcome::InDoubt(_)) {
+                // Best effort: without it the claim is still re-driven by a redelivery.
+                if let Err(e) = self
+                    .keep_claim_message(consumer, r.key.as_str(), &r.message)
+                    .await
+                {
+                    tracing::warn!(consumer, key = %r.key, error = %e,
+                        "could not keep the claim's message: only a redelivery can re-drive it");
+                }
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    /// Phase 3 for a batch, in ONE transaction: [`Store::finish_side_effect`] or
+    /// [`Store::release_claim`] per result. The default records them one by one.
+    async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
+        for r in results {
+            match &r.finish {
+                ClaimFinish::Done { state, detail } => {
+                    self.finish_side_effect(consumer, &r.key, *state, detail)
+                        .await?
+                }
+                ClaimFinish::Release { detail } => {
+                    self.release_claim(consumer, &r.key, detail).await?
+                }
+            }
+        }
+        Ok(())
+    }
 
     // ---- bad input, markers, drills ------------------------------------------
 

@@ -17,6 +17,8 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use tokio::sync::{Mutex, MutexGuard};
 
+use super::claim_batch;
+use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::*;
 use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
@@ -216,6 +218,42 @@ pub(super) fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim
 pub(super) const CLAIM_COLUMNS: &str =
     "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
 
+/// The state upsert of one event, shared by the one-by-one and the batch paths:
+/// `INSERT … VALUES (9 columns)` then [`vehicle_upsert_tail`].
+const VEHICLE_UPSERT_HEAD: &str = "INSERT INTO vehicle_state
+    (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
+
+/// What an event changes in the state row: the columns its type does not carry
+/// kept as they are.
+macro_rules! vehicle_upsert_set {
+    () => {
+        "ON CONFLICT (device_id) DO UPDATE SET
+           last_seq = excluded.last_seq,
+           last_event_type = excluded.last_event_type,
+           ignition = COALESCE(excluded.ignition, vehicle_state.ignition),
+           zone = CASE excluded.last_event_type
+                    WHEN 'zone_enter' THEN excluded.zone
+                    WHEN 'zone_exit' THEN NULL
+                    ELSE vehicle_state.zone END,
+           lat = COALESCE(excluded.lat, vehicle_state.lat),
+           lon = COALESCE(excluded.lon, vehicle_state.lon),
+           occurred_at = excluded.occurred_at,
+           updated_at = excluded.updated_at"
+    };
+}
+
+/// The upsert's conflict clause, with the seq guard in its WHERE when `guarded`.
+fn vehicle_upsert_tail(guarded: bool) -> &'static str {
+    if guarded {
+        concat!(
+            vehicle_upsert_set!(),
+            " WHERE excluded.last_seq > vehicle_state.last_seq"
+        )
+    } else {
+        vehicle_upsert_set!()
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> Backend {
@@ -370,28 +408,9 @@ impl Store for SqliteStore {
         }
         // The seq guard lives in the WHERE of the upsert: the database compares, so
         // two concurrent writers cannot both "win" with different seqs.
-        let guard = if guarded {
-            "WHERE excluded.last_seq > vehicle_state.last_seq"
-        } else {
-            ""
-        };
         let upsert = format!(
-            "INSERT INTO vehicle_state
-               (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (device_id) DO UPDATE SET
-               last_seq = excluded.last_seq,
-               last_event_type = excluded.last_event_type,
-               ignition = COALESCE(excluded.ignition, vehicle_state.ignition),
-               zone = CASE excluded.last_event_type
-                        WHEN 'zone_enter' THEN excluded.zone
-                        WHEN 'zone_exit' THEN NULL
-                        ELSE vehicle_state.zone END,
-               lat = COALESCE(excluded.lat, vehicle_state.lat),
-               lon = COALESCE(excluded.lon, vehicle_state.lon),
-               occurred_at = excluded.occurred_at,
-               updated_at = excluded.updated_at
-             {guard}"
+            "{VEHICLE_UPSERT_HEAD} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) {}",
+            vehicle_upsert_tail(guarded)
         );
         let applied = sqlx::query(&upsert)
             .bind(&env.device_id)
@@ -425,6 +444,220 @@ impl Store for SqliteStore {
         } else {
             VehicleOutcome::Late
         })
+    }
+
+    async fn apply_vehicle_batch(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+        let batch = VehicleBatch::new(envs)?;
+        let devices = batch.devices();
+        let distinct: Vec<&VehicleItem> = batch.distinct().collect();
+        let now = ts(Utc::now());
+        let mut tx = OneWriteTx::begin(&self.pool, &self.batch_writer).await?;
+        // Call 1: the write lock, the history rows already stored (duplicates: a
+        // handful) and each device's seq. Nobody else writes until our COMMIT.
+        let mut q = QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE");
+        for chunk in distinct.chunks(ROWS_PER_STATEMENT) {
+            q.push("; SELECT h.device_id, h.seq, h.event_type, h.payload_hash FROM (");
+            q.push_values(chunk, |mut row, item| {
+                let (device, seq, event_type) = item.key();
+                row.push_bind(device).push_bind(seq).push_bind(event_type);
+            });
+            q.push(
+                ") v JOIN vehicle_history h
+                 ON h.device_id = v.column1 AND h.seq = v.column2 AND h.event_type = v.column3",
+            );
+        }
+        for chunk in devices.chunks(ROWS_PER_STATEMENT) {
+            q.push(
+                "; SELECT device_id, last_seq, NULL, NULL FROM vehicle_state WHERE device_id IN ",
+            );
+            q.push_tuples(chunk, |mut t, device| {
+                t.push_bind(*device);
+            });
+        }
+        let read = q.build_query_as().fetch_all(tx.conn()).await;
+        let rows: Vec<(String, i64, Option<String>, Option<String>)> = tx.check(read)?;
+        let mut stored = HashMap::new();
+        let mut last_seq = HashMap::new();
+        for (device, seq, event_type, hash) in rows {
+            match (event_type, hash) {
+                (Some(event_type), Some(hash)) => {
+                    stored.insert((device, seq, event_type), hash);
+                }
+                _ => {
+                    last_seq.insert(device, seq);
+                }
+            }
+        }
+        let (outcomes, writes) = batch.decide(&stored, &last_seq);
+        // Call 2: the new history rows (a plain INSERT: a row stored after all would
+        // fail the statement, never pass for new), each applied event's upsert in
+        // order, COMMIT.
+        let mut q = QueryBuilder::<Sqlite>::new("");
+        for chunk in writes.history.chunks(ROWS_PER_STATEMENT) {
+            q.push(
+                "INSERT INTO vehicle_history
+                   (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash) ",
+            );
+            q.push_values(chunk, |mut row, (item, applied)| {
+                row.push_bind(item.env.device_id.as_str())
+                    .push_bind(item.facts.seq)
+                    .push_bind(item.facts.event_type)
+                    .push_bind(ts(item.env.occurred_at))
+                    .push_bind(&now)
+                    .push_bind(*applied)
+                    .push_bind(item.facts.payload.as_str())
+                    .push_bind(item.fingerprint.as_str());
+            });
+            q.push("; ");
+        }
+        for item in &writes.upserts {
+            q.push(VEHICLE_UPSERT_HEAD);
+            q.push(" VALUES (");
+            let mut row = q.separated(", ");
+            row.push_bind(item.env.device_id.as_str())
+                .push_bind(item.facts.seq)
+                .push_bind(item.facts.event_type)
+                .push_bind(item.facts.ignition)
+                .push_bind(item.facts.zone)
+                .push_bind(item.facts.lat)
+                .push_bind(item.facts.lon)
+                .push_bind(ts(item.env.occurred_at))
+                .push_bind(&now);
+            q.push(") ").push(vehicle_upsert_tail(true)).push("; ");
+        }
+        q.push("COMMIT");
+        let written = q.build().execute(tx.conn()).await;
+        tx.check(written)?;
+        tx.finish();
+        Ok(outcomes)
+    }
+
+    async fn claim_batch(
+        &self,
+        consumer: &str,
+        requests: &[ClaimRequest],
+        lease: Duration,
+    ) -> StoreResult<Vec<ClaimOutcome>> {
+        // Read back as stored, so a later compare-and-set on it matches.
+        let now = parse_ts(&ts(Utc::now()));
+        let mut keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut tx = OneWriteTx::begin(&self.pool, &self.batch_writer).await?;
+        // Call 1: the write lock, the stored dedup rows of these keys and their claims.
+        let mut q = QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE");
+        for chunk in keys.chunks(ROWS_PER_STATEMENT) {
+            q.push(
+                "; SELECT p.message_key AS stored_key, p.payload_hash AS stored_hash,
+                   c.consumer, c.message_key, c.provider_key, c.state, c.claimed_at,
+                   c.finished_at, c.attempts, c.detail
+                 FROM processed_messages p LEFT JOIN side_effect_claims c
+                   ON c.consumer = p.consumer AND c.message_key = p.message_key
+                 WHERE p.consumer = ",
+            )
+            .push_bind(consumer)
+            .push(" AND p.message_key IN ");
+            q.push_tuples(chunk, |mut t, key| {
+                t.push_bind(*key);
+            });
+        }
+        let read = q.build().fetch_all(tx.conn()).await;
+        let rows = tx.check(read)?;
+        let (mut stored, mut claims) = (HashMap::new(), HashMap::new());
+        for row in &rows {
+            let key: String = row.try_get("stored_key")?;
+            if row.try_get::<Option<String>, _>("state")?.is_some() {
+                claims.insert(key.clone(), claim_from_row(row)?);
+            }
+            stored.insert(key, row.try_get::<String, _>("stored_hash")?);
+        }
+        let (outcomes, writes) =
+            claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
+        // Call 2: dedup rows and claims of the new keys, the takeovers, COMMIT.
+        let now = ts(now);
+        let mut q = QueryBuilder::<Sqlite>::new("");
+        for chunk in writes.fresh.chunks(ROWS_PER_STATEMENT) {
+            q.push(
+                "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at) ",
+            );
+            q.push_values(chunk, |mut row, r| {
+                row.push_bind(consumer)
+                    .push_bind(r.key.as_str())
+                    .push_bind(r.fingerprint.as_str())
+                    .push_bind(&now);
+            });
+            q.push(
+                "; INSERT INTO side_effect_claims
+                   (consumer, message_key, provider_key, state, claimed_at, attempts) ",
+            );
+            q.push_values(chunk, |mut row, r| {
+                row.push_bind(consumer)
+                    .push_bind(r.key.as_str())
+                    .push_bind(r.provider_key.as_str())
+                    .push_bind("claimed")
+                    .push_bind(&now)
+                    .push_bind(1i64);
+            });
+            q.push("; ");
+        }
+        for (r, claimed_at) in &writes.takeovers {
+            q.push("UPDATE side_effect_claims SET claimed_at = ")
+                .push_bind(&now)
+                .push(", attempts = attempts + 1 WHERE consumer = ")
+                .push_bind(consumer)
+                .push(" AND message_key = ")
+                .push_bind(r.key.as_str())
+                .push(" AND state = 'claimed' AND claimed_at = ")
+                .push_bind(ts(*claimed_at))
+                .push("; ");
+        }
+        q.push("COMMIT");
+        let written = q.build().execute(tx.conn()).await;
+        tx.check(written)?;
+        tx.finish();
+        Ok(outcomes)
+    }
+
+    async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
+        if results.is_empty() {
+            return Ok(());
+        }
+        let now = ts(Utc::now());
+        let epoch = ts(DateTime::<Utc>::UNIX_EPOCH);
+        let mut tx = OneWriteTx::begin(&self.pool, &self.batch_writer).await?;
+        let mut q = QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE; ");
+        for r in results {
+            match &r.finish {
+                ClaimFinish::Done { state, detail } => {
+                    q.push("UPDATE side_effect_claims SET state = ")
+                        .push_bind(state.as_str())
+                        .push(", finished_at = ")
+                        .push_bind(&now)
+                        .push(", detail = ")
+                        .push_bind(detail.as_str());
+                }
+                // Immediately eligible for an in-doubt retry, as `release_claim`.
+                ClaimFinish::Release { detail } => {
+                    q.push("UPDATE side_effect_claims SET claimed_at = ")
+                        .push_bind(&epoch)
+                        .push(", detail = ")
+                        .push_bind(detail.as_str());
+                }
+            }
+            q.push(" WHERE consumer = ")
+                .push_bind(consumer)
+                .push(" AND message_key = ")
+                .push_bind(r.key.as_str());
+            if matches!(r.finish, ClaimFinish::Release { .. }) {
+                q.push(" AND state = 'claimed'");
+            }
+            q.push("; ");
+        }
+        q.push("COMMIT");
+        let written = q.build().execute(tx.conn()).await;
+        tx.check(written)?;
+        tx.finish();
+        Ok(())
     }
 
     async fn claim_side_effect(
