@@ -680,6 +680,7 @@ async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
             key: MessageKey::from_stored(format!("{prefix}-{key}")),
             fingerprint: env.fingerprint(),
             provider_key: format!("pk-{prefix}-{key}"),
+            message: env.to_json_line().into_bytes(),
         }
     };
     // Stored before, for both twins: a sent claim, a live claim, an in-doubt one.

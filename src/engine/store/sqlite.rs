@@ -588,7 +588,7 @@ impl Store for SqliteStore {
             });
             q.push(
                 "; INSERT INTO side_effect_claims
-                   (consumer, message_key, provider_key, state, claimed_at, attempts) ",
+                   (consumer, message_key, provider_key, state, claimed_at, attempts, message) ",
             );
             q.push_values(chunk, |mut row, r| {
                 row.push_bind(consumer)
@@ -596,14 +596,17 @@ impl Store for SqliteStore {
                     .push_bind(r.provider_key.as_str())
                     .push_bind("claimed")
                     .push_bind(&now)
-                    .push_bind(1i64);
+                    .push_bind(1i64)
+                    .push_bind(r.message.as_slice());
             });
             q.push("; ");
         }
         for (r, claimed_at) in &writes.takeovers {
             q.push("UPDATE side_effect_claims SET claimed_at = ")
                 .push_bind(&now)
-                .push(", attempts = attempts + 1 WHERE consumer = ")
+                .push(", attempts = attempts + 1, message = ")
+                .push_bind(r.message.as_slice())
+                .push(" WHERE consumer = ")
                 .push_bind(consumer)
                 .push(" AND message_key = ")
                 .push_bind(r.key.as_str())
