@@ -327,6 +327,15 @@ pub struct MetricNames {
     pub engine_info: String,
     /// Seen-set checks skipped under fail-open while the seen-set (Redis) was down.
     pub seen_set_bypassed: String,
+    /// 1 while a consumer stops leasing because its store or provider (label
+    /// `cause`) is unhealthy.
+    pub paused: String,
+    /// When the current pause began (seconds since the epoch, 0 while running).
+    pub paused_since: String,
+    /// Deliveries given back by infrastructure failures (label `kind`).
+    pub infra_errors: String,
+    /// When a consumer last met an infrastructure failure of each `kind`.
+    pub infra_error_last: String,
     /// The label that names the consumer on every per-consumer metric.
     pub consumer_label: String,
     pub reason_label: String,
@@ -347,6 +356,10 @@ impl Default for MetricNames {
             http_requests: "idem_http_requests_total".into(),
             engine_info: "idem_engine_info".into(),
             seen_set_bypassed: "idem_seen_set_bypassed_total".into(),
+            paused: "idem_consumer_paused".into(),
+            paused_since: "idem_consumer_paused_since_seconds".into(),
+            infra_errors: "idem_infra_errors_total".into(),
+            infra_error_last: "idem_infra_error_last_seconds".into(),
             consumer_label: "consumer".into(),
             reason_label: "reason".into(),
             result_label: "result".into(),

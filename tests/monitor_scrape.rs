@@ -336,3 +336,61 @@ async fn a_restart_between_two_scrapes_is_one_marker_without_any_downtime() {
     assert_eq!(restarts(&later), 1, "one restart, one marker");
     assert_eq!(later.targets[0].last_restart, Some(marker.at));
 }
+
+#[tokio::test]
+async fn a_paused_consumer_shows_since_when_why_and_an_alert() {
+    use idemwatch::engine::health::{Backoff, ConsumerHealth, InfraKind};
+    let metrics = Arc::new(Metrics::new());
+    metrics.register_consumer(CONSUMER);
+    let health = ConsumerHealth::new(
+        CONSUMER,
+        Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(30),
+        },
+        metrics.clone(),
+    );
+    let (addr, server) = serve(metrics.clone(), ([127, 0, 0, 1], 0).into()).await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+    let running = monitor.poll().await;
+    assert_eq!(consumer(&running).paused, None);
+
+    // The provider fails, then throttles: paused for the provider, the last error
+    // the throttling, since the first failure.
+    metrics.infra_error(CONSUMER, InfraKind::ProviderUnavailable);
+    health.failed(InfraKind::ProviderUnavailable, None, "503");
+    let since = health.pause().unwrap().since;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    metrics.infra_error(CONSUMER, InfraKind::ProviderThrottled);
+    health.failed(
+        InfraKind::ProviderThrottled,
+        Some(Duration::from_secs(2)),
+        "429",
+    );
+    let paused = monitor.poll().await;
+    let p = consumer(&paused).paused.clone().expect("shown paused");
+    assert_eq!(p.cause, "provider");
+    assert_eq!(p.last_error_kind.as_deref(), Some("provider_throttled"));
+    assert_eq!(p.since.map(|t| t.timestamp()), Some(since.timestamp()));
+    let alert = paused
+        .alerts
+        .iter()
+        .find(|a| matches!(&a.kind, AlertKind::ConsumerPaused { consumer, .. } if consumer == CONSUMER))
+        .expect("a pause alert");
+    assert_eq!(alert.severity, Severity::Critical);
+    assert_eq!(alert.since.map(|t| t.timestamp()), Some(since.timestamp()));
+    assert!(
+        alert.message.contains("provider_throttled"),
+        "{}",
+        alert.message
+    );
+
+    health.recovered();
+    let resumed = monitor.poll().await;
+    assert_eq!(consumer(&resumed).paused, None);
+    assert!(!resumed
+        .alerts
+        .iter()
+        .any(|a| matches!(a.kind, AlertKind::ConsumerPaused { .. })));
+    server.abort();
+}

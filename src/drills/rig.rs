@@ -161,6 +161,7 @@ impl Rig {
             batch_max_wait: Duration::ZERO,
             retry_delay: DRILL_RETRY,
             max_retry_delay: DRILL_CLAIM_LEASE,
+            max_pause: DRILL_CLAIM_LEASE,
             idle_poll: Duration::from_millis(20),
             pipeline: true,
             // One delivery in hand at a time: a drill's trace names each redelivery.

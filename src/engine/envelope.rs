@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -18,22 +18,76 @@ pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 pub const MAX_RAW_BYTES: usize = MAX_PAYLOAD_BYTES + 4 * 1024;
 /// Largest accepted `seq`: the tables store it as a signed 64-bit integer.
 pub const MAX_SEQ: u64 = i64::MAX as u64;
-/// Longest accepted `device_id`, in bytes.
-pub const MAX_DEVICE_ID_BYTES: usize = 128;
+// One set of limits for every backend. A message one database stores and another
+// refuses would make "processed" depend on the backend (MariaDB's `VARCHAR(255)` zone,
+// PostgreSQL's text that cannot hold NUL, MySQL's DATETIME years): each limit below is
+// the narrowest column any backend gives the value, so what parses is stored
+// everywhere, and what cannot be stored somewhere is refused here, everywhere, with
+// the field named (`invalid_field`), instead of failing in one database's transaction.
 
-/// The rule for a `device_id` (SPEC §1: non-empty, at most 128 bytes), shared with
-/// the write API's `{device}` path segment: one device, one rule on every way in.
+/// Longest accepted `device_id`, in bytes (SPEC §1; `VARCHAR(128)` on MySQL).
+pub const MAX_DEVICE_ID_BYTES: usize = 128;
+/// Longest accepted `payload.zone`, in bytes (`vehicle_state.zone VARCHAR(255)` on
+/// MySQL/MariaDB; counted in bytes so that no character set can make it longer).
+pub const MAX_ZONE_BYTES: usize = 255;
+/// Longest accepted `payload.phone`, in bytes (E.164 is 15 digits; room for spacing).
+pub const MAX_PHONE_BYTES: usize = 64;
+/// Longest accepted `message_id`, in bytes.
+pub const MAX_MESSAGE_ID_BYTES: usize = 255;
+/// Earliest and latest accepted `occurred_at` year, in UTC: MySQL's `DATETIME` range
+/// (PostgreSQL's and SQLite's text are wider).
+pub const OCCURRED_AT_YEARS: std::ops::RangeInclusive<i32> = 1000..=9999;
+
+/// The rule for a `device_id` (SPEC §1: non-empty, at most 128 bytes, and like every
+/// named string field no control character), shared with the write API's `{device}`
+/// path segment: one device, one rule on every way in.
 pub fn check_device_id(device_id: &str) -> Result<(), String> {
     if device_id.is_empty() {
         return Err("must not be empty".into());
     }
-    if device_id.len() > MAX_DEVICE_ID_BYTES {
+    check_text(device_id, MAX_DEVICE_ID_BYTES)
+}
+
+/// A named string field: at most `limit` bytes and no control character (C0, DEL,
+/// C1). A NUL cannot be stored in PostgreSQL text at all; the others would be stored
+/// by every backend but end up in SMS texts, terminals and logs.
+fn check_text(s: &str, limit: usize) -> Result<(), String> {
+    if s.len() > limit {
+        return Err(format!("is {} bytes, limit {limit}", s.len()));
+    }
+    if let Some((at, c)) = s.char_indices().find(|(_, c)| c.is_control()) {
         return Err(format!(
-            "is {} bytes, limit {MAX_DEVICE_ID_BYTES}",
-            device_id.len()
+            "holds the control character U+{:04X} at byte {at}",
+            u32::from(c)
         ));
     }
     Ok(())
+}
+
+/// Any string of the payload, keys included, at any depth: no NUL (PostgreSQL's
+/// `jsonb` refuses `\u0000`). Other control characters stay allowed there: the
+/// payload is stored as JSON, escaped, on every backend.
+fn check_no_nul(path: &str, v: &Value) -> Result<(), Rejection> {
+    match v {
+        Value::String(s) if s.contains('\0') => {
+            Err(invalid(path, "holds a NUL character (U+0000)"))
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| check_no_nul(&format!("{path}[{i}]"), item)),
+        Value::Object(m) => check_map_no_nul(path, m),
+        _ => Ok(()),
+    }
+}
+
+fn check_map_no_nul(path: &str, m: &Map<String, Value>) -> Result<(), Rejection> {
+    m.iter().try_for_each(|(k, item)| {
+        if k.contains('\0') {
+            return Err(invalid(path, "has a key holding a NUL character (U+0000)"));
+        }
+        check_no_nul(&format!("{path}.{k}"), item)
+    })
 }
 
 /// The five event types a telematics device emits.
@@ -91,10 +145,16 @@ pub enum RejectReason {
     KeyConflict,
     /// The queue gave up redelivering it (a handler kept failing on it).
     MaxDeliveries,
+    /// A provider's final answer (a 4xx other than 408/425/429): the effect will never
+    /// happen for this message as it is. The detail holds the status and the body.
+    ProviderRejected,
+    /// The database refused this message's rows for what they hold (a constraint, a
+    /// value it cannot store); the detail holds the database's error.
+    StoreRejected,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 7] = [
+    pub const ALL: [RejectReason; 9] = [
         RejectReason::MalformedJson,
         RejectReason::MissingField,
         RejectReason::InvalidField,
@@ -102,6 +162,8 @@ impl RejectReason {
         RejectReason::TooLarge,
         RejectReason::KeyConflict,
         RejectReason::MaxDeliveries,
+        RejectReason::ProviderRejected,
+        RejectReason::StoreRejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -113,6 +175,8 @@ impl RejectReason {
             RejectReason::TooLarge => "too_large",
             RejectReason::KeyConflict => "key_conflict",
             RejectReason::MaxDeliveries => "max_deliveries",
+            RejectReason::ProviderRejected => "provider_rejected",
+            RejectReason::StoreRejected => "store_rejected",
         }
     }
 
@@ -312,9 +376,23 @@ impl Envelope {
                 .with_timezone(&Utc),
             other => return Err(wrong_type("occurred_at", "an RFC 3339 string", &other)),
         };
+        if !OCCURRED_AT_YEARS.contains(&occurred_at.year()) {
+            return Err(invalid(
+                "occurred_at",
+                &format!(
+                    "{} is outside the years {}..={} (UTC) every backend stores",
+                    rfc3339(&occurred_at),
+                    OCCURRED_AT_YEARS.start(),
+                    OCCURRED_AT_YEARS.end()
+                ),
+            ));
+        }
         let message_id = match obj.remove("message_id") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
+            Some(Value::String(s)) => {
+                check_text(&s, MAX_MESSAGE_ID_BYTES).map_err(|d| invalid("message_id", &d))?;
+                Some(s)
+            }
             Some(other) => return Err(wrong_type("message_id", "a string", &other)),
         };
         let payload = match obj.remove("payload") {
@@ -332,6 +410,7 @@ impl Envelope {
             ));
         }
         check_payload(event_type, &payload)?;
+        check_map_no_nul("payload", &payload)?;
 
         Ok(Envelope {
             message_id,
@@ -361,11 +440,16 @@ fn check_payload(event_type: EventType, payload: &Map<String, Value>) -> Result<
         EventType::ZoneEnter | EventType::ZoneExit => {
             match payload.get("zone") {
                 None => return Err(missing("payload.zone")),
-                Some(Value::String(_)) => {}
+                Some(Value::String(zone)) => {
+                    check_text(zone, MAX_ZONE_BYTES).map_err(|d| invalid("payload.zone", &d))?
+                }
                 Some(other) => return Err(wrong_type("payload.zone", "a string", other)),
             }
             match payload.get("phone") {
-                None | Some(Value::Null) | Some(Value::String(_)) => {}
+                None | Some(Value::Null) => {}
+                Some(Value::String(phone)) => {
+                    check_text(phone, MAX_PHONE_BYTES).map_err(|d| invalid("payload.phone", &d))?
+                }
                 Some(other) => return Err(wrong_type("payload.phone", "a string", other)),
             }
         }
@@ -491,6 +575,43 @@ mod tests {
         assert_eq!(reject(&huge).reason, RejectReason::TooLarge);
         let detail = reject(&GOOD.replace("\"seq\":48211,", "")).detail;
         assert!(detail.contains("seq"), "{detail}");
+    }
+
+    #[test]
+    fn what_one_backend_cannot_store_is_refused_on_all_of_them() {
+        let refused = |raw: String, field: &str| {
+            let r = reject(&raw);
+            assert_eq!(r.reason, RejectReason::InvalidField, "{raw}");
+            assert!(r.detail.starts_with(field), "{field}: {}", r.detail);
+        };
+        // The field report's poison: a NUL in the device id (PostgreSQL text).
+        refused(GOOD.replace("34-ABC-123", "34-\\u0000-NUL"), "device_id");
+        refused(GOOD.replace("34-ABC-123", "34-\\u001b[2J"), "device_id");
+        refused(GOOD.replace("\"X\"", "\"X\\u0085\""), "payload.zone");
+        refused(GOOD.replace("+905551112233", "+90\\n555"), "payload.phone");
+        refused(GOOD.replace("p-81f3", "p-\\u007f"), "message_id");
+        // MariaDB's VARCHAR(255) zone: 255 bytes pass, 256 do not (in any script).
+        let zone = |z: &str| GOOD.replace("\"X\"", &format!("\"{z}\""));
+        assert!(Envelope::parse(zone(&"z".repeat(MAX_ZONE_BYTES)).as_bytes()).is_ok());
+        refused(zone(&"z".repeat(MAX_ZONE_BYTES + 1)), "payload.zone");
+        refused(zone(&"ı".repeat(MAX_ZONE_BYTES / 2 + 1)), "payload.zone");
+        // PostgreSQL's jsonb: no NUL anywhere in the payload, keys included; other
+        // control characters in free payload text are stored escaped everywhere.
+        let extra = |x: &str| GOOD.replace("\"zone\":\"X\"", &format!("\"zone\":\"X\",{x}"));
+        refused(
+            extra("\"note\":{\"a\":[\"ok\",\"n\\u0000\"]}"),
+            "payload.note.a[1]",
+        );
+        refused(extra("\"k\\u0000\":1"), "payload");
+        assert!(Envelope::parse(extra("\"note\":\"two\\nlines\"").as_bytes()).is_ok());
+        // MySQL's DATETIME years, after conversion to UTC.
+        let at = |t: &str| GOOD.replace("2026-11-30T04:12:03Z", t);
+        refused(at("0999-12-31T23:59:59Z"), "occurred_at");
+        refused(at("9999-12-31T23:00:00-05:00"), "occurred_at");
+        assert!(Envelope::parse(at("1000-01-01T00:00:00Z").as_bytes()).is_ok());
+        assert!(Envelope::parse(at("9999-12-31T23:59:59Z").as_bytes()).is_ok());
+        // Non-ASCII that is not a control character is fine.
+        assert!(Envelope::parse(zone("Kadıköy ☕").as_bytes()).is_ok());
     }
 
     #[test]

@@ -18,7 +18,10 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use super::consumers::RiskClass;
+use chrono::{DateTime, Utc};
+
 use super::envelope::RejectReason;
+use super::health::{InfraKind, PauseCause};
 use super::store::Durability;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -36,6 +39,18 @@ struct DeadLetterLabel {
 struct IngressLabel {
     source: String,
     dup_flag: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PausedLabel {
+    consumer: String,
+    cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InfraLabel {
+    consumer: String,
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -127,6 +142,10 @@ pub struct Metrics {
     engine_info: Family<EngineInfoLabel, Gauge>,
     seen_set_bypassed: Family<ConsumerLabel, Counter>,
     ingress: Family<IngressLabel, Counter>,
+    paused: Family<PausedLabel, Gauge>,
+    paused_since: Family<ConsumerLabel, Gauge>,
+    infra_errors: Family<InfraLabel, Counter>,
+    infra_error_last: Family<InfraLabel, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -210,6 +229,30 @@ impl Metrics {
             "How this engine runs (durability: durable, or relaxed where a power cut can undo the last commits); always 1",
             engine_info.clone(),
         );
+        let paused = Family::<PausedLabel, Gauge>::default();
+        registry.register(
+            "idem_consumer_paused",
+            "1 while the consumer stops leasing because its store or provider (cause) is unhealthy",
+            paused.clone(),
+        );
+        let paused_since = Family::<ConsumerLabel, Gauge>::default();
+        registry.register(
+            "idem_consumer_paused_since_seconds",
+            "When the consumer's current pause began, in seconds since the epoch; 0 while it runs",
+            paused_since.clone(),
+        );
+        let infra_errors = Family::<InfraLabel, Counter>::default();
+        registry.register(
+            "idem_infra_errors",
+            "Deliveries given back because the store or the provider failed, by kind (store, provider_unreachable, provider_unavailable, provider_throttled); none counts toward max_deliveries",
+            infra_errors.clone(),
+        );
+        let infra_error_last = Family::<InfraLabel, Gauge>::default();
+        registry.register(
+            "idem_infra_error_last_seconds",
+            "When the consumer last met an infrastructure failure of this kind, in seconds since the epoch; 0 if never",
+            infra_error_last.clone(),
+        );
         let start: Gauge<f64, AtomicU64> = Gauge::default();
         start.set(
             SystemTime::now()
@@ -248,6 +291,10 @@ impl Metrics {
             engine_info,
             seen_set_bypassed,
             ingress,
+            paused,
+            paused_since,
+            infra_errors,
+            infra_error_last,
         };
         metrics.set_durability(Durability::default());
         metrics
@@ -280,6 +327,20 @@ impl Metrics {
         drop(self.claims_in_doubt.get_or_create(&l));
         drop(self.handler_duration.get_or_create(&l));
         drop(self.seen_set_bypassed.get_or_create(&l));
+        drop(self.paused_since.get_or_create(&l));
+        for cause in PauseCause::ALL {
+            drop(self.paused.get_or_create(&paused_label(consumer, cause)));
+        }
+        for kind in InfraKind::ALL {
+            drop(
+                self.infra_errors
+                    .get_or_create(&infra_label(consumer, kind)),
+            );
+            drop(
+                self.infra_error_last
+                    .get_or_create(&infra_label(consumer, kind)),
+            );
+        }
         for reason in RejectReason::ALL {
             drop(self.dead_lettered.get_or_create(&DeadLetterLabel {
                 consumer: consumer.to_string(),
@@ -327,6 +388,33 @@ impl Metrics {
     pub fn seen_set_bypassed_count(&self, consumer: &str) -> u64 {
         self.seen_set_bypassed
             .get(&label(consumer))
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+
+    /// `idem_consumer_paused{cause}` to 1 with its start (`Some`), or back to 0.
+    pub fn set_paused(&self, consumer: &str, cause: PauseCause, since: Option<DateTime<Utc>>) {
+        self.paused
+            .get_or_create(&paused_label(consumer, cause))
+            .set(i64::from(since.is_some()));
+        self.paused_since
+            .get_or_create(&label(consumer))
+            .set(since.map_or(0, |t| t.timestamp()));
+    }
+
+    /// One infrastructure failure of `consumer`.
+    pub fn infra_error(&self, consumer: &str, kind: InfraKind) {
+        let l = infra_label(consumer, kind);
+        self.infra_errors.get_or_create(&l).inc();
+        self.infra_error_last
+            .get_or_create(&l)
+            .set(Utc::now().timestamp());
+    }
+
+    /// Infrastructure failures of one kind so far.
+    pub fn infra_errors(&self, consumer: &str, kind: InfraKind) -> u64 {
+        self.infra_errors
+            .get(&infra_label(consumer, kind))
             .map(|c| c.get())
             .unwrap_or(0)
     }
@@ -557,6 +645,20 @@ fn label(consumer: &str) -> ConsumerLabel {
     }
 }
 
+fn paused_label(consumer: &str, cause: PauseCause) -> PausedLabel {
+    PausedLabel {
+        consumer: consumer.to_string(),
+        cause: cause.as_str().to_string(),
+    }
+}
+
+fn infra_label(consumer: &str, kind: InfraKind) -> InfraLabel {
+    InfraLabel {
+        consumer: consumer.to_string(),
+        kind: kind.as_str().to_string(),
+    }
+}
+
 fn handler_histogram() -> Histogram {
     // 100 µs .. ~3 s
     Histogram::new(exponential_buckets(0.0001, 2.5, 12))
@@ -586,6 +688,11 @@ mod tests {
             "idem_handler_duration_seconds_bucket",
             "process_start_time_seconds ",
             "idem_engine_info{durability=\"durable\"} 1",
+            "idem_consumer_paused{consumer=\"trip-counter\",cause=\"store\"} 0",
+            "idem_consumer_paused{consumer=\"trip-counter\",cause=\"provider\"} 0",
+            "idem_consumer_paused_since_seconds{consumer=\"trip-counter\"} 0",
+            "idem_infra_errors_total{consumer=\"trip-counter\",kind=\"provider_throttled\"} 0",
+            "idem_infra_error_last_seconds{consumer=\"trip-counter\",kind=\"store\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

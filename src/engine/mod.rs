@@ -15,6 +15,7 @@ pub mod consumers;
 pub mod crash;
 pub mod envelope;
 pub mod exporter;
+pub mod health;
 pub mod http_api;
 pub mod http_server;
 pub mod idempotency_key;
@@ -205,6 +206,8 @@ pub struct Engine {
     pub metrics: Arc<Metrics>,
     pub deps: Deps,
     consumers: Vec<Arc<dyn Consumer>>,
+    /// One breaker per consumer, shared by its workers (see `health.rs`).
+    health: Vec<Arc<health::ConsumerHealth>>,
     namespace: Option<String>,
     runner: RunnerSettings,
 }
@@ -257,6 +260,16 @@ impl Engine {
             metrics.register_consumer(c.name());
         }
         metrics.set_durability(store.durability());
+        let health = consumers
+            .iter()
+            .map(|c| {
+                Arc::new(health::ConsumerHealth::new(
+                    c.name(),
+                    cfg.runner.backoff(),
+                    metrics.clone(),
+                ))
+            })
+            .collect();
         Ok(Engine {
             store,
             edge: None,
@@ -264,6 +277,7 @@ impl Engine {
             metrics,
             deps,
             consumers,
+            health,
             namespace: cfg.namespace.clone(),
             runner: cfg.runner.clone(),
         })
@@ -271,6 +285,15 @@ impl Engine {
 
     pub fn consumers(&self) -> &[Arc<dyn Consumer>] {
         &self.consumers
+    }
+
+    /// A consumer's pause, if its store or provider is unhealthy now.
+    pub fn pause(&self, consumer: &str) -> Option<health::Pause> {
+        self.consumers
+            .iter()
+            .zip(&self.health)
+            .find(|(c, _)| c.name() == consumer)
+            .and_then(|(_, h)| h.pause())
     }
 
     pub fn consumer_names(&self) -> Vec<&'static str> {
@@ -300,10 +323,11 @@ impl Engine {
         crash: Arc<CrashPlan>,
         events: Option<EventSink>,
     ) -> Result<Worker, EngineError> {
-        let c = self
+        let (c, health) = self
             .consumers
             .iter()
-            .find(|c| c.name() == consumer)
+            .zip(&self.health)
+            .find(|(c, _)| c.name() == consumer)
             .ok_or_else(|| EngineError::UnknownConsumer(consumer.to_string()))?;
         Ok(Worker::new(
             c.clone(),
@@ -314,7 +338,8 @@ impl Engine {
             crash,
             self.runner.clone(),
             events,
-        ))
+        )
+        .with_health(health.clone()))
     }
 
     /// Run every consumer (one worker each) until all their queues are empty.

@@ -1,10 +1,11 @@
 //! HTTP client for the external side effects: the SMS provider and the customer's
 //! ERP webhook (SPEC §4). Real HTTP through reqwest.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
+use super::health::InfraKind;
 use super::idempotency_key::{self, IdempotencyKey};
 
 /// The provider's answer to one request.
@@ -25,7 +26,15 @@ pub enum ProviderError {
     /// 5xx: the provider failed; retrying (with the same key) is safe.
     #[error("provider error {status}: {body}")]
     Unavailable { status: u16, body: String },
-    /// 4xx: the provider refused the request; retrying will not help.
+    /// 408, 425, 429: the provider asks us to come back later (`retry_after`, from
+    /// its `Retry-After` header, when it said): a retry, never a loss.
+    #[error("provider throttled the request ({status}): {body}")]
+    Throttled {
+        status: u16,
+        retry_after: Option<Duration>,
+        body: String,
+    },
+    /// Any other 4xx: the provider refused the request; retrying will not help.
     #[error("provider rejected the request ({status}): {body}")]
     Rejected { status: u16, body: String },
 }
@@ -54,6 +63,44 @@ async fn read_capped(mut resp: reqwest::Response, max: usize) -> Result<String, 
         Err(_) => String::from_utf8_lossy(&body).into_owned(),
     };
     Ok(text)
+}
+
+impl ProviderError {
+    /// Whose fault: `Some` for a provider that could not do it now (the message is
+    /// retried without counting against it), `None` for a final refusal.
+    pub fn infra_kind(&self) -> Option<InfraKind> {
+        match self {
+            ProviderError::Transport(_) => Some(InfraKind::ProviderUnreachable),
+            ProviderError::Unavailable { .. } => Some(InfraKind::ProviderUnavailable),
+            ProviderError::Throttled { .. } => Some(InfraKind::ProviderThrottled),
+            ProviderError::Rejected { .. } => None,
+        }
+    }
+
+    /// When the provider asked to be called again.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ProviderError::Throttled { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// Statuses that mean "not now" rather than "no": request timeout, too early, too
+/// many requests.
+fn is_throttling(status: u16) -> bool {
+    matches!(status, 408 | 425 | 429)
+}
+
+/// A `Retry-After` value: delay-seconds or an HTTP date (RFC 9110 §10.2.3); a date
+/// in the past is "now". Anything else is ignored (the back-off decides).
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// Where side effects go.
@@ -130,6 +177,11 @@ impl ProviderClient {
             .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
         let status = resp.status().as_u16();
         let replayed = idempotency_key::is_replayed(resp.headers());
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
         let body = read_capped(resp, MAX_PROVIDER_BODY)
             .await
             .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
@@ -139,8 +191,41 @@ impl ProviderClient {
                 replayed,
                 body,
             }),
+            s if is_throttling(s) => Err(ProviderError::Throttled {
+                status,
+                retry_after,
+                body,
+            }),
             400..=499 => Err(ProviderError::Rejected { status, body }),
             _ => Err(ProviderError::Unavailable { status, body }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        let now = httpdate::parse_http_date("Tue, 01 Dec 2026 04:00:00 GMT").unwrap();
+        assert_eq!(parse_retry_after("3", now), Some(Duration::from_secs(3)));
+        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after("Tue, 01 Dec 2026 04:00:07 GMT", now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            parse_retry_after("Tue, 01 Dec 2026 03:59:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-1", now), None);
+    }
+
+    #[test]
+    fn throttling_is_408_425_and_429_only() {
+        assert!([408, 425, 429].into_iter().all(is_throttling));
+        assert!(!is_throttling(400) && !is_throttling(503));
     }
 }

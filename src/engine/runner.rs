@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::consumers::{Consumer, HandleError, Outcome};
+use super::consumers::{Consumer, HandleError, Outcome, Retry, RetryCause};
 use super::crash::{CrashPlan, CrashPoint, Crashed};
 use super::envelope::{Envelope, RejectReason, Rejection};
+use super::health::{Backoff, ConsumerHealth, InfraKind};
 use super::metrics::{EffectResult, Metrics};
 use super::queue::{Delivery, Queue, QueueResult};
 use super::store::Store;
@@ -38,6 +39,11 @@ pub struct RunnerSettings {
     /// The cap of that doubling: the claim lease, so a message whose claim a dead
     /// process left behind comes back soon after the claim is in doubt.
     pub max_retry_delay: Duration,
+    /// The longest pause after an infrastructure failure (see `health.rs`): the pause
+    /// starts at `retry_delay` and doubles per consecutive failure up to this. Also
+    /// the most a provider's `Retry-After` is obeyed. Bounds how late a consumer
+    /// notices that its store or provider is back.
+    pub max_pause: Duration,
     /// Sleep between polls of an empty queue.
     pub idle_poll: Duration,
     /// Overlap the queue with the database: while one batch commits, ack the batch
@@ -56,6 +62,14 @@ pub struct RunnerSettings {
 }
 
 impl RunnerSettings {
+    /// The pause after consecutive infrastructure failures.
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            base: self.retry_delay,
+            cap: self.max_pause,
+        }
+    }
+
     /// Deliveries per transaction.
     pub fn batch(&self) -> usize {
         self.lease_batch.max(1)
@@ -82,6 +96,7 @@ impl Default for RunnerSettings {
             batch_max_wait: Duration::ZERO,
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
+            max_pause: Duration::from_secs(30),
             idle_poll: Duration::from_millis(100),
             pipeline: true,
             prefetch: 32,
@@ -116,6 +131,16 @@ pub struct DeliveryEvent {
     /// leased ahead counts its wait).
     #[serde(default)]
     pub latency_us: u64,
+}
+
+/// What a paused worker does next.
+enum Paused {
+    /// Shutdown was asked.
+    Stop,
+    /// Look again (the pause was slept, or a probe failed).
+    Again,
+    /// The probe passed: try one delivery.
+    Trial,
 }
 
 /// Receives every delivery's outcome, synchronously, before the ack: a process that
@@ -195,6 +220,7 @@ pub struct Worker {
     crash: Arc<CrashPlan>,
     settings: RunnerSettings,
     events: Option<EventSink>,
+    health: Arc<ConsumerHealth>,
 }
 
 impl Worker {
@@ -209,6 +235,11 @@ impl Worker {
         settings: RunnerSettings,
         events: Option<EventSink>,
     ) -> Self {
+        let health = Arc::new(ConsumerHealth::new(
+            consumer.name(),
+            settings.backoff(),
+            metrics.clone(),
+        ));
         Worker {
             consumer,
             queue,
@@ -218,7 +249,15 @@ impl Worker {
             crash,
             settings,
             events,
+            health,
         }
+    }
+
+    /// Share one breaker between the workers of one consumer: they stand on the same
+    /// store and provider, so they pause and resume together.
+    pub fn with_health(mut self, health: Arc<ConsumerHealth>) -> Self {
+        self.health = health;
+        self
     }
 
     pub fn consumer_name(&self) -> &'static str {
@@ -265,11 +304,12 @@ impl Worker {
         Leased::new(deliveries, at)
     }
 
-    /// Give the deliveries in hand back to the queue at once (a stopping worker, or a
-    /// lease held too long): the next lease gets them, counted as redelivered.
-    async fn release(&self, held: &mut Leased) {
+    /// Give the deliveries in hand back to the queue (a stopping or paused worker, or
+    /// a lease held too long), visible again after `delay`: the next lease gets them,
+    /// flagged redelivered. They were never handled, so they use up no attempt.
+    async fn release(&self, held: &mut Leased, delay: Duration) {
         for (delivery, _) in held.deliveries.drain(..) {
-            if let Err(e) = self.queue.nack(&delivery, Duration::ZERO).await {
+            if let Err(e) = self.queue.nack_uncounted(&delivery, delay).await {
                 tracing::warn!(error = %e, "give-back failed: the lease will expire instead");
             }
         }
@@ -326,7 +366,32 @@ impl Worker {
             if held.is_stale(self.settings.visibility_timeout) {
                 tracing::debug!(queue = %self.queue_name, held = held.deliveries.len(),
                     "deliveries held past half their lease: given back");
-                self.release(&mut held).await;
+                self.release(&mut held, Duration::ZERO).await;
+            }
+            if self.health.wait_left().is_some() {
+                // Paused: nothing in hand while the store or provider is unhealthy.
+                let wait = self.health.wait_left().unwrap_or_default();
+                self.release(&mut held, wait).await;
+                self.ack(std::mem::take(&mut unacked)).await;
+                match self.pause(wait, &mut shutdown).await {
+                    Paused::Stop => return Ok(()),
+                    Paused::Again => continue,
+                    Paused::Trial => {
+                        // Half open: one delivery tries the way; its batch closes the
+                        // breaker if it gets through (see `judge`).
+                        held = self.lease_trial().await;
+                        if held.is_empty() {
+                            // Nothing waiting to try it with: resume, and let the next
+                            // batch tell.
+                            self.health.recovered();
+                        }
+                        if !held.is_empty() {
+                            let trial = held.take(1);
+                            unacked.extend(self.handle(trial).await?);
+                            continue;
+                        }
+                    }
+                }
             }
             if held.is_empty() {
                 if !unacked.is_empty() && !stopping(&shutdown) {
@@ -355,13 +420,66 @@ impl Worker {
             }
             unacked.extend(self.handle(current).await?);
             if stopping(&shutdown) {
-                self.release(&mut held).await;
+                self.release(&mut held, Duration::ZERO).await;
                 self.ack(std::mem::take(&mut unacked)).await;
             } else if !self.settings.pipeline {
                 held = self.ack_then_lease(std::mem::take(&mut unacked)).await;
             }
             // Else more of the prefetch is in hand: its acks go with the next lease.
         }
+    }
+
+    /// Sit out a pause of `wait`, then probe: the store with a ping when it is the
+    /// cause (a failed ping keeps the breaker open, longer). A provider has no health
+    /// endpoint of its own: the trial delivery is its probe.
+    async fn pause(
+        &self,
+        wait: Duration,
+        shutdown: &mut Option<&mut watch::Receiver<bool>>,
+    ) -> Paused {
+        if !wait.is_zero() {
+            match shutdown {
+                Some(rx) => {
+                    if *rx.borrow() {
+                        return Paused::Stop;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = rx.changed() => {}
+                    }
+                    if *rx.borrow() {
+                        return Paused::Stop;
+                    }
+                }
+                None => tokio::time::sleep(wait).await,
+            }
+            return Paused::Again;
+        }
+        let store_down = self
+            .health
+            .pause()
+            .is_some_and(|p| p.kind == InfraKind::Store);
+        if store_down {
+            if let Err(e) = self.store.ping().await {
+                if e.is_infrastructure() {
+                    self.metrics
+                        .infra_error(self.consumer.name(), InfraKind::Store);
+                    self.health.failed(InfraKind::Store, None, &e.to_string());
+                    return Paused::Again;
+                }
+            }
+        }
+        Paused::Trial
+    }
+
+    /// Lease one delivery: the trial of a half-open breaker.
+    async fn lease_trial(&self) -> Leased {
+        let at = Instant::now();
+        let leased = self
+            .queue
+            .lease(&self.queue_name, 1, self.settings.visibility_timeout)
+            .await;
+        Leased::new(self.leased_or_warn(leased).await, at)
     }
 
     /// Nothing leased: `true` to stop (the queue is drained, or shutdown was asked),
@@ -428,17 +546,11 @@ impl Worker {
             }
         }
         if !pending.is_empty() {
-            let outcomes = match self.consumer.handle_batch(&envs, &self.crash).await {
-                Ok(o) => o,
-                Err(HandleError::Crashed(c)) => return Err(c),
-                Err(HandleError::Store(e)) => {
-                    tracing::warn!(consumer, error = %e, "store error: the batch will be retried");
-                    vec![Outcome::Retry(e.to_string()); envs.len()]
-                }
-            };
+            let outcomes = self.handle_envelopes(&envs).await?;
             self.crash.reach(CrashPoint::AfterHandle)?;
+            let pause = self.judge(&outcomes);
             for ((delivery, mut event), outcome) in pending.into_iter().zip(outcomes) {
-                let ack = self.settle(&delivery, outcome, &mut event).await;
+                let ack = self.settle(&delivery, outcome, &mut event, pause).await;
                 settled.push((delivery, event, ack));
             }
         }
@@ -462,6 +574,72 @@ impl Worker {
         Ok(to_ack)
     }
 
+    /// One outcome per envelope. A batch whose transaction failed for the store's
+    /// health is retried whole, later. One that failed for anything else is retried
+    /// item by item: the message the database refuses is dead-lettered
+    /// (`store_rejected`, with the database's words) and its neighbours commit, instead
+    /// of one bad message taking the whole batch down with it.
+    async fn handle_envelopes(&self, envs: &[Envelope]) -> Result<Vec<Outcome>, Crashed> {
+        let e = match self.consumer.handle_batch(envs, &self.crash).await {
+            Ok(outcomes) => return Ok(outcomes),
+            Err(HandleError::Crashed(c)) => return Err(c),
+            Err(HandleError::Store(e)) => e,
+        };
+        let consumer = self.consumer.name();
+        if e.is_infrastructure() || envs.len() == 1 {
+            tracing::warn!(consumer, error = %e, batch = envs.len(), "store error: the batch will be retried");
+            return Ok(vec![Outcome::of_store_error(&e); envs.len()]);
+        }
+        tracing::warn!(consumer, error = %e, batch = envs.len(),
+            "the batch's transaction failed for a reason that is not the store's health: retrying it message by message");
+        let mut outcomes = Vec::with_capacity(envs.len());
+        for env in envs {
+            outcomes.push(match self.consumer.handle(env, &self.crash).await {
+                Ok(o) => o,
+                Err(HandleError::Crashed(c)) => return Err(c),
+                Err(HandleError::Store(e)) => Outcome::of_store_error(&e),
+            });
+        }
+        Ok(outcomes)
+    }
+
+    /// What a batch says about the store's and the provider's health: any
+    /// infrastructure retry opens (or extends) the pause, returned here; a batch that
+    /// got through with none closes it.
+    fn judge(&self, outcomes: &[Outcome]) -> Option<Duration> {
+        let consumer = self.consumer.name();
+        let mut worst: Option<(InfraKind, Option<Duration>, &str)> = None;
+        let mut through = false;
+        for o in outcomes {
+            match o {
+                Outcome::Retry(Retry {
+                    cause: RetryCause::Infra { kind, after },
+                    why,
+                }) => {
+                    self.metrics.infra_error(consumer, *kind);
+                    let later = match worst {
+                        None => true,
+                        Some((_, a, _)) => *after > a,
+                    };
+                    if later {
+                        worst = Some((*kind, *after, why));
+                    }
+                }
+                Outcome::Skipped => {}
+                _ => through = true,
+            }
+        }
+        match worst {
+            Some((kind, after, why)) => Some(self.health.failed(kind, after, why)),
+            None => {
+                if through {
+                    self.health.recovered();
+                }
+                None
+            }
+        }
+    }
+
     /// Parse and route one delivery. `Ok(env)`: for the consumer to handle;
     /// `Err(ack)`: settled here (dead-lettered, or not this consumer's event).
     async fn classify(
@@ -470,10 +648,13 @@ impl Worker {
         parsed: Result<Envelope, Rejection>,
         event: &mut DeliveryEvent,
     ) -> Result<Envelope, bool> {
-        if delivery.delivery_count > self.settings.max_deliveries {
+        if delivery.attempts > self.settings.max_deliveries {
+            // The failures before this one did not get to say why (the process died,
+            // or the lease ran out); a handler failure is dead-lettered with its cause
+            // when it uses up the last attempt (see `settle`).
             let detail = format!(
-                "gave up after {} deliveries",
-                delivery.delivery_count.saturating_sub(1)
+                "gave up after {} deliveries that never finished (the consumer died or its lease ran out)",
+                delivery.attempts.saturating_sub(1)
             );
             return Err(self
                 .dead_letter(RejectReason::MaxDeliveries, &detail, delivery, event)
@@ -495,12 +676,14 @@ impl Worker {
         Ok(env)
     }
 
-    /// Count one handler outcome. Returns whether to ack.
+    /// Count one handler outcome. Returns whether to ack. `pause`: the consumer's
+    /// pause, when its batch met an infrastructure failure.
     async fn settle(
         &self,
         delivery: &Delivery,
         outcome: Outcome,
         event: &mut DeliveryEvent,
+        pause: Option<Duration>,
     ) -> bool {
         let consumer = self.consumer.name();
         event.outcome = outcome.label().to_string();
@@ -522,14 +705,36 @@ impl Worker {
             Outcome::Rejected(r) => {
                 return self.dead_letter(r.reason, &r.detail, delivery, event).await
             }
-            Outcome::Retry(why) => {
+            Outcome::Retry(Retry { cause, why }) => {
+                let backoff =
+                    |n| retry_backoff(self.settings.retry_delay, n, self.settings.max_retry_delay);
+                let returned = match cause {
+                    RetryCause::Message if delivery.attempts >= self.settings.max_deliveries => {
+                        let detail = format!(
+                            "gave up after {} deliveries; the last failed with: {why}",
+                            delivery.attempts
+                        );
+                        return self
+                            .dead_letter(RejectReason::MaxDeliveries, &detail, delivery, event)
+                            .await;
+                    }
+                    RetryCause::Message => {
+                        self.queue.nack(delivery, backoff(delivery.attempts)).await
+                    }
+                    // The claim's holder may be a dead process: doubling per delivery
+                    // outlasts its lease, without spending the message's attempts.
+                    RetryCause::Busy => {
+                        self.queue
+                            .nack_uncounted(delivery, backoff(delivery.delivery_count))
+                            .await
+                    }
+                    RetryCause::Infra { .. } => {
+                        let delay = pause.unwrap_or(self.settings.retry_delay);
+                        self.queue.nack_uncounted(delivery, delay).await
+                    }
+                };
                 event.reason = Some(why);
-                let delay = retry_backoff(
-                    self.settings.retry_delay,
-                    delivery.delivery_count,
-                    self.settings.max_retry_delay,
-                );
-                if let Err(e) = self.queue.nack(delivery, delay).await {
+                if let Err(e) = returned {
                     tracing::warn!(error = %e, "nack failed: the lease will expire instead");
                 }
                 return false;
@@ -559,8 +764,18 @@ impl Worker {
                 true
             }
             Err(e) => {
-                tracing::warn!(error = %e, "dead-letter insert failed: leaving the delivery unacked");
+                tracing::warn!(error = %e, "dead-letter insert failed: the delivery goes back");
                 event.outcome = "retry".into();
+                let returned = if e.is_infrastructure() {
+                    self.metrics.infra_error(consumer, InfraKind::Store);
+                    let wait = self.health.failed(InfraKind::Store, None, &e.to_string());
+                    self.queue.nack_uncounted(delivery, wait).await
+                } else {
+                    self.queue.nack(delivery, self.settings.retry_delay).await
+                };
+                if let Err(e) = returned {
+                    tracing::warn!(error = %e, "nack failed: the lease will expire instead");
+                }
                 false
             }
         }
@@ -610,6 +825,7 @@ mod tests {
                 queue: "q".into(),
                 body: b"{}".to_vec(),
                 delivery_count: 1,
+                attempts: 1,
                 redelivered: false,
                 lease_token: "t".into(),
             })

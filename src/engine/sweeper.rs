@@ -89,9 +89,9 @@ pub async fn sweep(
                     .await?;
                 report.dead_lettered += 1;
             }
-            Ok(Outcome::Retry(why)) => {
+            Ok(Outcome::Retry(retry)) => {
                 tracing::warn!(consumer = consumer.name(), key = %s.claim.message_key,
-                    %why, "claim sweeper: claim still in doubt, retried at the next sweep");
+                    why = %retry.why, "claim sweeper: claim still in doubt, retried at the next sweep");
                 report.left += 1;
             }
             Ok(_) => report.left += 1,

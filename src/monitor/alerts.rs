@@ -198,6 +198,15 @@ pub enum AlertKind {
         consumer: String,
         quiet_seconds: i64,
     },
+    /// The consumer stopped leasing because its store or provider is unhealthy: its
+    /// messages wait (none is lost, none uses up a delivery), and it resumes by itself.
+    ConsumerPaused {
+        target: String,
+        consumer: String,
+        /// `store` or `provider`.
+        cause: String,
+        last_error_kind: Option<String>,
+    },
     /// Nothing processed for a minute although the rate before promised messages.
     ConsumerStalled {
         target: String,
@@ -232,6 +241,7 @@ impl AlertKind {
             AlertKind::RelaxedDurability { .. } => "relaxed_durability",
             AlertKind::DuplicateRateHigh { .. } => "duplicate_rate_high",
             AlertKind::ParachuteUntested { .. } => "parachute_untested",
+            AlertKind::ConsumerPaused { .. } => "consumer_paused",
             AlertKind::ConsumerStalled { .. } => "consumer_stalled",
             AlertKind::DeadLetterBurst { .. } => "dead_letter_burst",
             AlertKind::StateBehind { .. } => "state_behind",
@@ -464,11 +474,39 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
                 ),
             ));
         }
-        if let Flow::Stalled {
-            expected_per_minute,
-            ..
-        } = c.flow
+        if let Some(p) = &c.paused {
+            let last = p
+                .last_error_kind
+                .as_deref()
+                .map(|k| format!(" (last error: {k})"))
+                .unwrap_or_default();
+            let mut alert = Alert::new(
+                Severity::Critical,
+                AlertKind::ConsumerPaused {
+                    target: c.target.clone(),
+                    consumer: c.consumer.clone(),
+                    cause: p.cause.clone(),
+                    last_error_kind: p.last_error_kind.clone(),
+                },
+                object.clone(),
+                format!(
+                    "{}/{}: paused, its {} is unhealthy{last}; messages wait in the queue and it resumes by itself",
+                    c.target, c.consumer, p.cause
+                ),
+            );
+            alert.since = p.since;
+            out.push(alert);
+        }
+        // A paused consumer processes nothing: the pause says why, not a stall.
+        if let (
+            Flow::Stalled {
+                expected_per_minute,
+                ..
+            },
+            None,
+        ) = (&c.flow, &c.paused)
         {
+            let expected_per_minute = *expected_per_minute;
             out.push(Alert::new(
                 Severity::Warning,
                 AlertKind::ConsumerStalled {

@@ -116,10 +116,65 @@ pub struct ConsumerStatus {
     /// `idem_side_effects_total` by `result` (sent / suppressed / failed).
     pub side_effects: BTreeMap<String, CounterReading>,
     pub claims_in_doubt: Option<f64>,
+    /// The consumer stopped leasing because its store or provider is unhealthy.
+    pub paused: Option<PausedReading>,
     pub last_restart: Option<DateTime<Utc>>,
     /// How long messages have flowed without a single duplicate being dropped, once
     /// that reaches [`PARACHUTE_QUIET`]; None otherwise.
     pub duplicates_quiet_seconds: Option<i64>,
+}
+
+/// A paused consumer as its engine reports it (`idem_consumer_paused` and kin):
+/// messages wait in the queue, none is lost, and it resumes by itself.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PausedReading {
+    /// What is unhealthy: `store` or `provider`.
+    pub cause: String,
+    pub since: Option<DateTime<Utc>>,
+    /// The kind of the newest infrastructure failure (`store`, `provider_throttled`…).
+    pub last_error_kind: Option<String>,
+}
+
+/// The pauses an exposition reports, by consumer.
+fn pauses_of(
+    exposition: &ByName<'_>,
+    names: &MetricNames,
+    target: &str,
+) -> FastMap<String, PausedReading> {
+    let mut out: FastMap<String, PausedReading> = FastMap::default();
+    for s in exposition.named(&names.paused).filter(|s| s.value > 0.0) {
+        out.insert(
+            consumer_of(s, names, target).to_string(),
+            PausedReading {
+                cause: s.label("cause").unwrap_or("unknown").to_string(),
+                since: None,
+                last_error_kind: None,
+            },
+        );
+    }
+    for s in exposition
+        .named(&names.paused_since)
+        .filter(|s| s.value > 0.0)
+    {
+        if let Some(p) = out.get_mut(consumer_of(s, names, target)) {
+            p.since = DateTime::from_timestamp(s.value as i64, 0);
+        }
+    }
+    let mut newest: FastMap<&str, f64> = FastMap::default();
+    for s in exposition
+        .named(&names.infra_error_last)
+        .filter(|s| s.value > 0.0)
+    {
+        let consumer = consumer_of(s, names, target);
+        let Some(p) = out.get_mut(consumer) else {
+            continue;
+        };
+        if newest.get(consumer).is_none_or(|t| s.value > *t) {
+            newest.insert(consumer, s.value);
+            p.last_error_kind = s.label("kind").map(str::to_string);
+        }
+    }
+    out
 }
 
 /// One consumer's counts over a window, summed across restarts.
@@ -512,6 +567,7 @@ impl TargetTracker {
             .named(&names.claims_in_doubt)
             .map(|s| (consumer_of(s, names, &target), s.value))
             .collect();
+        let mut pauses = pauses_of(exposition, names, &target);
 
         self.status.process_start_time = start.or(self.status.process_start_time);
         let cause = new_start.or_else(|| {
@@ -543,6 +599,7 @@ impl TargetTracker {
             replace_map(&mut s.dead_lettered_by_reason, &scrape.by_reason);
             replace_map(&mut s.side_effects, &scrape.effects);
             s.claims_in_doubt = in_doubt.get(consumer).copied();
+            s.paused = pauses.remove(consumer);
             s.last_restart = self.status.last_restart;
             s.duplicate_ratio = match (s.processed.per_second, s.duplicate_dropped.per_second) {
                 (Some(p), Some(d)) => duplicate_ratio(p, d),
@@ -749,6 +806,7 @@ fn new_track(target: &str, consumer: &str, at: DateTime<Utc>) -> ConsumerTrack {
             dead_lettered_by_reason: BTreeMap::new(),
             side_effects: BTreeMap::new(),
             claims_in_doubt: None,
+            paused: None,
             last_restart: None,
             duplicates_quiet_seconds: None,
         },

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -108,6 +108,10 @@ enum ApiError {
     KeyReused(String),
     #[error("injected fault: the provider is temporarily unavailable, retry later")]
     Unavailable,
+    #[error("injected fault: too many requests, retry after {0} s")]
+    Throttled(u64),
+    #[error("injected fault: the recipient is refused for good")]
+    Refused,
 }
 
 impl ApiError {
@@ -117,6 +121,8 @@ impl ApiError {
             ApiError::InvalidKey(_) => "invalid_idempotency_key",
             ApiError::KeyReused(_) => "idempotency_key_reused",
             ApiError::Unavailable => "unavailable",
+            ApiError::Throttled(_) => "rate_limited",
+            ApiError::Refused => "recipient_refused",
         }
     }
 
@@ -127,6 +133,8 @@ impl ApiError {
             }
             ApiError::InvalidKey(_) => StatusCode::BAD_REQUEST,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Refused => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -136,6 +144,10 @@ impl ApiError {
             status: self.status(),
             body: body.to_string().into_bytes(),
             replayed: false,
+            retry_after: match self {
+                ApiError::Throttled(secs) => Some(*secs),
+                _ => None,
+            },
         }
     }
 }
@@ -146,6 +158,8 @@ struct Reply {
     status: StatusCode,
     body: Vec<u8>,
     replayed: bool,
+    /// `Retry-After`, in seconds (a throttling answer).
+    retry_after: Option<u64>,
 }
 
 impl IntoResponse for Reply {
@@ -160,6 +174,11 @@ impl IntoResponse for Reply {
             response
                 .headers_mut()
                 .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        }
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -237,9 +256,27 @@ impl<S, R> Ledger<S, R> {
     }
 }
 
+/// A fault armed for the next requests: which, and how many are left.
+#[derive(Debug, Clone, Copy, Default)]
+struct Armed {
+    fault: Fault,
+    left: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+enum Fault {
+    /// 503.
+    #[default]
+    Unavailable,
+    /// 429 with `Retry-After: N` seconds.
+    Throttled(u64),
+    /// 400: a final refusal.
+    Refused,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    fail_next: usize,
+    armed: Armed,
     sms: Ledger<SentSms, SmsRequest>,
     erp: Ledger<SentErp, ErpRequest>,
 }
@@ -282,7 +319,24 @@ impl SandboxState {
     /// caller's retry path. Replaces any count still pending. Requests rejected as
     /// invalid (422) are answered before the fault and do not consume it.
     pub fn fail_next(&self, n: usize) {
-        self.lock().fail_next = n;
+        self.arm(Fault::Unavailable, n);
+    }
+
+    /// Make the next `n` POSTs answer 429 with `Retry-After: {retry_after}` (whole
+    /// seconds) without sending: a provider's rate limit. Like [`Self::fail_next`].
+    pub fn throttle_next(&self, n: usize, retry_after: Duration) {
+        self.arm(Fault::Throttled(retry_after.as_secs()), n);
+    }
+
+    /// Make the next `n` POSTs answer 400 without sending: a refusal that no retry
+    /// changes (a bad recipient). The key stays free, as with any fault, so the
+    /// request can go through once fixed. Like [`Self::fail_next`].
+    pub fn reject_next(&self, n: usize) {
+        self.arm(Fault::Refused, n);
+    }
+
+    fn arm(&self, fault: Fault, left: usize) {
+        self.lock().armed = Armed { fault, left };
     }
 
     /// Answer every POST after `latency`, give or take a quarter of it (uniformly):
@@ -344,11 +398,15 @@ impl SandboxState {
 
     /// Consume one armed fault, if any.
     fn take_fault(inner: &mut Inner) -> Option<ApiError> {
-        if inner.fail_next == 0 {
+        if inner.armed.left == 0 {
             return None;
         }
-        inner.fail_next -= 1;
-        Some(ApiError::Unavailable)
+        inner.armed.left -= 1;
+        Some(match inner.armed.fault {
+            Fault::Unavailable => ApiError::Unavailable,
+            Fault::Throttled(secs) => ApiError::Throttled(secs),
+            Fault::Refused => ApiError::Refused,
+        })
     }
 
     fn post_sms(&self, key: Result<Option<String>, ApiError>, body: &[u8]) -> Reply {
@@ -456,6 +514,7 @@ fn accepted(id: &str, status: &str) -> Reply {
             .to_string()
             .into_bytes(),
         replayed: false,
+        retry_after: None,
     }
 }
 

@@ -109,6 +109,16 @@ impl TestDb {
         self.env.queue_url()
     }
 
+    /// The server URL this test's database was created through (servers only).
+    pub fn admin_url(&self) -> Option<&str> {
+        self.admin_url.as_deref()
+    }
+
+    /// This test's own database name (servers only).
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
     /// One statement with the backend's own driver, on a connection of its own: what an
     /// operator (or a naive consumer) does behind the engine's back.
     pub async fn exec(&self, sql: &str) {

@@ -65,6 +65,7 @@ pub fn zone_exit(device: &str, seq: u64) -> idemwatch::engine::envelope::Envelop
     )
     .expect("a valid zone_exit")
 }
+pub mod proxy;
 
 /// A child process killed (and reaped) when the test ends, pass or fail.
 pub struct KillOnDrop(pub std::process::Child);

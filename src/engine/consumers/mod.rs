@@ -11,11 +11,12 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use super::crash::{CrashPlan, Crashed};
-use super::envelope::{Envelope, EventType, Rejection};
+use super::envelope::{Envelope, EventType, RejectReason, Rejection};
+use super::health::InfraKind;
 use super::metrics::{EffectResult, Metrics};
 use super::provider::ProviderClient;
 use super::seen_set::GuardedSeenSet;
-use super::store::{Store, StoreError};
+use super::store::{Failure, Store, StoreError};
 
 pub mod erp_webhook;
 mod side_effect;
@@ -86,8 +87,64 @@ pub enum Outcome {
     Skipped,
     /// Bad input discovered by the consumer (a key conflict): dead-letter and ack.
     Rejected(Rejection),
-    /// Not now (a live claim elsewhere, the provider down): leave unacked.
-    Retry(String),
+    /// Not now: give the delivery back to the queue; [`Retry::cause`] says whether
+    /// that uses up one of its `max_deliveries`.
+    Retry(Retry),
+}
+
+/// A delivery going back to the queue, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Retry {
+    pub cause: RetryCause,
+    /// The last cause in words: kept in the dead letter if it comes to that.
+    pub why: String,
+}
+
+/// Whose fault a retry is. Only [`RetryCause::Message`] counts toward
+/// `max_deliveries` (SPEC §8): an outage or a throttling provider says nothing about
+/// the message, and a budget burnt on them dead-letters good messages by the hundred.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryCause {
+    /// The handler failed in a way that is neither the database's health nor the
+    /// message's content as the database judged it (a bug, a schema that does not
+    /// match): counted, so a message that always fails ends as a dead letter.
+    Message,
+    /// Another delivery holds a live claim on this key: wait for it, not counted.
+    Busy,
+    /// The store or the provider could not do it now: not counted; the consumer
+    /// pauses (see `health.rs`). `after`: when the provider asked to be called again.
+    Infra {
+        kind: InfraKind,
+        after: Option<Duration>,
+    },
+}
+
+impl Outcome {
+    pub(crate) fn retry(cause: RetryCause, why: impl Into<String>) -> Outcome {
+        Outcome::Retry(Retry {
+            cause,
+            why: why.into(),
+        })
+    }
+
+    /// A store error of one message, by whose fault it is (see [`StoreError::failure`]):
+    /// infrastructure → retry later without counting; the row refused for what it holds
+    /// → `store_rejected` with the database's own words; anything else → a counted retry.
+    pub fn of_store_error(e: &StoreError) -> Outcome {
+        match e.failure() {
+            Failure::Infrastructure => Outcome::retry(
+                RetryCause::Infra {
+                    kind: InfraKind::Store,
+                    after: None,
+                },
+                e.to_string(),
+            ),
+            Failure::Content => {
+                Outcome::Rejected(Rejection::new(RejectReason::StoreRejected, e.to_string()))
+            }
+            Failure::Other => Outcome::retry(RetryCause::Message, e.to_string()),
+        }
+    }
 }
 
 impl Outcome {
@@ -164,8 +221,8 @@ pub(crate) async fn one_by_one<C: Consumer + ?Sized>(
     for env in envs {
         outcomes.push(match consumer.handle(env, crash).await {
             Ok(o) => o,
-            // Only this message retries; the ones before it are committed.
-            Err(HandleError::Store(e)) => Outcome::Retry(e.to_string()),
+            // Only this message's fate; the ones before it are committed.
+            Err(HandleError::Store(e)) => Outcome::of_store_error(&e),
             Err(crashed) => return Err(crashed),
         });
     }

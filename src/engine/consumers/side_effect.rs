@@ -12,7 +12,7 @@ use std::future::Future;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::{ConsumerMode, Deps, HandleError, Outcome};
+use super::{ConsumerMode, Deps, HandleError, Outcome, RetryCause};
 use crate::engine::crash::{CrashPlan, CrashPoint};
 use crate::engine::envelope::{Envelope, RejectReason, Rejection};
 use crate::engine::metrics::EffectResult;
@@ -52,10 +52,7 @@ where
             crash.reach(CrashPoint::AfterSideEffect)?;
             Ok(match reply {
                 Ok(_) => record(deps, consumer, EffectResult::Sent, false),
-                Err(ProviderError::Rejected { .. }) => {
-                    record(deps, consumer, EffectResult::Failed, false)
-                }
-                Err(e) => Outcome::Retry(e.to_string()),
+                Err(e) => provider_failed(deps, consumer, &e),
             })
         }
         // The report's seen-set design: the key, written after success, is the only
@@ -79,13 +76,8 @@ where
                         .await?;
                     Ok(record(deps, consumer, sent_or_replayed(&r), false))
                 }
-                Err(ProviderError::Rejected { .. }) => {
-                    deps.seen_set
-                        .mark_seen(consumer, &key, &fingerprint)
-                        .await?;
-                    Ok(record(deps, consumer, EffectResult::Failed, false))
-                }
-                Err(e) => Ok(Outcome::Retry(e.to_string())),
+                // Not marked seen: fixed and replayed, it is sent.
+                Err(e) => Ok(provider_failed(deps, consumer, &e)),
             }
         }
         ConsumerMode::Idempotent => {
@@ -106,8 +98,9 @@ where
                     return Ok(Outcome::Duplicate);
                 }
                 ClaimOutcome::Busy => {
-                    return Ok(Outcome::Retry(
-                        "another delivery holds a live claim on this key".into(),
+                    return Ok(Outcome::retry(
+                        RetryCause::Busy,
+                        "another delivery holds a live claim on this key",
                     ))
                 }
                 ClaimOutcome::Fresh(c) => (c, false),
@@ -130,20 +123,22 @@ where
                         .await?;
                     Ok(record(deps, consumer, sent_or_replayed(&r), in_doubt))
                 }
-                Err(ProviderError::Rejected { status, body }) => {
-                    let detail = format!("provider rejected ({status}): {body}");
+                Err(e) if e.infra_kind().is_none() => {
+                    // Refused for good: nothing went out. The claim says so, and the
+                    // message is kept as a dead letter to be fixed and replayed.
                     deps.store
-                        .finish_side_effect(consumer, &key, ClaimState::Failed, &detail)
+                        .finish_side_effect(consumer, &key, ClaimState::Failed, &e.to_string())
                         .await?;
-                    Ok(record(deps, consumer, EffectResult::Failed, in_doubt))
+                    Ok(provider_failed(deps, consumer, &e))
                 }
                 Err(e) => {
-                    // We do not know whether it went out: keep the claim, make it
-                    // immediately retryable with the same key, leave the delivery unacked.
+                    // Throttled, failing or unreachable: we may not know whether it went
+                    // out. Keep the claim and its key, make it immediately retryable,
+                    // give the delivery back (uncounted).
                     deps.store
                         .release_claim(consumer, &key, &e.to_string())
                         .await?;
-                    Ok(Outcome::Retry(e.to_string()))
+                    Ok(provider_failed(deps, consumer, &e))
                 }
             }
         }
@@ -207,8 +202,9 @@ where
                 outcomes[i] = Some(Outcome::Duplicate);
             }
             ClaimOutcome::Busy => {
-                outcomes[i] = Some(Outcome::Retry(
-                    "another delivery holds a live claim on this key".into(),
+                outcomes[i] = Some(Outcome::retry(
+                    RetryCause::Busy,
+                    "another delivery holds a live claim on this key",
                 ))
             }
             ClaimOutcome::Fresh(c) => owned.push((i, c, false)),
@@ -240,17 +236,23 @@ where
                 },
                 Some(sent_or_replayed(&r)),
             ),
-            Err(ProviderError::Rejected { status, body }) => (
-                ClaimFinish::Done {
-                    state: ClaimState::Failed,
-                    detail: format!("provider rejected ({status}): {body}"),
-                },
-                Some(EffectResult::Failed),
-            ),
+            // Refused for good: nothing went out. The claim says so, and the
+            // message is kept as a `provider_rejected` dead letter.
+            Err(e) if e.infra_kind().is_none() => {
+                outcomes[i] = Some(provider_failed(deps, consumer, &e));
+                (
+                    ClaimFinish::Done {
+                        state: ClaimState::Failed,
+                        detail: e.to_string(),
+                    },
+                    None,
+                )
+            }
             Err(e) => {
-                // Whether it went out is unknown: keep the claim, retryable at once
-                // with the same key, and leave the delivery unacked.
-                outcomes[i] = Some(Outcome::Retry(e.to_string()));
+                // Throttled, failing or unreachable; whether it went out is unknown:
+                // keep the claim, retryable at once with the same key, and give the
+                // delivery back uncounted.
+                outcomes[i] = Some(provider_failed(deps, consumer, &e));
                 (
                     ClaimFinish::Release {
                         detail: e.to_string(),
@@ -271,7 +273,7 @@ where
     }
     Ok(outcomes
         .into_iter()
-        .map(|o| o.unwrap_or(Outcome::Retry("no outcome decided".into())))
+        .map(|o| o.unwrap_or_else(|| Outcome::retry(RetryCause::Message, "no outcome decided")))
         .collect())
 }
 
@@ -280,6 +282,28 @@ fn sent_detail(reply: &ProviderReply) -> String {
         format!("provider replayed its first response ({})", reply.status)
     } else {
         format!("sent ({})", reply.status)
+    }
+}
+
+/// A provider's failure as the runner sees it: a retry that does not count against
+/// the message (throttled, 5xx, unreachable), or a `provider_rejected` dead letter
+/// with the status and the (capped) body — never "processed".
+fn provider_failed(deps: &Deps, consumer: &str, e: &ProviderError) -> Outcome {
+    match e.infra_kind() {
+        Some(kind) => Outcome::retry(
+            RetryCause::Infra {
+                kind,
+                after: e.retry_after(),
+            },
+            e.to_string(),
+        ),
+        None => {
+            deps.metrics.side_effect(consumer, EffectResult::Failed);
+            Outcome::Rejected(Rejection::new(
+                RejectReason::ProviderRejected,
+                e.to_string(),
+            ))
+        }
     }
 }
 

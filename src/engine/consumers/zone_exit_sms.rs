@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome};
+use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome, RetryCause};
 use crate::engine::crash::CrashPlan;
 use crate::engine::envelope::{rfc3339, Envelope, EventType};
 
@@ -68,7 +68,7 @@ impl Consumer for ZoneExitSms {
             .map(|e| match e.phone() {
                 Some(_) => sent
                     .next()
-                    .unwrap_or(Outcome::Retry("no outcome decided".into())),
+                    .unwrap_or_else(|| Outcome::retry(RetryCause::Message, "no outcome decided")),
                 None => Outcome::Skipped,
             })
             .collect())

@@ -152,6 +152,63 @@ struct InFlight {
     queue: String,
     acker: Acker,
     deadline: Instant,
+    /// What happens at the deadline: by default the lease ran out (`basic.nack`
+    /// requeue, as a dead consumer's would); after a `nack` with a delay, the
+    /// counted or uncounted return it asked for.
+    then: Return,
+}
+
+/// How a delivery goes back to its queue.
+#[derive(Debug, Clone)]
+enum Return {
+    /// `basic.nack(requeue)`: the broker counts it (quorum queues), or only flags it
+    /// redelivered (classic queues).
+    Requeue,
+    /// A copy published with our own counts in its headers, then the original acked:
+    /// exact counts on every queue type, and an uncounted return possible.
+    Republish { body: Vec<u8>, counts: Counts },
+}
+
+/// Our own delivery counts, carried in a message's headers across the copies a
+/// return publishes: what came before the copy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counts {
+    /// Deliveries that counted toward `max_deliveries`.
+    attempts: u32,
+    /// All deliveries.
+    deliveries: u32,
+}
+
+/// Header of the deliveries that counted, before this copy.
+const ATTEMPTS_HEADER: &str = "x-idemwatch-attempts";
+/// Header of all deliveries before this copy.
+const DELIVERIES_HEADER: &str = "x-idemwatch-deliveries";
+
+impl Counts {
+    fn of(d: &lapin::message::Delivery) -> Counts {
+        let header = |name: &str| {
+            d.properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get(name).cloned())
+                .and_then(header_u32)
+                .unwrap_or(0)
+        };
+        Counts {
+            attempts: header(ATTEMPTS_HEADER),
+            deliveries: header(DELIVERIES_HEADER),
+        }
+    }
+
+    fn headers(self) -> FieldTable {
+        let mut t = FieldTable::default();
+        t.insert(short(ATTEMPTS_HEADER), AMQPValue::LongUInt(self.attempts));
+        t.insert(
+            short(DELIVERIES_HEADER),
+            AMQPValue::LongUInt(self.deliveries),
+        );
+        t
+    }
 }
 
 /// The consumer side of one queue on one connection.
@@ -537,11 +594,78 @@ impl AmqpQueue {
             tokens.iter().filter_map(|t| map.remove(t)).collect()
         };
         for f in expired {
-            tracing::info!(
-                queue,
-                "lease expired: giving the delivery back to the broker"
-            );
-            self.give_back(&f).await;
+            if matches!(f.then, Return::Requeue) {
+                tracing::info!(
+                    queue,
+                    "lease expired: giving the delivery back to the broker"
+                );
+            }
+            self.send_back(f).await;
+        }
+    }
+
+    /// Return one delivery the way it asked for (see [`Return`]). A copy that cannot
+    /// be published falls back to a requeue: counted where the broker counts, never
+    /// lost.
+    async fn send_back(&self, f: InFlight) {
+        let (body, counts) = match &f.then {
+            Return::Requeue => return self.give_back(&f).await,
+            Return::Republish { body, counts } => (body, *counts),
+        };
+        let queues = [f.queue.clone()];
+        let bodies = [body.clone()];
+        let published = self
+            .with_link(|link| async move {
+                self.publish_on(&link, &queues, &bodies, Some(counts.headers()))
+                    .await
+            })
+            .await;
+        match published {
+            // The copy is safely queued: the original goes. A crash in between leaves
+            // both, and the consumers' dedup drops the second.
+            Ok(()) => {
+                if let Err(e) = rpc("basic.ack", f.acker.ack(Default::default())).await {
+                    tracing::warn!(error = %e, "ack of a republished delivery failed: it comes back as a duplicate");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "republishing a returned delivery failed: requeued instead");
+                self.give_back(&f).await;
+            }
+        }
+    }
+
+    /// Return `delivery` after `delay` as a copy carrying its counts.
+    async fn return_later(&self, delivery: &Delivery, delay: Duration, counted: bool) {
+        let counts = Counts {
+            attempts: if counted {
+                delivery.attempts
+            } else {
+                delivery.attempts.saturating_sub(1)
+            },
+            deliveries: delivery.delivery_count,
+        };
+        let due = {
+            let mut map = self.lock_inflight();
+            let Some(f) = map.get_mut(&delivery.lease_token) else {
+                return;
+            };
+            f.then = Return::Republish {
+                body: delivery.body.clone(),
+                counts,
+            };
+            f.deadline = Instant::now() + delay;
+            if delay.is_zero() {
+                map.remove(&delivery.lease_token)
+            } else {
+                None
+            }
+        };
+        // AMQP has no delayed requeue: a later return is held (still unacked, so it
+        // comes back anyway if this process dies meanwhile) and sent back once its
+        // delay is over, the way an expired lease is given back.
+        if let Some(f) = due {
+            self.send_back(f).await;
         }
     }
 
@@ -634,21 +758,24 @@ impl AmqpQueue {
         let mut map = self.lock_inflight();
         for d in taken {
             let token = format!("{}:{}:{}", link.generation, channel_id, d.delivery_tag);
-            let delivery_count = delivery_count(&d);
+            let before = Counts::of(&d);
+            let returns = broker_returns(&d);
             map.insert(
                 token.clone(),
                 InFlight {
                     queue: queue.to_string(),
                     acker: d.acker.clone(),
                     deadline,
+                    then: Return::Requeue,
                 },
             );
             out.push(Delivery {
                 id: i64::try_from(d.delivery_tag).unwrap_or(i64::MAX),
                 queue: queue.to_string(),
                 body: d.data,
-                delivery_count,
-                redelivered: d.redelivered,
+                delivery_count: before.deliveries.saturating_add(returns).saturating_add(1),
+                attempts: before.attempts.saturating_add(returns).saturating_add(1),
+                redelivered: d.redelivered || before.deliveries > 0,
                 lease_token: token,
             });
         }
@@ -660,6 +787,7 @@ impl AmqpQueue {
         link: &Link,
         queues: &[String],
         bodies: &[Vec<u8>],
+        headers: Option<FieldTable>,
     ) -> QueueResult<()> {
         let mut names = Vec::with_capacity(queues.len());
         for q in queues {
@@ -676,9 +804,12 @@ impl AmqpQueue {
             }
         };
         let exchange = self.exchange();
-        let props = BasicProperties::default()
+        let mut props = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type(short("application/json"));
+        if let Some(headers) = headers {
+            props = props.with_headers(headers);
+        }
         let mut confirms = Vec::with_capacity(bodies.len() * names.len());
         for body in bodies {
             for name in &names {
@@ -842,28 +973,34 @@ fn requeue() -> BasicNackOptions {
     }
 }
 
-/// 1 on a first delivery. Quorum queues count returns in `x-delivery-count`; classic
-/// queues only say whether a delivery is a redelivery.
-fn delivery_count(d: &lapin::message::Delivery) -> u32 {
+/// How often the broker gave this copy back since it was published. Quorum queues
+/// count returns in `x-delivery-count`; classic queues only say whether a delivery is
+/// a redelivery (at least one). Returns the engine makes itself are republished
+/// copies carrying [`Counts`], so a classic queue still reaches `max_deliveries`.
+fn broker_returns(d: &lapin::message::Delivery) -> u32 {
     let header = d
         .properties
         .headers()
         .as_ref()
-        .and_then(|h| h.inner().get("x-delivery-count").cloned());
-    let returned = match header {
-        Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).ok(),
-        Some(AMQPValue::LongInt(n)) => u32::try_from(n).ok(),
-        Some(AMQPValue::LongUInt(n)) => Some(n),
-        Some(AMQPValue::ShortInt(n)) => u32::try_from(n).ok(),
-        Some(AMQPValue::ShortUInt(n)) => Some(u32::from(n)),
-        Some(AMQPValue::ShortShortUInt(n)) => Some(u32::from(n)),
-        Some(AMQPValue::ShortShortInt(n)) => u32::try_from(n).ok(),
+        .and_then(|h| h.inner().get("x-delivery-count").cloned())
+        .and_then(header_u32);
+    match header {
+        Some(n) => n,
+        None => u32::from(d.redelivered),
+    }
+}
+
+/// A non-negative integer header, whatever integer type the sender chose.
+fn header_u32(v: AMQPValue) -> Option<u32> {
+    match v {
+        AMQPValue::LongLongInt(n) => u32::try_from(n).ok(),
+        AMQPValue::LongInt(n) => u32::try_from(n).ok(),
+        AMQPValue::LongUInt(n) => Some(n),
+        AMQPValue::ShortInt(n) => u32::try_from(n).ok(),
+        AMQPValue::ShortUInt(n) => Some(u32::from(n)),
+        AMQPValue::ShortShortUInt(n) => Some(u32::from(n)),
+        AMQPValue::ShortShortInt(n) => u32::try_from(n).ok(),
         _ => None,
-    };
-    match returned {
-        Some(n) => n.saturating_add(1),
-        None if d.redelivered => 2,
-        None => 1,
     }
 }
 
@@ -878,7 +1015,7 @@ impl Queue for AmqpQueue {
         let mut pause = Duration::from_millis(200);
         loop {
             match self
-                .with_link(|link| async move { self.publish_on(&link, queues, bodies).await })
+                .with_link(|link| async move { self.publish_on(&link, queues, bodies, None).await })
                 .await
             {
                 Ok(()) => return Ok(()),
@@ -936,19 +1073,12 @@ impl Queue for AmqpQueue {
     }
 
     async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
-        if delay.is_zero() {
-            let Some(f) = self.lock_inflight().remove(&delivery.lease_token) else {
-                return Ok(());
-            };
-            self.give_back(&f).await;
-            return Ok(());
-        }
-        // AMQP has no delayed requeue: hold the delivery (still unacked, so it comes back
-        // anyway if this process dies meanwhile) and give it back once `delay` is over,
-        // the way an expired lease is given back.
-        if let Some(f) = self.lock_inflight().get_mut(&delivery.lease_token) {
-            f.deadline = Instant::now() + delay;
-        }
+        self.return_later(delivery, delay, true).await;
+        Ok(())
+    }
+
+    async fn nack_uncounted(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
+        self.return_later(delivery, delay, false).await;
         Ok(())
     }
 

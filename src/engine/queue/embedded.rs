@@ -111,6 +111,7 @@ impl Lease {
             .push_bind(self.max)
             .push(
                 "); SELECT CAST(group_concat(id || ',' || delivery_count || ',' \
+                 || (delivery_count - uncounted) || ',' \
                  || length(CAST(body AS BLOB)) || ':' || body, '') AS BLOB)",
             )
             .push(" FROM queue_messages WHERE queue = ")
@@ -130,14 +131,23 @@ impl Lease {
             let packed: &[u8] = row.try_get(0)?;
             let mut rest = packed;
             while !rest.is_empty() {
-                let (id, count, body, after) = unpack_one(rest).ok_or_else(|| {
-                    sqlx::Error::Decode("lease row: not id,count,length:body".into())
+                let (
+                    Packed {
+                        id,
+                        count,
+                        attempts,
+                        body,
+                    },
+                    after,
+                ) = unpack_one(rest).ok_or_else(|| {
+                    sqlx::Error::Decode("lease row: not id,count,attempts,length:body".into())
                 })?;
                 deliveries.push(Delivery {
                     id,
                     queue: queue.to_string(),
                     body: body.to_vec(),
                     delivery_count: count,
+                    attempts,
                     redelivered: count > 1,
                     lease_token: self.token.clone(),
                 });
@@ -149,8 +159,18 @@ impl Lease {
     }
 }
 
-/// One `id,count,length:body` off the front of a packed lease row, and what follows.
-fn unpack_one(packed: &[u8]) -> Option<(i64, u32, &[u8], &[u8])> {
+/// One delivery of a packed lease row.
+#[derive(Debug, PartialEq)]
+struct Packed<'a> {
+    id: i64,
+    count: u32,
+    attempts: u32,
+    body: &'a [u8],
+}
+
+/// One `id,count,attempts,length:body` off the front of a packed lease row, and what
+/// follows.
+fn unpack_one(packed: &[u8]) -> Option<(Packed<'_>, &[u8])> {
     fn number<T: std::str::FromStr>(s: &[u8], end: u8) -> Option<(T, &[u8])> {
         let at = s.iter().position(|&b| b == end)?;
         let n = std::str::from_utf8(&s[..at]).ok()?.parse().ok()?;
@@ -158,8 +178,20 @@ fn unpack_one(packed: &[u8]) -> Option<(i64, u32, &[u8], &[u8])> {
     }
     let (id, s) = number::<i64>(packed, b',')?;
     let (count, s) = number::<u32>(s, b',')?;
+    let (attempts, s) = number::<u32>(s, b',')?;
     let (len, s) = number::<usize>(s, b':')?;
-    (s.len() >= len).then(|| (id, count, &s[..len], &s[len..]))
+    (s.len() >= len).then(|| {
+        let body = &s[..len];
+        (
+            Packed {
+                id,
+                count,
+                attempts,
+                body,
+            },
+            &s[len..],
+        )
+    })
 }
 
 fn now_ms() -> i64 {
@@ -324,6 +356,21 @@ impl Queue for EmbeddedQueue {
         Ok(())
     }
 
+    async fn nack_uncounted(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
+        let mut w = self.writer().await?;
+        let done = sqlx::query(
+            "UPDATE queue_messages SET visible_at = ?, lease_token = NULL, uncounted = uncounted + 1
+             WHERE id = ? AND lease_token = ?",
+        )
+        .bind(now_ms().saturating_add(millis(delay)))
+        .bind(delivery.id)
+        .bind(&delivery.lease_token)
+        .execute(w.conn())
+        .await;
+        w.keep(done)?;
+        Ok(())
+    }
+
     async fn depth(&self, queue: &str) -> QueueResult<QueueDepth> {
         let (ready, in_flight): (i64, i64) = sqlx::query_as(
             "SELECT COALESCE(SUM(visible_at <= ?1), 0), COALESCE(SUM(visible_at > ?1), 0)
@@ -386,6 +433,25 @@ mod tests {
         assert!(!q.ack(&first[0]).await.unwrap());
         assert!(q.ack(&again[0]).await.unwrap());
         assert!(q.depth("a").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_uncounted_return_is_redelivered_without_using_an_attempt() {
+        let (_dir, q) = queue().await;
+        q.publish(&["a".into()], &[b"m1".to_vec()]).await.unwrap();
+        let vis = Duration::from_secs(30);
+        let first = q.lease("a", 10, vis).await.unwrap();
+        assert_eq!((first[0].delivery_count, first[0].attempts), (1, 1));
+        q.nack_uncounted(&first[0], Duration::ZERO).await.unwrap();
+        let second = q.lease("a", 10, vis).await.unwrap();
+        assert_eq!((second[0].delivery_count, second[0].attempts), (2, 1));
+        assert!(second[0].redelivered);
+        q.nack(&second[0], Duration::ZERO).await.unwrap();
+        let third = q.lease("a", 10, vis).await.unwrap();
+        assert_eq!((third[0].delivery_count, third[0].attempts), (3, 2));
+        // A stale lease's return changes nothing.
+        q.nack_uncounted(&first[0], Duration::ZERO).await.unwrap();
+        assert!(q.lease("a", 10, vis).await.unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -498,12 +564,28 @@ mod tests {
 
     #[test]
     fn a_packed_row_cut_short_or_garbled_is_an_error_not_a_guess() {
+        let packed = |id, count, attempts, body| Packed {
+            id,
+            count,
+            attempts,
+            body,
+        };
         assert_eq!(
-            unpack_one(b"12,3,2:ab7,1,0:"),
-            Some((12, 3, &b"ab"[..], &b"7,1,0:"[..]))
+            unpack_one(b"12,3,2,2:ab7,1,1,0:"),
+            Some((packed(12, 3, 2, &b"ab"[..]), &b"7,1,1,0:"[..]))
         );
-        assert_eq!(unpack_one(b"7,1,0:"), Some((7, 1, &b""[..], &b""[..])));
-        for bad in [&b"12,3,5:ab"[..], b"12,3:ab", b"x,1,1:a", b"12,3,-1:a", b""] {
+        assert_eq!(
+            unpack_one(b"7,1,1,0:"),
+            Some((packed(7, 1, 1, &b""[..]), &b""[..]))
+        );
+        for bad in [
+            &b"12,3,3,5:ab"[..],
+            b"12,3,2:ab",
+            b"x,1,1,1:a",
+            b"12,3,3,-1:a",
+            b"12,3,-1,1:a",
+            b"",
+        ] {
             assert_eq!(unpack_one(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
     }

@@ -53,6 +53,10 @@ pub struct Delivery {
     pub body: Vec<u8>,
     /// 1 on the first delivery.
     pub delivery_count: u32,
+    /// The deliveries that count toward `max_deliveries`, this one included: the
+    /// delivery count less the returns that said "not the message's fault" (an
+    /// outage, throttling, a lease given back unhandled; see [`Queue::nack_uncounted`]).
+    pub attempts: u32,
     pub redelivered: bool,
     /// Proves this lease: an ack with a stale token (the lease expired and another
     /// worker took the message) does nothing.
@@ -135,8 +139,15 @@ pub trait Queue: Send + Sync + 'static {
         (acked, self.lease(queue, max, visibility).await)
     }
 
-    /// Give the message back now (or after `delay`) without counting it done.
+    /// Give the message back now (or after `delay`) without counting it done. This
+    /// delivery counts toward `max_deliveries`: the message itself failed.
     async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()>;
+
+    /// Give the message back (after `delay`) as if this delivery had not happened as
+    /// far as `max_deliveries` goes: the store or the provider failed, not the message,
+    /// or the delivery was never handled. Its next delivery is still flagged
+    /// redelivered and its delivery count still rises; its `attempts` do not.
+    async fn nack_uncounted(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()>;
 
     async fn depth(&self, queue: &str) -> QueueResult<QueueDepth>;
 

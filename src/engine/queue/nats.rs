@@ -344,6 +344,10 @@ fn delivery_of(queue: &str, m: &jetstream::Message) -> QueueResult<Delivery> {
         queue: queue.to_string(),
         body: m.payload.to_vec(),
         delivery_count: count,
+        // JetStream counts every delivery and cannot be told otherwise: an uncounted
+        // return is counted here (the consumer's pause still keeps an outage short
+        // of the limit; a header of our own, as on AMQP, is not done yet).
+        attempts: count,
         redelivered: count > 1,
         lease_token: token,
     })
@@ -408,6 +412,10 @@ impl Queue for NatsQueue {
             .await
             .map_err(nats_err)?;
         self.client.flush().await.map_err(nats_err)
+    }
+
+    async fn nack_uncounted(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
+        self.nack(delivery, delay).await
     }
 
     async fn depth(&self, queue: &str) -> QueueResult<QueueDepth> {

@@ -315,6 +315,11 @@ pub trait Store: RepairStore + Send + Sync + 'static {
     /// The commit durability this store's connections were opened with.
     fn durability(&self) -> Durability;
 
+    /// One round trip to the database (`SELECT 1`): the probe of a consumer paused
+    /// by an outage (see `engine/health.rs`). Says the database answers, not that it
+    /// takes writes: the trial delivery after it tells that.
+    async fn ping(&self) -> StoreResult<()>;
+
     // ---- transactional mode -------------------------------------------------
 
     /// Transactional dedup for a batch: for each item, insert `(consumer, key)` into

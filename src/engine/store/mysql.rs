@@ -410,6 +410,11 @@ impl Store for MysqlStore {
         redact_url(&self.url)
     }
 
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Always durable as far as idemwatch goes: the flush policy is the server's
     /// (`innodb_flush_log_at_trx_commit`), see [`Durability::check_url`].
     fn durability(&self) -> Durability {

@@ -264,6 +264,11 @@ impl Store for SqliteStore {
         redact_url(&self.url)
     }
 
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     fn durability(&self) -> Durability {
         self.durability
     }

@@ -77,6 +77,18 @@ fn figures(c: &ConsumerStatus, window: RateWindow) -> [String; 6] {
 }
 
 fn flow_cell<'a>(c: &ConsumerStatus, app: &App, theme: &Theme) -> Cell<'a> {
+    if let Some(p) = &c.paused {
+        // Why and since when are in its alert; the cell says who is paused and how long.
+        let since = p
+            .since
+            .map(|t| {
+                let d = format::duration((app.now - t).num_seconds());
+                // The largest unit only: the column is 11 wide.
+                format!(" {}", d.split(' ').next().unwrap_or_default())
+            })
+            .unwrap_or_default();
+        return Cell::from(format!("PAUSED{since}")).style(theme.crit);
+    }
     match c.flow {
         Flow::Flowing => Cell::from("flowing").style(theme.ok),
         Flow::NoDataYet => Cell::from("no data yet").style(theme.dim),

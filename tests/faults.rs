@@ -1,0 +1,527 @@
+//! The faults production has most (issue 14), against real databases and a real
+//! HTTP provider: a store outage longer than the whole retry budget, a provider that
+//! throttles, fails or refuses, and a poison message in a batch. "Nothing lost,
+//! nothing doubled" must hold through each; only what the message itself causes may
+//! cost it a delivery or end as a dead letter.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::backends::{Kind, TestDb};
+use common::proxy::{server_addr, CuttableProxy};
+use idemwatch::engine::consumers::{trip_counter, zone_exit_sms};
+use idemwatch::engine::crash::CrashPlan;
+use idemwatch::engine::envelope::{Envelope, MessageKey};
+use idemwatch::engine::health::InfraKind;
+use idemwatch::engine::runner::RunnerSettings;
+use idemwatch::engine::store::ClaimState;
+use idemwatch::engine::{Engine, EngineConfig};
+use idemwatch::sim::sandbox_provider;
+use sqlx::Connection;
+
+on_every_backend!(
+    poison_in_a_batch_of_16_costs_only_itself,
+    a_nul_in_a_batch_is_refused_alike_on_every_backend,
+    a_store_outage_longer_than_the_retry_budget_loses_nothing,
+);
+
+fn zone_exit_line(device: &str, seq: u64) -> Vec<u8> {
+    format!(
+        r#"{{"device_id":"{device}","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"X","phone":"+905551112233"}}}}"#
+    )
+    .into_bytes()
+}
+
+fn key_of(body: &[u8]) -> MessageKey {
+    Envelope::parse(body).unwrap().key()
+}
+
+async fn engine(
+    db_url: &str,
+    queue_url: &str,
+    consumer: &str,
+    sms_url: &str,
+    runner: RunnerSettings,
+) -> Engine {
+    let mut cfg = EngineConfig::new(db_url, queue_url, sms_url, sms_url);
+    cfg.consumers = vec![consumer.to_string()];
+    cfg.runner = runner;
+    Engine::open(&cfg).await.unwrap()
+}
+
+/// Wait (at most `limit`) for `done`, checking every 20 ms.
+async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    tokio::time::timeout(limit, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within {limit:?}"));
+}
+
+/// The database refuses one device's counter row for what it holds: a constraint on
+/// the servers, a trigger on SQLite (which cannot add a CHECK to a table). Nothing
+/// a parser could know; the database's own words name the cause.
+async fn refuse_device(db: &TestDb, device: &str) -> &'static str {
+    match db.kind {
+        Kind::Sqlite => {
+            db.exec(&format!(
+                "CREATE TRIGGER idw_poison BEFORE INSERT ON trip_counters \
+                 WHEN NEW.device_id = '{device}' BEGIN SELECT RAISE(ABORT, 'idw_poison refuses this device'); END"
+            ))
+            .await
+        }
+        Kind::Postgres | Kind::Mysql => {
+            db.exec(&format!(
+                "ALTER TABLE trip_counters ADD CONSTRAINT idw_poison CHECK (device_id <> '{device}')"
+            ))
+            .await
+        }
+    }
+    "idw_poison"
+}
+
+async fn poison_in_a_batch_of_16_costs_only_itself(db: &TestDb) {
+    let engine = engine(
+        &db.url,
+        &db.queue_url(),
+        trip_counter::NAME,
+        "http://127.0.0.1:9",
+        RunnerSettings {
+            lease_batch: 16,
+            prefetch: 16,
+            pipeline: false,
+            max_deliveries: 1,
+            idle_poll: Duration::from_millis(5),
+            ..RunnerSettings::default()
+        },
+    )
+    .await;
+    // The schema exists once the engine opened the store.
+    let cause = refuse_device(db, "POISON-8").await;
+    let bodies: Vec<Vec<u8>> = (0..16)
+        .map(|i| {
+            let device = if i == 8 {
+                "POISON-8".to_string()
+            } else {
+                format!("BATCH-{i}")
+            };
+            zone_exit_line(&device, 1)
+        })
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    engine
+        .run_until_idle(Arc::new(CrashPlan::none()), None)
+        .await
+        .unwrap();
+
+    let c = &engine.summary().consumers[trip_counter::NAME];
+    assert_eq!((c.processed, c.dead_lettered), (15, 1), "{c:?}");
+    let dead = engine.store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].reason, "store_rejected");
+    assert_eq!(dead[0].raw, bodies[8]);
+    let detail = dead[0].detail.clone().unwrap_or_default();
+    assert!(detail.contains(cause), "the database's words: {detail}");
+    for i in (0..16).filter(|i| *i != 8) {
+        assert_eq!(
+            engine
+                .store
+                .zone_exits(&format!("BATCH-{i}"))
+                .await
+                .unwrap(),
+            1
+        );
+    }
+    assert_eq!(engine.store.zone_exits("POISON-8").await.unwrap(), 0);
+    assert!(engine
+        .queue
+        .depth(trip_counter::NAME)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+async fn a_nul_in_a_batch_is_refused_alike_on_every_backend(db: &TestDb) {
+    let engine = engine(
+        &db.url,
+        &db.queue_url(),
+        trip_counter::NAME,
+        "http://127.0.0.1:9",
+        RunnerSettings {
+            lease_batch: 16,
+            prefetch: 16,
+            pipeline: false,
+            idle_poll: Duration::from_millis(5),
+            ..RunnerSettings::default()
+        },
+    )
+    .await;
+    // The field report's message: PostgreSQL cannot store it, SQLite and MariaDB
+    // could. Refused by the parser, it is refused the same everywhere.
+    let mut bodies: Vec<Vec<u8>> = (0..15)
+        .map(|i| zone_exit_line(&format!("NUL-{i}"), 1))
+        .collect();
+    bodies.insert(3, zone_exit_line("34-\\u0000-NUL", 1));
+    engine.publish(&bodies).await.unwrap();
+    engine
+        .run_until_idle(Arc::new(CrashPlan::none()), None)
+        .await
+        .unwrap();
+    let c = &engine.summary().consumers[trip_counter::NAME];
+    assert_eq!((c.processed, c.dead_lettered), (15, 1), "{c:?}");
+    let dead = engine.store.dead_letters(10).await.unwrap();
+    assert_eq!(
+        (dead[0].reason.as_str(), &dead[0].raw),
+        ("invalid_field", &bodies[3])
+    );
+    let detail = dead[0].detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("device_id") && detail.contains("U+0000"),
+        "{detail}"
+    );
+}
+
+/// How this test takes its own database away, and gives it back.
+enum Outage {
+    /// SQLite: another connection holds the write lock, longer than the store's busy
+    /// timeout, so the engine's writes fail as SQLITE_BUSY.
+    Locked(sqlx::SqliteConnection),
+    /// PostgreSQL: our database refuses connections and its sessions are terminated.
+    Refused { admin: String, name: String },
+    /// MariaDB: the TCP way to the server is cut.
+    Cut,
+}
+
+impl Outage {
+    async fn start(db: &TestDb, proxy: Option<&CuttableProxy>) -> Outage {
+        match db.kind {
+            Kind::Sqlite => {
+                let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+                sqlx::query("BEGIN IMMEDIATE")
+                    .execute(&mut c)
+                    .await
+                    .unwrap();
+                Outage::Locked(c)
+            }
+            Kind::Postgres => {
+                let (admin, name) = (
+                    db.admin_url().unwrap().to_string(),
+                    db.name().unwrap().to_string(),
+                );
+                let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+                sqlx::query(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+                    .execute(&mut c)
+                    .await
+                    .unwrap();
+                // Our own database's sessions only (its name is unique to this test).
+                sqlx::query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = $1 AND pid <> pg_backend_pid()",
+                )
+                .bind(&name)
+                .execute(&mut c)
+                .await
+                .unwrap();
+                Outage::Refused { admin, name }
+            }
+            Kind::Mysql => {
+                proxy.expect("MariaDB goes through the proxy").cut();
+                Outage::Cut
+            }
+        }
+    }
+
+    async fn end(self, proxy: Option<&CuttableProxy>) {
+        match self {
+            Outage::Locked(mut c) => {
+                sqlx::query("ROLLBACK").execute(&mut c).await.unwrap();
+            }
+            Outage::Refused { admin, name } => {
+                let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+                sqlx::query(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+                    .execute(&mut c)
+                    .await
+                    .unwrap();
+            }
+            Outage::Cut => proxy.expect("the proxy").restore(),
+        }
+    }
+}
+
+/// With `max_deliveries = 1`, a single delivery spent on the outage would cost a
+/// message: the whole retry budget is one failure. The outage lasts until the
+/// consumer has failed on it at least twice, with messages arriving meanwhile; after
+/// recovery every effect is there exactly once and nothing is dead-lettered.
+async fn a_store_outage_longer_than_the_retry_budget_loses_nothing(db: &TestDb) {
+    let proxy = match db.kind {
+        Kind::Mysql => Some(CuttableProxy::start(server_addr(&db.url, 3306).await).await),
+        _ => None,
+    };
+    let url = proxy
+        .as_ref()
+        .map_or(db.url.clone(), |p| p.url_through(&db.url));
+    let engine = Arc::new(
+        engine(
+            &url,
+            &db.queue_url(),
+            trip_counter::NAME,
+            "http://127.0.0.1:9",
+            RunnerSettings {
+                lease_batch: 4,
+                max_deliveries: 1,
+                retry_delay: Duration::from_millis(20),
+                max_pause: Duration::from_millis(300),
+                // Longer than SQLite's busy timeout: no lease runs out while a
+                // write waits for the lock.
+                visibility_timeout: Duration::from_secs(120),
+                idle_poll: Duration::from_millis(10),
+                ..RunnerSettings::default()
+            },
+        )
+        .await,
+    );
+    let consumer = trip_counter::NAME;
+    let processed = || engine.summary().consumers[consumer].processed;
+    let before: Vec<Vec<u8>> = (0..4)
+        .map(|i| zone_exit_line(&format!("OUT-{i}"), 1))
+        .collect();
+    engine.publish(&before).await.unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = engine
+        .worker(consumer, Arc::new(CrashPlan::none()), None)
+        .unwrap();
+    let running = tokio::spawn(async move { worker.run(stopped).await });
+    wait_for("the first messages", Duration::from_secs(60), || {
+        processed() == 4
+    })
+    .await;
+
+    let outage = Outage::start(db, proxy.as_ref()).await;
+    let during: Vec<Vec<u8>> = (4..12)
+        .map(|i| zone_exit_line(&format!("OUT-{i}"), 1))
+        .collect();
+    engine.publish(&during).await.unwrap();
+    // A failure and a failed probe or trial on the servers; on SQLite each failure
+    // costs the store's busy timeout (30 s), so one.
+    let failures = if db.kind == Kind::Sqlite { 1 } else { 2 };
+    wait_for("failures on the outage", Duration::from_secs(240), || {
+        engine
+            .pause(consumer)
+            .is_some_and(|p| p.failures >= failures)
+    })
+    .await;
+    let pause = engine
+        .pause(consumer)
+        .expect("paused while the store is down");
+    assert_eq!(pause.kind, InfraKind::Store);
+    assert!(engine.metrics.encode().contains(&format!(
+        "idem_consumer_paused{{consumer=\"{consumer}\",cause=\"store\"}} 1"
+    )));
+    outage.end(proxy.as_ref()).await;
+
+    wait_for(
+        "every message after recovery",
+        Duration::from_secs(240),
+        || processed() == 12,
+    )
+    .await;
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the worker stops")
+        .unwrap()
+        .unwrap();
+    let c = &engine.summary().consumers[consumer];
+    assert_eq!(
+        (c.processed, c.duplicate_dropped, c.dead_lettered),
+        (12, 0, 0),
+        "{c:?}"
+    );
+    assert!(engine.store.dead_letters(10).await.unwrap().is_empty());
+    for i in 0..12 {
+        assert_eq!(
+            engine.store.zone_exits(&format!("OUT-{i}")).await.unwrap(),
+            1,
+            "OUT-{i}"
+        );
+    }
+    assert!(engine.pause(consumer).is_none(), "resumed by itself");
+    assert!(engine.metrics.encode().contains(&format!(
+        "idem_consumer_paused{{consumer=\"{consumer}\",cause=\"store\"}} 0"
+    )));
+}
+
+/// A provider run for zone-exit-sms with one kind of fault armed; every SMS once.
+struct ProviderRun {
+    engine: Engine,
+    sandbox: sandbox_provider::SandboxHandle,
+    bodies: Vec<Vec<u8>>,
+    _env: common::TempEnv,
+}
+
+async fn provider_run(arm: impl FnOnce(&sandbox_provider::SandboxState), n: usize) -> ProviderRun {
+    let env = common::TempEnv::new();
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    arm(sandbox.state());
+    let engine = engine(
+        &env.db_url(),
+        &env.queue_url(),
+        zone_exit_sms::NAME,
+        &sandbox.url(),
+        RunnerSettings {
+            lease_batch: 4,
+            // One counted failure would dead-letter: a throttled or failing provider
+            // must cost nothing.
+            max_deliveries: 1,
+            retry_delay: Duration::from_millis(20),
+            max_pause: Duration::from_secs(2),
+            idle_poll: Duration::from_millis(5),
+            ..RunnerSettings::default()
+        },
+    )
+    .await;
+    let bodies: Vec<Vec<u8>> = (0..n)
+        .map(|i| zone_exit_line(&format!("SMS-{i}"), 1))
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        engine.run_until_idle(Arc::new(CrashPlan::none()), None),
+    )
+    .await
+    .expect("the queue drains")
+    .unwrap();
+    ProviderRun {
+        engine,
+        sandbox,
+        bodies,
+        _env: env,
+    }
+}
+
+impl ProviderRun {
+    /// Exactly one accepted SMS per zone exit in `sent`, each under its own key;
+    /// every claim settled (none left `claimed`, so none can be in doubt).
+    async fn assert_each_sent_once(&self, sent: &[usize]) {
+        let accepted = self.sandbox.state().sent_sms();
+        assert_eq!(accepted.len(), sent.len(), "{accepted:?}");
+        let mut keys: Vec<_> = accepted.iter().map(|s| s.idempotency_key.clone()).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), sent.len(), "one key per SMS");
+        for i in sent {
+            let claim = self
+                .engine
+                .store
+                .claim(zone_exit_sms::NAME, &key_of(&self.bodies[*i]))
+                .await
+                .unwrap()
+                .expect("a claim");
+            assert_eq!(claim.state, ClaimState::Sent, "{claim:?}");
+        }
+        assert!(self
+            .engine
+            .store
+            .claims_in_doubt(Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(
+            self.engine.pause(zone_exit_sms::NAME).is_none(),
+            "resumed by itself"
+        );
+    }
+
+    fn answered(&self, status: u16) -> usize {
+        self.sandbox
+            .state()
+            .sms_requests()
+            .iter()
+            .filter(|r| r.status == status)
+            .count()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_throttling_provider_gets_one_sms_per_zone_exit() {
+    let run = provider_run(|s| s.throttle_next(3, Duration::from_secs(1)), 20).await;
+    assert_eq!(run.answered(429), 3);
+    run.assert_each_sent_once(&(0..20).collect::<Vec<_>>())
+        .await;
+    let c = &run.engine.summary().consumers[zone_exit_sms::NAME];
+    assert_eq!(
+        (c.processed, c.side_effects_sent, c.dead_lettered),
+        (20, 20, 0),
+        "{c:?}"
+    );
+    assert_eq!(
+        run.engine
+            .metrics
+            .infra_errors(zone_exit_sms::NAME, InfraKind::ProviderThrottled),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_provider_gets_one_sms_per_zone_exit() {
+    let run = provider_run(|s| s.fail_next(7), 20).await;
+    assert_eq!(run.answered(503), 7);
+    run.assert_each_sent_once(&(0..20).collect::<Vec<_>>())
+        .await;
+    let c = &run.engine.summary().consumers[zone_exit_sms::NAME];
+    assert_eq!(
+        (c.processed, c.side_effects_sent, c.dead_lettered),
+        (20, 20, 0),
+        "{c:?}"
+    );
+    assert_eq!(
+        run.engine
+            .metrics
+            .infra_errors(zone_exit_sms::NAME, InfraKind::ProviderUnavailable),
+        7
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_refusal_is_a_dead_letter_not_a_processed_message() {
+    let run = provider_run(|s| s.reject_next(1), 6).await;
+    assert_eq!(run.answered(400), 1);
+    // The first request was refused: the first message leased.
+    run.assert_each_sent_once(&(1..6).collect::<Vec<_>>()).await;
+    let c = &run.engine.summary().consumers[zone_exit_sms::NAME];
+    assert_eq!(
+        (
+            c.processed,
+            c.side_effects_sent,
+            c.side_effects_failed,
+            c.dead_lettered
+        ),
+        (5, 5, 1, 1),
+        "{c:?}"
+    );
+    let dead = run.engine.store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].reason.as_str(), &dead[0].raw),
+        ("provider_rejected", &run.bodies[0])
+    );
+    let detail = dead[0].detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("400") && detail.contains("recipient_refused"),
+        "{detail}"
+    );
+    let claim = run
+        .engine
+        .store
+        .claim(zone_exit_sms::NAME, &key_of(&run.bodies[0]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claim.state, ClaimState::Failed);
+}
