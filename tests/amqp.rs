@@ -448,3 +448,132 @@ async fn chaos_run_with_process_kills_ends_exactly_once() {
     q.close().await;
     db.cleanup().await;
 }
+
+/// The next delivery of `name`, waiting for it a little.
+async fn lease_one(q: &AmqpQueue, name: &str, vis: Duration) -> queue::Delivery {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(d) = q.lease(name, 1, vis).await.unwrap().into_iter().next() {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "the message did not come back");
+    }
+}
+
+/// A classic queue says only "redelivered", never how often: our own header carries
+/// the count across the copies a return publishes, so a poison message still reaches
+/// `max_deliveries`, and a return that is not the message's fault costs no attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_queue_counts_attempts_in_a_header_of_our_own() {
+    let _broker = exclusive().await;
+    let Some(url) = amqp_url().await else { return };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let q = AmqpQueue::open(&format!("{url}{sep}queue_type=classic"))
+        .await
+        .unwrap();
+    let ns = namespace("classic-count");
+    let name = format!("{ns}/a");
+    q.publish(std::slice::from_ref(&name), &[b"poison".to_vec()])
+        .await
+        .unwrap();
+    let vis = Duration::from_secs(30);
+    let first = lease_one(&q, &name, vis).await;
+    assert_eq!(
+        (first.delivery_count, first.attempts, first.redelivered),
+        (1, 1, false)
+    );
+    q.nack(&first, Duration::ZERO).await.unwrap();
+    let second = lease_one(&q, &name, vis).await;
+    assert_eq!(
+        (second.delivery_count, second.attempts, second.redelivered),
+        (2, 2, true)
+    );
+    q.nack(&second, Duration::ZERO).await.unwrap();
+    let third = lease_one(&q, &name, vis).await;
+    assert_eq!(
+        (third.delivery_count, third.attempts),
+        (3, 3),
+        "beyond what a classic queue counts"
+    );
+    q.nack_uncounted(&third, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let fourth = lease_one(&q, &name, vis).await;
+    assert_eq!(
+        (fourth.delivery_count, fourth.attempts),
+        (4, 3),
+        "an uncounted return"
+    );
+    assert_eq!(fourth.body, b"poison");
+    assert!(q.ack(&fourth).await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !q.depth(&name).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the queue never drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    q.remove_queue(&name).await.unwrap();
+    q.close().await;
+}
+
+/// Through the runner: a message whose handler fails every time (the database
+/// answers an error that is neither an outage nor about its content) ends as a
+/// `max_deliveries` dead letter with the last cause, on a classic queue too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_on_a_classic_queue_reaches_max_deliveries() {
+    let _broker = exclusive().await;
+    let Some(url) = amqp_url().await else { return };
+    let env = TempEnv::new();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let mut cfg = EngineConfig::new(
+        &env.db_url(),
+        &format!("{url}{sep}queue_type=classic"),
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+    );
+    cfg.consumers = vec![trip_counter::NAME.into()];
+    cfg.namespace = Some(namespace("classic-poison"));
+    cfg.runner = RunnerSettings {
+        max_deliveries: 3,
+        lease_batch: 1,
+        retry_delay: Duration::from_millis(10),
+        max_retry_delay: Duration::from_millis(20),
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    // SQLite evaluates a trigger's body when it fires: malformed JSON there is an
+    // error of neither kind (SQLITE_ERROR), so each delivery counts.
+    let mut c = <sqlx::SqliteConnection as sqlx::Connection>::connect(&env.db_url())
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER idw_poison BEFORE INSERT ON trip_counters \
+         WHEN NEW.device_id = 'POISON' BEGIN SELECT json('not json'); END",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let body = br#"{"device_id":"POISON","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X"}}"#;
+    engine.publish(&[body.to_vec()]).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        engine.run_until_idle(Arc::new(CrashPlan::none()), None),
+    )
+    .await
+    .expect("the poison settles")
+    .unwrap();
+    let dead = engine.store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].reason, "max_deliveries");
+    let detail = dead[0].detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("gave up after 3 deliveries") && detail.contains("JSON"),
+        "{detail}"
+    );
+    engine
+        .queue
+        .remove_queue(&engine.queue_name(trip_counter::NAME))
+        .await
+        .unwrap();
+    engine.queue.close().await;
+}
