@@ -1239,7 +1239,10 @@ async fn refused_writes_are_retried_then_applied_once(
             .map(|f| f.delivery_count)
             .max()
             .unwrap_or_else(|| panic!("{e:?} never failed"));
-        assert_eq!(e.outcome, "processed", "{e:?}");
+        // Applied: `late` is applied too (vehicle-state, history only): redeliveries
+        // come back in back-off order, so an older event of the vehicle may settle
+        // after a newer one.
+        assert!(matches!(e.outcome.as_str(), "processed" | "late"), "{e:?}");
         assert!(e.redelivered && e.delivery_count > last_failure, "{e:?}");
     }
     let c = &engine.summary().consumers[consumer];
