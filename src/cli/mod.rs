@@ -110,7 +110,7 @@ pub struct Cli {
 
     /// The dashboard's Prometheus server (base URL): the chart's window before the
     /// dashboard started comes from its history. Overrides `[prometheus] url`.
-    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", value_parser = parse_http_url)]
+    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", hide_env_values = true, value_parser = parse_http_url)]
     pub prometheus: Option<String>,
 
     #[command(subcommand)]

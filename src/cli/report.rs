@@ -36,7 +36,7 @@ pub struct ReportArgs {
     pub db: Option<String>,
     /// A Prometheus server (base URL) whose history gives the window's rates;
     /// overrides `[prometheus] url`.
-    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", value_parser = super::parse_http_url)]
+    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", hide_env_values = true, value_parser = super::parse_http_url)]
     pub prometheus: Option<String>,
 }
 

@@ -38,7 +38,7 @@ pub struct SnapshotArgs {
     pub json: bool,
     /// A Prometheus server (its base URL) whose history of the window before the
     /// snapshot goes into `history` and `markers`; overrides `[prometheus] url`.
-    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", value_parser = super::parse_http_url)]
+    #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", hide_env_values = true, value_parser = super::parse_http_url)]
     pub prometheus: Option<String>,
     /// How far back the history reaches (default: the config's chart window).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
