@@ -25,10 +25,10 @@ pub const ABOVE_DEPLOY_DAY_FOR: Duration = Duration::from_secs(600);
 /// How far back a target must have exported consumer metrics for its `up == 0` to be
 /// a consumer down (rather than any other job of the server).
 pub const CONSUMER_TARGET_SEEN: Duration = Duration::from_secs(3600);
-/// `idem_consumer_paused`: 1 while a consumer stops leasing because its store or
-/// provider is unhealthy (SPEC §8).
-pub const CONSUMER_PAUSED: &str = "idem_consumer_paused";
-/// A consumer paused this long is an alert (a store blip of a few seconds is not).
+/// A consumer paused (`idem_consumer_paused` at 1) this long pages. The dashboard
+/// shows a pause from its first poll; a pager should not ring for a back-off of a
+/// few seconds that a 15 s scrape may not even see, and a pause that outlasts a
+/// minute is an outage the on-call engineer must hear of.
 pub const PAUSED_FOR: Duration = Duration::from_secs(60);
 
 /// A duration as PromQL writes it: `1m`, `15s`.
@@ -87,6 +87,9 @@ pub struct Recording {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AlertRule {
     pub alert: &'static str,
+    /// The `kind` of the dashboard alert it mirrors ([`super::alerts::AlertKind::name`]);
+    /// None where the dashboard lists rather than alerts.
+    pub dashboard: Option<&'static str>,
     pub expr: String,
     pub for_: Option<Duration>,
     pub severity: &'static str,
@@ -124,8 +127,8 @@ pub fn recording_rules() -> Vec<Recording> {
 }
 
 /// The alert rules, each the Prometheus side of a dashboard rule
-/// ([`super::alerts`]); `paused` adds the paused-consumer rule.
-pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
+/// ([`super::alerts`]).
+pub fn alert_rules() -> Vec<AlertRule> {
     let n = MetricNames::default();
     let defaults = AlertRules::default();
     let by = consumer_grouping(&n);
@@ -141,9 +144,10 @@ pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
             duration(WINDOW_5M)
         )
     };
-    let mut rules = vec![
+    vec![
         AlertRule {
             alert: "IdemDuplicateRateHigh",
+            dashboard: Some("duplicate_rate_high"),
             expr: format!(
                 "({ratio_1m} > {DUPLICATE_RATIO_ALERT} unless on (job, instance) ({restarted}))\nor\n({ratio_5m} > {DEPLOY_DAY_RATIO} and on (job, instance) ({restarted}))"
             ),
@@ -159,6 +163,7 @@ pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
         },
         AlertRule {
             alert: "IdemDuplicateRateAboveDeployDay",
+            dashboard: Some("duplicate_rate_high"),
             expr: format!(
                 "{ratio_5m} > {DEPLOY_DAY_RATIO}\nunless on (job, instance) ({})",
                 restarted_within(&n, sustained_window)
@@ -174,6 +179,7 @@ pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
         },
         AlertRule {
             alert: "IdemKeyConflict",
+            dashboard: Some("dead_letter_burst"),
             expr: format!("{} > 0", dead(&format!("{{{}=\"key_conflict\"}}", n.reason_label))),
             for_: None,
             severity: "critical",
@@ -185,6 +191,7 @@ pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
         },
         AlertRule {
             alert: "IdemDeadLetterBurst",
+            dashboard: Some("dead_letter_burst"),
             expr: format!("{} >= {}", dead(""), defaults.dead_letter_burst),
             for_: None,
             severity: "warning",
@@ -197,6 +204,7 @@ pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
         },
         AlertRule {
             alert: "IdemDeadLettered",
+            dashboard: None,
             expr: format!("{} > 0", dead("")),
             for_: None,
             severity: "info",
@@ -209,6 +217,7 @@ pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
         },
         AlertRule {
             alert: "IdemClaimsInDoubt",
+            dashboard: Some("claims_in_doubt"),
             expr: format!("max by ({by}) ({}) > 0", n.claims_in_doubt),
             for_: None,
             severity: "critical",
@@ -219,6 +228,7 @@ pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
         },
         AlertRule {
             alert: "IdemConsumerTargetDown",
+            dashboard: Some("target_down"),
             expr: format!(
                 "up == 0\nand on (job, instance) group by (job, instance) (max_over_time({}[{}]))",
                 n.processed,
@@ -228,20 +238,20 @@ pub fn alert_rules(paused: bool) -> Vec<AlertRule> {
             severity: "critical",
             summary: "consumer target {{ $labels.job }}/{{ $labels.instance }} is down".into(),
         },
-    ];
-    if paused {
-        rules.push(AlertRule {
+        AlertRule {
             alert: "IdemConsumerPaused",
-            expr: format!("max by ({by}, cause) ({CONSUMER_PAUSED}) == 1"),
+            dashboard: Some("consumer_paused"),
+            expr: format!("max by ({by}, cause) ({}) == 1", n.paused),
             for_: Some(PAUSED_FOR),
-            severity: "warning",
+            // The dashboard's consumer_paused is critical too: nothing of that
+            // consumer moves until its store or provider is back.
+            severity: "critical",
             summary: format!(
-                "{{{{ $labels.instance }}}}/{{{{ $labels.{} }}}} stopped leasing: {{{{ $labels.cause }}}} unhealthy",
+                "{{{{ $labels.instance }}}}/{{{{ $labels.{} }}}} stopped leasing: its {{{{ $labels.cause }}}} is unhealthy; messages wait in the queue",
                 n.consumer_label
             ),
-        });
-    }
-    rules
+        },
+    ]
 }
 
 /// YAML's literal block for a multi-line expression, or the plain one-liner quoted.
@@ -262,7 +272,7 @@ fn yaml_quote(s: &str) -> String {
 }
 
 /// The shipped rules file, `assets/prometheus/idemwatch.rules.yml`.
-pub fn rules_yaml(paused: bool) -> String {
+pub fn rules_yaml() -> String {
     let mut out = String::new();
     out.push_str(
         "# idemwatch recording and alert rules for Prometheus.\n\
@@ -277,7 +287,7 @@ pub fn rules_yaml(paused: bool) -> String {
         yaml_expr(&mut out, "        ", &r.expr);
     }
     out.push_str("  - name: idemwatch-alerts\n    rules:\n");
-    for a in alert_rules(paused) {
+    for a in alert_rules() {
         let _ = writeln!(out, "      - alert: {}", a.alert);
         yaml_expr(&mut out, "        ", &a.expr);
         if let Some(f) = a.for_ {
@@ -307,14 +317,17 @@ mod tests {
 
     #[test]
     fn thresholds_come_from_the_dashboard() {
-        let yaml = rules_yaml(false);
+        let yaml = rules_yaml();
         assert!(
             yaml.contains(&format!("> {DUPLICATE_RATIO_ALERT}")),
             "{yaml}"
         );
         assert!(yaml.contains(&format!("> {DEPLOY_DAY_RATIO}")));
         assert!(yaml.contains(&format!(">= {}", AlertRules::default().dead_letter_burst)));
-        assert!(!yaml.contains(CONSUMER_PAUSED));
-        assert!(rules_yaml(true).contains(CONSUMER_PAUSED));
+        assert!(yaml.contains(&format!(
+            "({}) == 1\"\n        for: {}",
+            MetricNames::default().paused,
+            duration(PAUSED_FOR)
+        )));
     }
 }
