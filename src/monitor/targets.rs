@@ -257,6 +257,8 @@ impl Flow {
 struct ConsumerWindows {
     roles: [WindowedCounter; ROLES],
     dead_by_reason: BTreeMap<String, WindowedCounter>,
+    /// `idem_side_effects_total` by result, for the totals across restarts.
+    effects: BTreeMap<String, WindowedCounter>,
 }
 
 /// The chartable series of one consumer (rates per second; gaps where a scrape
@@ -532,6 +534,11 @@ impl TargetTracker {
                 if role == SIDE_EFFECTS {
                     let result = sample.label(&names.result_label).unwrap_or("unknown");
                     add_reading(scrape.effects.entry(result).or_default(), reading);
+                    scrape
+                        .effect_steps
+                        .entry(result)
+                        .or_default()
+                        .add(sample.value, obs.increase);
                 }
             }
         }
@@ -633,6 +640,7 @@ struct ConsumerScrape<'e> {
     /// What each role and dead-letter reason rose by since the last scrape.
     steps: [Step; ROLES],
     reason_steps: BTreeMap<&'e str, Step>,
+    effect_steps: BTreeMap<&'e str, Step>,
 }
 
 /// One scrape's increase of a counter summed over its label sets, and the values of
@@ -671,6 +679,12 @@ impl ConsumerWindows {
                     self.dead_by_reason.entry(reason.to_string()).or_default(),
                     at,
                 ),
+            }
+        }
+        for (result, step) in &scrape.effect_steps {
+            match self.effects.get_mut(*result) {
+                Some(counter) => step.feed(counter, at),
+                None => step.feed(self.effects.entry(result.to_string()).or_default(), at),
             }
         }
         // A reason not in this scrape still ages out of the windows.
@@ -851,6 +865,11 @@ fn update_windows(track: &mut ConsumerTrack, at: DateTime<Utc>) {
     s.totals.redelivered = total(REDELIVERED);
     s.totals.out_of_order = total(OUT_OF_ORDER);
     s.totals.dead_lettered = total(DEAD_LETTERED);
+    s.totals.side_effects = w
+        .effects
+        .iter()
+        .map(|(result, c)| (result.clone(), c.total()))
+        .collect();
     s.flow = flow(&s.window_1m, &s.window_5m, w.roles[PROCESSED].last_rise());
 }
 
@@ -958,5 +977,41 @@ mod tests {
         assert_eq!(c.dead_lettered.per_second, Some(2.0));
         assert_eq!(c.dead_lettered_by_reason.get("x,y=z"), Some(&20.0));
         assert_eq!(c.dead_lettered_by_reason.get("x"), Some(&1010.0));
+    }
+
+    /// The Overview's Σ sent/suppr/fail: every incarnation's side effects, across a
+    /// restart that starts the counters again from zero (it read 0/0/0 while the
+    /// target exported hundreds).
+    #[test]
+    fn side_effect_totals_sum_every_incarnation() {
+        let names = MetricNames::default();
+        let mut tracker = TargetTracker::new("t", "u");
+        let at = |s: i64, start: u32, sent: u32, suppressed: u32| {
+            scrape(
+                s,
+                &format!(
+                    "idem_side_effects_total{{consumer=\"sms\",result=\"sent\"}} {sent}\n\
+                     idem_side_effects_total{{consumer=\"sms\",result=\"suppressed\"}} {suppressed}\n\
+                     process_start_time_seconds {start}\n"
+                ),
+            )
+        };
+        tracker.observe(&at(0, 100, 50, 1), &names);
+        tracker.observe(&at(10, 100, 54, 2), &names);
+        let marker = tracker.observe(&at(20, 200, 3, 1), &names);
+        assert!(marker.is_some(), "the new start time is a restart");
+        let c = tracker
+            .consumers()
+            .next()
+            .cloned()
+            .unwrap_or_else(|| panic!("no consumer"));
+        assert_eq!(
+            c.totals.side_effects.get("sent"),
+            Some(&57.0),
+            "{:?}",
+            c.totals
+        );
+        assert_eq!(c.totals.side_effects.get("suppressed"), Some(&3.0));
+        assert_eq!(c.totals.restarts, 1);
     }
 }
