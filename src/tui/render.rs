@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! ┌ header: tabs · live clock or FROZEN at HH:MM:SS · alert badge ┐
-//! │ demo banner (wraps, at most two rows)                         │
+//! │ demo banner (whole parts, two rows, one under 30 rows)        │
 //! │ the current tab                                               │
 //! │ status / prompt line (what the filter hides)                  │
 //! └ hint bar (as many hints as fit, then "? more")                ┘
@@ -11,7 +11,7 @@
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Clear, Paragraph, Wrap};
+use ratatui::widgets::{Clear, Paragraph};
 use ratatui::Frame;
 
 use super::app::App;
@@ -25,26 +25,26 @@ use super::widgets::{centered, panel};
 
 pub fn render(frame: &mut Frame, app: &App, theme: &Theme) {
     let area = frame.area();
-    let banner_rows = app.banner.as_ref().map_or(0, |b| {
-        let width = usize::from(area.width.max(1));
-        (b.chars().count().div_ceil(width)).clamp(1, 2) as u16
+    // Two banner rows where there is room, one in a short terminal.
+    let banner = app.banner.as_deref().map_or_else(Vec::new, |b| {
+        banner_lines(
+            b,
+            usize::from(area.width),
+            if area.height < 30 { 1 } else { 2 },
+        )
     });
-    let [header, banner, body, status, hints] = Layout::vertical([
+    let [header, banner_area, body, status, hints] = Layout::vertical([
         Constraint::Length(1),
-        Constraint::Length(banner_rows),
+        Constraint::Length(banner.len() as u16),
         Constraint::Min(3),
         Constraint::Length(1),
         Constraint::Length(1),
     ])
     .areas(area);
     render_header(frame, header, app, theme);
-    if let Some(text) = &app.banner {
-        frame.render_widget(
-            Paragraph::new(text.as_str())
-                .style(theme.banner)
-                .wrap(Wrap { trim: true }),
-            banner,
-        );
+    if !banner.is_empty() {
+        let lines: Vec<Line> = banner.into_iter().map(Line::from).collect();
+        frame.render_widget(Paragraph::new(lines).style(theme.banner), banner_area);
     }
     match app.tab {
         Tab::Overview => tabs::overview::render(frame, body, app, theme),
@@ -58,6 +58,54 @@ pub fn render(frame: &mut Frame, app: &App, theme: &Theme) {
     render_hints(frame, hints, app, theme);
     if let Some(scroll) = app.help {
         render_help(frame, body, app, scroll, theme);
+    }
+}
+
+/// The banner's rows at `width`: its ` · `-separated parts kept whole (a part is
+/// never broken across rows), and when they do not fit in `max_rows`, the parts that
+/// name a path or URL dropped from the right (the Sources panel shows those) — what
+/// the operator can do (`D`, `--config`) stays. A part wider than a row is cut "…".
+fn banner_lines(text: &str, width: usize, max_rows: usize) -> Vec<String> {
+    let sep = " · ";
+    let mut parts: Vec<&str> = text
+        .split(sep)
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let pack = |parts: &[&str]| {
+        let mut rows: Vec<String> = Vec::new();
+        for part in parts {
+            let part: String = if part.chars().count() > width {
+                let mut cut: String = part.chars().take(width.saturating_sub(1)).collect();
+                cut.push('…');
+                cut
+            } else {
+                part.to_string()
+            };
+            match rows.last_mut() {
+                Some(row)
+                    if row.chars().count() + sep.chars().count() + part.chars().count()
+                        <= width =>
+                {
+                    row.push_str(sep);
+                    row.push_str(&part);
+                }
+                _ => rows.push(part),
+            }
+        }
+        rows
+    };
+    loop {
+        let rows = pack(&parts);
+        if rows.len() <= max_rows {
+            return rows;
+        }
+        match parts.iter().rposition(|p| p.contains('/')) {
+            Some(i) => {
+                parts.remove(i);
+            }
+            None => return rows.into_iter().take(max_rows).collect(),
+        }
     }
 }
 
@@ -194,4 +242,40 @@ fn render_help(frame: &mut Frame, area: Rect, app: &App, scroll: u16, theme: &Th
             .block(panel(title, theme)),
         popup,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::banner_lines;
+
+    const DEMO: &str = " DEMO · embedded engine on SQLite in /home/op/.local/share/idemwatch/demo · metrics http://127.0.0.1:43099/metrics · SMS sandbox http://127.0.0.1:39807 · D deploys now · --config FILE watches your own system ";
+
+    #[test]
+    fn the_banner_keeps_its_parts_whole_and_what_the_operator_can_do() {
+        // Wide: everything, no part broken across the two rows.
+        let wide = banner_lines(DEMO, 160, 2);
+        assert_eq!(wide.len(), 2, "{wide:?}");
+        assert!(
+            wide[0].ends_with("SMS sandbox http://127.0.0.1:39807"),
+            "{wide:?}"
+        );
+        assert_eq!(
+            wide[1],
+            "D deploys now · --config FILE watches your own system"
+        );
+        assert!(wide.iter().all(|r| r.chars().count() <= 160));
+        // 80×24: one row, the URLs and the path go, the keys stay.
+        assert_eq!(
+            banner_lines(DEMO, 80, 1),
+            ["DEMO · D deploys now · --config FILE watches your own system"]
+        );
+        // 80 columns, two rows: the data directory comes back first.
+        let two = banner_lines(DEMO, 80, 2);
+        assert!(two.iter().all(|r| r.chars().count() <= 80), "{two:?}");
+        assert!(two.concat().contains("D deploys now"), "{two:?}");
+        assert!(two.concat().contains("/idemwatch/demo"), "{two:?}");
+        // Narrower than a part: cut, never wider than the screen.
+        let tiny = banner_lines(DEMO, 12, 1);
+        assert!(tiny[0].chars().count() <= 12, "{tiny:?}");
+    }
 }

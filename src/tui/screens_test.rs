@@ -28,7 +28,7 @@ fn app_with(snapshot: Snapshot) -> App {
     let mut app = App::new(
         fixtures::now(),
         true,
-        Some(" DEMO · embedded engine on SQLite in /tmp/demo · D deploys now ".into()),
+        Some(" DEMO · embedded engine on SQLite in /tmp/demo · metrics http://127.0.0.1:40123/metrics · SMS sandbox http://127.0.0.1:40124 · D deploys now · --config FILE watches your own system ".into()),
     );
     app.update(Action::Snapshot(Arc::new(snapshot)));
     app

@@ -490,7 +490,9 @@ fn time_labels(buf: &mut Buffer, row: Rect, area: Rect, plot: &Plot<'_>) {
 }
 
 /// The marker lane: a tick on the axis and, on the lane below, the kind's letter
-/// with as much of the label as fits before the next marker.
+/// with as much of the label as fits before the next marker — or, where there is
+/// more room before it (the newest deploy sits at the right edge), ending just
+/// left of the letter.
 #[allow(clippy::too_many_arguments)]
 fn marker_lane(
     buf: &mut Buffer,
@@ -510,6 +512,8 @@ fn marker_lane(
         })
         .collect();
     placed.sort_by_key(|(x, _)| *x);
+    // The first free column of the lane (after the previous marker's label).
+    let mut free = area.x;
     for (i, (x, m)) in placed.iter().enumerate() {
         let style = theme.marker(&m.kind).add_modifier(Modifier::REVERSED);
         put(buf, *x, axis.y, "┴", theme.marker(&m.kind));
@@ -518,11 +522,27 @@ fn marker_lane(
             .get(i + 1)
             .map(|(n, _)| *n)
             .unwrap_or(area.right() + 1);
-        let room = next.saturating_sub(*x + 3) as usize;
-        if room >= 3 {
-            let label: String = m.label.chars().take(room).collect();
-            buf.set_string(*x + 2, lane.y, label, theme.marker(&m.kind));
-        }
+        let len = m.label.chars().count();
+        let right = usize::from(next.saturating_sub(*x + 3));
+        // A space after what came before, and one before the letter.
+        let left = usize::from(x.saturating_sub(free + 2));
+        let label_end = if right >= len.min(left) || left < 3 {
+            (right >= 3).then(|| {
+                let label = fit(&m.label, right);
+                buf.set_string(*x + 2, lane.y, &label, theme.marker(&m.kind));
+                *x + 2 + label.chars().count() as u16
+            })
+        } else {
+            let n = len.min(left);
+            buf.set_string(
+                *x - 1 - n as u16,
+                lane.y,
+                fit(&m.label, n),
+                theme.marker(&m.kind),
+            );
+            None
+        };
+        free = label_end.unwrap_or(*x + 1).max(*x + 1);
     }
     if placed.is_empty() {
         buf.set_string(
@@ -532,6 +552,16 @@ fn marker_lane(
             theme.dim,
         );
     }
+}
+
+/// `label` in at most `n` columns, "…" where it was cut.
+fn fit(label: &str, n: usize) -> String {
+    if label.chars().count() <= n {
+        return label.to_string();
+    }
+    let mut cut: String = label.chars().take(n.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
 }
 
 /// Each consumer's colour and its current rate over the chart's window: the same
