@@ -118,6 +118,10 @@ pub struct DrillPermissions {
     pub queue: Option<String>,
     /// The `/metrics` a live drill watches (default: the first `[[targets]]` URL).
     pub metrics_url: Option<String>,
+    /// The device broker `device-retransmit` sends its copies through
+    /// (`mqtt://HOST:PORT`; default: none, the copies go straight into the queues).
+    /// Shown only through `redact_url`.
+    pub mqtt_broker: Option<String>,
 }
 
 /// Alert thresholds an operator may tune (`[alerts]`); the duplicate-rate ones are
@@ -481,6 +485,10 @@ impl Config {
         }
         if let Some(p) = &self.prometheus {
             check_http_url(&p.url).map_err(|m| bad("prometheus.url".into(), m))?;
+        }
+        if let Some(broker) = &self.drills.mqtt_broker {
+            crate::engine::ingress::broker_address(broker)
+                .map_err(|e| bad("drills.mqtt_broker".into(), e.to_string()))?;
         }
         if let Some(db) = &self.database {
             if !["sqlite:", "postgres:", "postgresql:", "mysql:", "mariadb:"]

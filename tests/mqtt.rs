@@ -234,3 +234,97 @@ async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothin
         "the retransmissions were dropped as duplicates: {s:?}"
     );
 }
+
+/// `drill device-retransmit` through a real broker and the ingress: one QoS 1 publish
+/// sent 4 times (3 retransmissions with the DUP flag) is one SMS and +1 in idempotent
+/// mode, and 4 SMS, +4 in naive mode. The drill leaves no MQTT session behind.
+#[test]
+fn device_retransmit_drill_through_mosquitto_sends_one_sms_idempotent_and_n_naive() {
+    let env = TempEnv::new();
+    let Some(broker) = PrivateMosquitto::new(&env) else {
+        return;
+    };
+    let url = broker.url();
+    let drill = |mode: &str| {
+        let (code, stdout, stderr) = common::run_cli(
+            &env,
+            &[
+                "drill",
+                "device-retransmit",
+                "--times",
+                "4",
+                "--broker",
+                &url,
+                "--mode",
+                mode,
+                "--json",
+            ],
+        );
+        let r: serde_json::Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{e}: {stdout}\nstderr: {stderr}"));
+        (code, r)
+    };
+    let (code, r) = drill("idempotent");
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(r["verdict"], "pass", "{r}");
+    assert_eq!(r["details"]["path"], "mqtt", "{r}");
+    let mqtt = &r["details"]["mqtt"];
+    assert_eq!(mqtt["device_retransmitted_with_dup"], 3, "{r}");
+    assert!(mqtt["ingress_received"].as_u64().unwrap() >= 4, "{r}");
+    assert_eq!(r["sms_sent"], 1, "{r}");
+    assert_eq!(r["counter_delta"], 1, "{r}");
+    assert_eq!(r["deliveries"], mqtt["ingress_published"], "{r}");
+    assert_eq!(
+        r["duplicate_dropped"].as_u64().unwrap(),
+        r["deliveries"].as_u64().unwrap() - 1,
+        "{r}"
+    );
+
+    let (code, r) = drill("naive");
+    assert_eq!(code, 0, "a naive drill failing is the demonstration: {r}");
+    assert_eq!(r["verdict"], "fail", "{r}");
+    assert_eq!(r["sms_sent"], r["deliveries"], "{r}");
+    assert!(r["sms_sent"].as_u64().unwrap() >= 4, "{r}");
+    assert!(r["counter_delta"].as_i64().unwrap() >= 4, "{r}");
+
+    // The ingress's session was dropped: reconnecting with its id finds none.
+    let topic = r["details"]["mqtt"]["topic"].as_str().unwrap();
+    let namespace = topic.split('/').nth(1).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let present = rt.block_on(async {
+        let mut o =
+            rumqttc::MqttOptions::new(format!("{namespace}-ingest"), "127.0.0.1", broker.port);
+        o.set_clean_session(false);
+        let (client, mut ev) = rumqttc::AsyncClient::new(o, 8);
+        let present = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(a))) = ev.poll().await {
+                    return a.session_present;
+                }
+            }
+        })
+        .await
+        .expect("CONNACK");
+        let _ = client.disconnect().await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), ev.poll()).await;
+        present
+    });
+    assert!(!present, "the drill's MQTT session was left on the broker");
+
+    // Without a broker the copies go straight into the queues: same verdicts.
+    let (code, stdout, _) = common::run_cli(
+        &env,
+        &["drill", "device-retransmit", "--times", "3", "--json"],
+    );
+    let r: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (code, &r["details"]["path"]),
+        (0, &serde_json::json!("queue")),
+        "{r}"
+    );
+    assert_eq!(
+        (r["sms_sent"].as_u64(), r["duplicate_dropped"].as_u64()),
+        (Some(1), Some(2)),
+        "{r}"
+    );
+}

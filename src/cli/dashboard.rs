@@ -41,6 +41,7 @@ pub async fn run(config_path: Option<PathBuf>, prometheus: Option<String>) -> Cl
                         .metrics_url
                         .clone()
                         .or_else(|| config.targets.first().map(|t| t.url.clone())),
+                    config.drills.mqtt_broker.clone(),
                 )
             }),
             banner: None,
@@ -70,6 +71,7 @@ pub async fn run(config_path: Option<PathBuf>, prometheus: Option<String>) -> Cl
                     &e.queue_url,
                     Some(e.sms_url.clone()),
                     Some(e.metrics_url.clone()),
+                    None,
                 )),
                 banner: Some(banner),
                 report_dir: default_data_dir().join("reports"),

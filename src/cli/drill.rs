@@ -10,10 +10,20 @@ pub struct DrillArgs {
     /// Which failure to reproduce.
     #[arg(value_enum)]
     pub scenario: Scenario,
-    /// Deliveries (crash-before-ack, default 7), publishes (double-publish, default 2)
-    /// or requests (client-retry, default 6).
+    /// Deliveries (crash-before-ack, default 7), publishes (double-publish, default 2),
+    /// requests (client-retry, default 6) or copies of a device's publish
+    /// (device-retransmit, default 3).
     #[arg(long)]
     pub times: Option<u32>,
+    /// device-retransmit: the device broker the copies go through (default: none,
+    /// straight into the queues).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IDEMWATCH_MQTT_BROKER",
+        hide_env_values = true
+    )]
+    pub broker: Option<String>,
     /// Run each consumer as a real child process that aborts at the crash point.
     #[arg(long)]
     pub kill_process: bool,
@@ -53,6 +63,7 @@ pub async fn run(args: DrillArgs) -> CliResult {
     opts.live.namespace = args.engine.namespace.clone();
     opts.live.confirmed = args.yes_live;
     opts.seen_set = args.engine.seen_set_config();
+    opts.mqtt_broker = args.broker.clone();
     if args.kill_process {
         opts.child_exe = Some(std::env::current_exe().map_err(|e| {
             CliError::unavailable(format!("cannot find the idemwatch executable: {e}"))

@@ -26,6 +26,7 @@ mod client_retry;
 mod concurrent_duplicate;
 mod crash_after_send;
 mod crash_before_ack;
+mod device_retransmit;
 mod double_publish;
 mod key_conflict;
 pub mod live_redelivery;
@@ -50,12 +51,13 @@ pub enum Scenario {
     KeyConflict,
     ClientRetry,
     SeenSetWindow,
+    DeviceRetransmit,
     LiveRedelivery,
 }
 
 impl Scenario {
     /// Every scenario, as the dashboard lists them (the live one last).
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::CrashBeforeAck,
         Scenario::CrashAfterSend,
         Scenario::DoublePublish,
@@ -64,6 +66,7 @@ impl Scenario {
         Scenario::KeyConflict,
         Scenario::ClientRetry,
         Scenario::SeenSetWindow,
+        Scenario::DeviceRetransmit,
         Scenario::LiveRedelivery,
     ];
 
@@ -77,6 +80,7 @@ impl Scenario {
             Scenario::KeyConflict => "key-conflict",
             Scenario::ClientRetry => "client-retry",
             Scenario::SeenSetWindow => "seen-set-window",
+            Scenario::DeviceRetransmit => "device-retransmit",
             Scenario::LiveRedelivery => "live-redelivery",
         }
     }
@@ -92,6 +96,7 @@ impl Scenario {
             Scenario::KeyConflict => "the same key arrives with a different payload",
             Scenario::ClientRetry => "a mobile client retries one \"save note\" N times over HTTP: a dropped response, concurrent and later retries",
             Scenario::SeenSetWindow => "the consumer dies after the SMS and the +1, before writing the key to its seen-set (Redis or a table)",
+            Scenario::DeviceRetransmit => "a vehicle's QoS 1 publish of one zone_exit is sent N times (N-1 retransmissions with the DUP flag) through the MQTT broker and the ingress",
             Scenario::LiveRedelivery => "LIVE: re-publish K processed messages to the watched system; its duplicate_dropped must rise by K and nothing else move",
         }
     }
@@ -104,6 +109,7 @@ impl Scenario {
             Scenario::OutOfOrder | Scenario::KeyConflict => 2,
             Scenario::ClientRetry => 6,
             Scenario::SeenSetWindow => 2,
+            Scenario::DeviceRetransmit => 3,
             Scenario::LiveRedelivery => 5,
         }
     }
@@ -159,6 +165,9 @@ pub struct DrillOptions {
     pub live: live_redelivery::LiveSettings,
     /// Where `seen-set` mode keeps its keys (the table, or Redis).
     pub seen_set: SeenSetConfig,
+    /// `device-retransmit` only: the device broker (`mqtt://HOST:PORT`) the copies go
+    /// through; `None`: straight into the queues.
+    pub mqtt_broker: Option<String>,
 }
 
 impl DrillOptions {
@@ -176,6 +185,7 @@ impl DrillOptions {
             progress: None,
             live: live_redelivery::LiveSettings::default(),
             seen_set: SeenSetConfig::default(),
+            mqtt_broker: None,
         }
     }
 }
@@ -376,6 +386,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
         Scenario::KeyConflict => key_conflict::run(&rig).await,
         Scenario::ClientRetry => client_retry::run(&rig, times).await,
         Scenario::SeenSetWindow => seen_set_window::run(&rig).await,
+        Scenario::DeviceRetransmit => device_retransmit::run(&rig, times).await,
         Scenario::LiveRedelivery => live_redelivery::run(&rig, &opts.live).await,
     };
     let mut findings = match findings {

@@ -51,6 +51,8 @@ pub(crate) struct Rig {
     pub db_url: String,
     queue_url: String,
     pub seen_set: SeenSetConfig,
+    /// The device broker `device-retransmit` publishes through, if any.
+    pub mqtt_broker: Option<String>,
     child_exe: Option<PathBuf>,
     sandbox: SandboxClient,
     _embedded_sandbox: Option<SandboxHandle>,
@@ -100,6 +102,7 @@ impl Rig {
                 ttl: opts.seen_set.ttl.min(DRILL_SEEN_SET_TTL),
                 ..opts.seen_set.clone()
             },
+            mqtt_broker: opts.mqtt_broker.clone(),
             child_exe,
             sandbox,
             _embedded_sandbox: embedded,

@@ -15,6 +15,8 @@ pub struct DrillTarget {
     pub sms_url: Option<String>,
     /// What `live-redelivery` watches.
     pub metrics_url: Option<String>,
+    /// The device broker `device-retransmit` publishes through (`[drills] mqtt_broker`).
+    pub mqtt_broker: Option<String>,
 }
 
 impl DrillTarget {
@@ -23,12 +25,14 @@ impl DrillTarget {
         queue_url: &str,
         sms_url: Option<String>,
         metrics_url: Option<String>,
+        mqtt_broker: Option<String>,
     ) -> Arc<Self> {
         Arc::new(DrillTarget {
             db_url: db_url.to_string(),
             queue_url: queue_url.to_string(),
             sms_url,
             metrics_url,
+            mqtt_broker,
         })
     }
 
@@ -43,6 +47,7 @@ impl DrillTarget {
         let mut o = DrillOptions::new(scenario, &self.db_url, &self.queue_url);
         o.mode = mode;
         o.sms_url = self.sms_url.clone();
+        o.mqtt_broker = self.mqtt_broker.clone();
         if scenario == Scenario::LiveRedelivery {
             o.live.confirmed = true;
             o.live.metrics_url = self.metrics_url.clone().ok_or_else(|| {

@@ -72,6 +72,8 @@ pub enum IngressError {
     BadUrl(String, String),
     #[error("{0}")]
     Queue(#[from] super::queue::QueueError),
+    #[error("MQTT broker {0}: {1}")]
+    Broker(String, String),
 }
 
 /// Host and port of `mqtt://HOST[:PORT]` (1883 by default).
@@ -195,6 +197,77 @@ pub async fn run_mqtt(
     let _ = tokio::time::timeout(Duration::from_secs(2), client.disconnect()).await;
     poller.abort();
     Ok(stats)
+}
+
+/// Longest wait for the broker while a session is opened or dropped.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Open the ingress's persistent session ahead of it and subscribe it to `topic`
+/// (QoS 1), then leave: from the SUBACK on, the broker keeps every QoS 1 message on
+/// the topic for `client_id`, and [`run_mqtt`] with the same id gets them when it
+/// connects (the session is present, so it does not subscribe again). A drill uses
+/// it to know that nothing its device sends can be missed.
+pub async fn open_session(broker: &str, client_id: &str, topic: &str) -> Result<(), IngressError> {
+    session(broker, client_id, Some(topic)).await
+}
+
+/// Drop `client_id`'s persistent session and whatever the broker still keeps for
+/// it (a connect with clean session, MQTT 3.1.1 §3.1.2.4): a drill leaves no session
+/// behind on a shared broker.
+pub async fn forget_session(broker: &str, client_id: &str) -> Result<(), IngressError> {
+    session(broker, client_id, None).await
+}
+
+async fn session(
+    broker: &str,
+    client_id: &str,
+    subscribe: Option<&str>,
+) -> Result<(), IngressError> {
+    let (host, port) = broker_address(broker)?;
+    let redacted = crate::redact::redact_url(broker);
+    let mut options = MqttOptions::new(client_id.to_string(), host, port);
+    options
+        .set_keep_alive(KEEP_ALIVE)
+        .set_clean_session(subscribe.is_none());
+    let (client, mut eventloop) = AsyncClient::new(options, 8);
+    let work = async {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => match subscribe {
+                    Some(topic) => client
+                        .subscribe(topic.to_string(), QoS::AtLeastOnce)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                    None => break,
+                },
+                Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                    if ack
+                        .return_codes
+                        .iter()
+                        .any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure))
+                    {
+                        return Err("the broker refused the subscription".to_string());
+                    }
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        client.disconnect().await.map_err(|e| e.to_string())?;
+        // Until the DISCONNECT is on the wire.
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) | Err(_) => return Ok(()),
+                Ok(_) => {}
+            }
+        }
+    };
+    match tokio::time::timeout(SESSION_TIMEOUT, work).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(IngressError::Broker(redacted, e)),
+        Err(_) => Err(IngressError::Broker(redacted, "no answer in time".into())),
+    }
 }
 
 /// Resolves after `d`, or never.
