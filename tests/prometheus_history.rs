@@ -1,42 +1,23 @@
-//! History from a real Prometheus server (issue 15): the test starts its own
+//! History from a real Prometheus server (issue 15): each test starts its own
 //! Prometheus (own data directory, 1 s scrapes, a loopback port) against an
 //! `idemwatch serve`, consumes a fleet trace with redeliveries, restarts `serve`, and
-//! only then takes a `snapshot`: what happened before the snapshot started must be
-//! in its `history` (the duplicates) and in its `markers` (the restart, found by
-//! Prometheus). And a Prometheus that is away costs the snapshot nothing but a
-//! notice. Without the `prometheus` binary the test skips, unless
-//! IDEMWATCH_REQUIRE_SERVICES=1 (CI), where it fails.
+//! only then starts a reader — a `snapshot`, a `report`, the dashboard in tmux: what
+//! happened before the reader started must be in what it shows (the duplicates) and
+//! in its markers (the restart, found by Prometheus). And a Prometheus that is away
+//! costs the snapshot nothing but a notice. Without the `prometheus` binary the tests
+//! skip, unless IDEMWATCH_REQUIRE_SERVICES=1 (CI), where they fail.
 
 mod common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{idemwatch_bin, run_cli, KillOnDrop, TempEnv};
+use common::services::free_port;
+use common::tmux::{self, Tmux};
+use common::{run_cli, serve, KillOnDrop, TempEnv};
 
 fn required() -> bool {
     std::env::var("IDEMWATCH_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn serve(env: &TempEnv, port: u16) -> KillOnDrop {
-    KillOnDrop(
-        Command::new(idemwatch_bin())
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--db", &env.db_url(), "--queue", &env.queue_url()])
-            .env("IDEMWATCH_LOG_FILE", env.path("serve.log"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start serve"),
-    )
 }
 
 /// Our own Prometheus: scrapes `serve` every second as job `fleet`.
@@ -118,14 +99,53 @@ fn snapshot(env: &TempEnv, prometheus: &str, serve_port: u16) -> serde_json::Val
     serde_json::from_str(&out).expect("one JSON document on stdout")
 }
 
-#[test]
-fn history_before_the_snapshot_shows_the_duplicates_and_the_restart() {
+/// A fleet that Prometheus has watched: a trace with redeliveries consumed, then a
+/// restart of `serve`, both in Prometheus before any reader starts.
+struct Fleet {
+    // Processes first: they stop before the directory they write in goes.
+    _serve: KillOnDrop,
+    _prometheus: KillOnDrop,
+    env: TempEnv,
+    serve_port: u16,
+    /// The Prometheus server's base URL.
+    url: String,
+    /// The new process's `process_start_time_seconds`.
+    restarted_at: f64,
+}
+
+impl Fleet {
+    /// A config naming `serve` as target `fleet-sms` (the history's series are matched
+    /// to it by their `instance`).
+    fn config(&self) -> String {
+        tmux::one_target_config(&self.env, "fleet-sms", self.serve_port, false)
+    }
+
+    /// A restart marker found in the history, at the new process's start time.
+    fn assert_restart_from_prometheus(&self, markers: &serde_json::Value) {
+        let restart = markers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["kind"] == "restart" && m["source"] == "prometheus")
+            .unwrap_or_else(|| panic!("no restart from the history in {markers:#}"));
+        let at = chrono::DateTime::parse_from_rfc3339(restart["at"].as_str().unwrap())
+            .unwrap()
+            .timestamp();
+        assert_eq!(
+            at,
+            self.restarted_at.floor() as i64,
+            "the restart at the new start time"
+        );
+        assert_eq!(restart["label"], "fleet-sms restarted", "{restart:#}");
+    }
+}
+
+/// None (skip) without the `prometheus` binary, outside CI.
+fn fleet_with_history() -> Option<Fleet> {
     let env = TempEnv::new();
     let serve_port = free_port();
     let mut first = serve(&env, serve_port);
-    let Some((_prometheus, url)) = prometheus(&env, serve_port) else {
-        return;
-    };
+    let (prometheus, url) = prometheus(&env, serve_port)?;
     wait_for(&url, r#"up{job="fleet"}"#, Duration::from_secs(60), |v| {
         v == 1.0
     });
@@ -167,7 +187,7 @@ fn history_before_the_snapshot_shows_the_duplicates_and_the_restart() {
 
     // A deploy: the process goes, a new one comes up on the same address.
     first.stop();
-    let _second = serve(&env, serve_port);
+    let second = serve(&env, serve_port);
     let restarted_at = wait_for(
         &url,
         r#"max(process_start_time_seconds{job="fleet"})"#,
@@ -186,8 +206,24 @@ fn history_before_the_snapshot_shows_the_duplicates_and_the_restart() {
         |v| v > before_restart,
     );
 
+    Some(Fleet {
+        _serve: second,
+        _prometheus: prometheus,
+        env,
+        serve_port,
+        url,
+        restarted_at,
+    })
+}
+
+#[test]
+fn history_before_the_snapshot_shows_the_duplicates_and_the_restart() {
+    let Some(fleet) = fleet_with_history() else {
+        return;
+    };
+    let (env, url, serve_port) = (&fleet.env, fleet.url.as_str(), fleet.serve_port);
     // Only now does the dashboard's side start.
-    let doc = snapshot(&env, &url, serve_port);
+    let doc = snapshot(env, url, serve_port);
     let history = &doc["history"];
     assert_eq!(history["source"], "prometheus", "{doc:#}");
     let (from, to) = (
@@ -233,20 +269,7 @@ fn history_before_the_snapshot_shows_the_duplicates_and_the_restart() {
             .all(|p| p["processed_per_second"].is_null()),
         "{first_points:?}"
     );
-    let restart = doc["markers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["kind"] == "restart" && m["source"] == "prometheus")
-        .unwrap_or_else(|| panic!("no restart from the history in {:#}", doc["markers"]));
-    let at = chrono::DateTime::parse_from_rfc3339(restart["at"].as_str().unwrap())
-        .unwrap()
-        .timestamp();
-    assert_eq!(
-        at,
-        restarted_at.floor() as i64,
-        "the restart at the new start time"
-    );
+    fleet.assert_restart_from_prometheus(&doc["markers"]);
     assert_eq!(doc["history_source"]["status"], "up");
 }
 
@@ -274,4 +297,61 @@ fn an_absent_prometheus_is_a_notice_and_live_scraping_goes_on() {
         "{doc:#}"
     );
     assert_eq!(doc["targets"][0]["status"], "up", "{doc:#}");
+}
+
+/// The dashboard started after it all: its chart draws the history left of the seam
+/// (titled as Prometheus's), the restart Prometheus saw is on the marker lane and in
+/// the marker list, and Sources says the history is up.
+#[test]
+fn the_dashboard_started_afterwards_draws_the_history_and_its_restart() {
+    let Some(fleet) = fleet_with_history() else {
+        return;
+    };
+    let command =
+        tmux::dashboard_command(&fleet.env, &fleet.config(), &["--prometheus", &fleet.url]);
+    let Some(t) = Tmux::start(&fleet.env, &command, 160, 45) else {
+        return;
+    };
+    t.wait_for("target up", Duration::from_secs(30), |s| {
+        s.contains("fleet-sms up")
+    });
+    t.wait_for("the history source up", Duration::from_secs(30), |s| {
+        s.contains("prometheus history up:")
+    });
+    t.keys(&["2"]);
+    let s = t.wait_for(
+        "the history's part of the chart and its restart",
+        Duration::from_secs(30),
+        |s| s.contains("◂ Prometheus history until") && s.contains("fleet-sms restarted"),
+    );
+    let lines: Vec<Vec<char>> = s.lines().map(|l| l.chars().collect()).collect();
+    // The x axis (└───) carries the seam ┊ where the history hands over to the
+    // dashboard's own scrapes, and an ┴ tick for the restart left of it.
+    let axis = lines
+        .iter()
+        .position(|l| l.contains(&'└') && l.contains(&'┊'))
+        .unwrap_or_else(|| panic!("no seam on the x axis:\n{s}"));
+    let seam = lines[axis].iter().position(|c| *c == '┊').unwrap();
+    let restart_tick = lines[axis].iter().position(|c| *c == '┴');
+    assert!(
+        restart_tick.is_some_and(|x| x < seam),
+        "the restart's tick left of the seam:\n{s}"
+    );
+    // The line is drawn (braille) left of the seam: that part is Prometheus's.
+    let chart_top = lines
+        .iter()
+        .position(|l| l.iter().collect::<String>().contains("Duplicate rate"))
+        .unwrap();
+    let drawn_before_seam = lines[chart_top + 1..axis].iter().any(|l| {
+        l.iter()
+            .take(seam)
+            .any(|c| ('\u{2801}'..='\u{28ff}').contains(c))
+    });
+    assert!(drawn_before_seam, "no line left of the seam:\n{s}");
+    assert!(
+        s.lines()
+            .any(|l| l.contains("restart") && l.contains("fleet-sms restarted")),
+        "the marker list names the restart:\n{s}"
+    );
+    t.keys(&["q"]);
 }

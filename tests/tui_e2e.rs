@@ -6,11 +6,11 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::tmux::Tmux;
-use common::{idemwatch_bin, KillOnDrop, TempEnv};
+use common::services::free_port;
+use common::tmux::{self, Tmux};
+use common::{idemwatch_bin, serve as spawn_serve, TempEnv};
 
 #[test]
 fn demo_dashboard_end_to_end_in_a_real_terminal() {
@@ -100,44 +100,13 @@ fn demo_dashboard_end_to_end_in_a_real_terminal() {
     assert!(!t.screen().contains("1 Overview │"), "{}", t.screen());
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn_serve(env: &TempEnv, port: u16) -> KillOnDrop {
-    KillOnDrop(
-        Command::new(idemwatch_bin())
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--db", &env.db_url(), "--queue", &env.queue_url()])
-            .env("IDEMWATCH_LOG_FILE", env.path("serve.log"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start serve"),
-    )
-}
-
 /// The dashboard's command line watching `serve` on `port` (target `fleet-1`) and the
 /// env's database, polling every 500 ms; the shell stays after it exits.
 fn watch_fleet(env: &TempEnv, port: u16) -> String {
-    let config = env.path("watch.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "poll_interval = \"500ms\"\n[[targets]]\nname = \"fleet-1\"\nurl = \"http://127.0.0.1:{port}/metrics\"\n[database]\nurl = \"{}\"\n",
-            env.db_url()
-        ),
-    )
-    .unwrap();
-    format!(
-        "IDEMWATCH_LOG_FILE={log} {bin} --config {cfg}; sleep 600",
-        log = env.path("tui.log").display(),
-        bin = idemwatch_bin().display(),
-        cfg = config.display()
+    tmux::dashboard_command(
+        env,
+        &tmux::one_target_config(env, "fleet-1", port, true),
+        &[],
     )
 }
 

@@ -83,6 +83,21 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// `idemwatch serve` on 127.0.0.1:`port`, with the env's database and queue, its log
+/// in the env: the exporter the dashboard and Prometheus scrape.
+pub fn serve(env: &TempEnv, port: u16) -> KillOnDrop {
+    KillOnDrop(
+        std::process::Command::new(idemwatch_bin())
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--db", &env.db_url(), "--queue", &env.queue_url()])
+            .env("IDEMWATCH_LOG_FILE", env.path("serve.log"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start serve"),
+    )
+}
+
 /// The short chaos run both broker suites make: 3 `serve` processes, a SIGKILL every
 /// 600 deliveries taken off the queues, 2,000 messages with ~10 % duplicates and late
 /// events, seed 2026. Returns the exit code and the JSON report.

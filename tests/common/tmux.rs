@@ -80,6 +80,32 @@ impl Tmux {
     }
 }
 
+/// The dashboard's command line: the config `toml` (written into the env) and `args`,
+/// its log in the env; the shell stays after it exits, so its last screen can be read.
+pub fn dashboard_command(env: &TempEnv, toml: &str, args: &[&str]) -> String {
+    let config = env.path("watch.toml");
+    std::fs::write(&config, toml).expect("write the dashboard's config");
+    format!(
+        "IDEMWATCH_LOG_FILE={log} {bin} --config {cfg} {args}; sleep 600",
+        log = env.path("tui.log").display(),
+        bin = super::idemwatch_bin().display(),
+        cfg = config.display(),
+        args = args.join(" ")
+    )
+}
+
+/// A dashboard config: one scrape target, polled every 500 ms, and the env's
+/// database when `with_db`.
+pub fn one_target_config(env: &TempEnv, name: &str, port: u16, with_db: bool) -> String {
+    let mut toml = format!(
+        "poll_interval = \"500ms\"\n[[targets]]\nname = \"{name}\"\nurl = \"http://127.0.0.1:{port}/metrics\"\n"
+    );
+    if with_db {
+        toml.push_str(&format!("[database]\nurl = \"{}\"\n", env.db_url()));
+    }
+    toml
+}
+
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = Command::new("tmux")
