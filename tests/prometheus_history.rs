@@ -299,6 +299,74 @@ fn an_absent_prometheus_is_a_notice_and_live_scraping_goes_on() {
     assert_eq!(doc["targets"][0]["status"], "up", "{doc:#}");
 }
 
+/// `report --prometheus` over a window that ended before it was asked: the rates,
+/// the duplicates and the restart all come from the history.
+#[test]
+fn a_report_from_the_history_shows_the_duplicates_and_the_restart() {
+    let Some(fleet) = fleet_with_history() else {
+        return;
+    };
+    let env = &fleet.env;
+    let config = env.path("report.toml");
+    std::fs::write(&config, fleet.config()).unwrap();
+    let out = env.path("report.json");
+    let asked_at = chrono::Utc::now().timestamp();
+    let (code, _, err) = run_cli(
+        env,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "report",
+            "--from",
+            "10m",
+            "--format",
+            "json",
+            "--out",
+            out.to_str().unwrap(),
+            "--prometheus",
+            &fleet.url,
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(report["source"], "prometheus", "{report:#}");
+    assert!(
+        report["notes"].as_array().unwrap().is_empty(),
+        "{:#}",
+        report["notes"]
+    );
+    let consumers = report["consumers"].as_array().unwrap();
+    assert!(!consumers.is_empty(), "{report:#}");
+    assert!(
+        consumers.iter().all(|c| c["target"] == "fleet-sms"),
+        "series matched to the configured target: {report:#}"
+    );
+    let with_duplicates: Vec<&serde_json::Value> = consumers
+        .iter()
+        .filter(|c| c["duplicate_dropped_per_second"].as_f64().unwrap_or(0.0) > 0.0)
+        .collect();
+    assert!(
+        !with_duplicates.is_empty(),
+        "no duplicates in the report: {report:#}"
+    );
+    for c in &with_duplicates {
+        assert!(c["peak_duplicate_ratio"].as_f64().unwrap() > 0.0, "{c:#}");
+        let points = c["points"].as_array().unwrap();
+        let duplicates_at: Vec<i64> = points
+            .iter()
+            .filter(|p| p["duplicate_dropped_per_second"].as_f64().unwrap_or(0.0) > 0.0)
+            .map(|p| p["t"].as_i64().unwrap())
+            .collect();
+        assert!(!duplicates_at.is_empty(), "{c:#}");
+        assert!(
+            duplicates_at.iter().all(|t| *t <= asked_at),
+            "the duplicates happened before the report was asked: {duplicates_at:?} vs {asked_at}"
+        );
+    }
+    fleet.assert_restart_from_prometheus(&report["markers"]);
+}
+
 /// The dashboard started after it all: its chart draws the history left of the seam
 /// (titled as Prometheus's), the restart Prometheus saw is on the marker lane and in
 /// the marker list, and Sources says the history is up.
