@@ -17,11 +17,14 @@ use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::envelope::{Envelope, RejectReason};
 use idemwatch::engine::metrics::CountSummary;
 use idemwatch::engine::replay::{self, ReplayPlan, ReplayStatus};
-use idemwatch::engine::store::{self, DeadLetterFilter};
+use idemwatch::engine::store::{self, ClaimState, DeadLetterFilter};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::sandbox_provider;
 
-on_every_backend!(replayed_dead_letters_are_processed_once_and_recorded);
+on_every_backend!(
+    replayed_dead_letters_are_processed_once_and_recorded,
+    a_provider_rejected_dead_letter_replays_to_one_sms,
+);
 
 /// Run the engine's consumers until their queues are empty: counts before and after.
 async fn drain(engine: &Engine) -> (CountSummary, CountSummary) {
@@ -193,6 +196,113 @@ async fn replayed_dead_letters_are_processed_once_and_recorded(db: &TestDb) {
     .map(|d| d.replay_count)
     .collect();
     assert_eq!(counts, vec![1, 2]);
+}
+
+/// The provider refuses a zone exit's SMS (400): a `provider_rejected` dead letter
+/// and a `failed` claim. The provider is fixed (it refused only that once); the
+/// replay re-arms the claim, so exactly one SMS goes out, under the claim's own
+/// provider key, and the claim ends `sent`. A second replay is a duplicate.
+async fn a_provider_rejected_dead_letter_replays_to_one_sms(db: &TestDb) {
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    sandbox.state().reject_next(1);
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    cfg.consumers = vec![zone_exit_sms::NAME.into()];
+    let engine = Engine::open(&cfg).await.unwrap();
+    let e = zone_exit("34-REJ-1", 1);
+    engine.publish(&[body(&e)]).await.unwrap();
+    drain(&engine).await;
+    let st = engine.store.as_ref();
+    let rejected = DeadLetterFilter {
+        reason: Some("provider_rejected".into()),
+        ..Default::default()
+    };
+    let dead = st.find_dead_letters(&rejected).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].raw, body(&e));
+    let claim = || async {
+        st.claim(zone_exit_sms::NAME, &e.key())
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let refused = claim().await;
+    assert_eq!(refused.state, ClaimState::Failed);
+    assert!(sandbox.state().sent_sms().is_empty());
+
+    // A dry run says the claim would be re-armed, and leaves it failed.
+    let mut plan = ReplayPlan {
+        filter: rejected.clone(),
+        dry_run: true,
+        namespace: None,
+    };
+    let dry = replay::replay(st, engine.queue.as_ref(), &plan)
+        .await
+        .unwrap();
+    assert!(dry.letters[0].rearmed_claim);
+    assert_eq!(claim().await.state, ClaimState::Failed);
+
+    plan.dry_run = false;
+    let r = replay::replay(st, engine.queue.as_ref(), &plan)
+        .await
+        .unwrap();
+    assert_eq!(r.replayed, 1);
+    let (before, after) = drain(&engine).await;
+    let (b, a) = (
+        &before.consumers[zone_exit_sms::NAME],
+        &after.consumers[zone_exit_sms::NAME],
+    );
+    assert_eq!(
+        (
+            a.processed - b.processed,
+            a.side_effects_sent - b.side_effects_sent,
+            a.dead_lettered - b.dead_lettered
+        ),
+        (1, 1, 0),
+        "{a:?}"
+    );
+    let sent = sandbox.state().sent_sms();
+    assert_eq!(sent.len(), 1, "exactly one SMS after the fix: {sent:?}");
+    assert!(r.letters[0].rearmed_claim);
+    assert_eq!(
+        sent[0].idempotency_key.as_ref(),
+        Some(&refused.provider_key)
+    );
+    let done = claim().await;
+    assert_eq!(
+        (done.state, &done.provider_key),
+        (ClaimState::Sent, &refused.provider_key)
+    );
+    let replayed = &st.find_dead_letters(&rejected).await.unwrap()[0];
+    assert_eq!(replayed.replay_count, 1);
+    assert!(replayed.replayed_at.is_some());
+
+    // Replayed again (by id): the claim is `sent`, nothing to re-arm, a duplicate.
+    plan.filter = DeadLetterFilter {
+        ids: vec![replayed.id],
+        ..Default::default()
+    };
+    let again = replay::replay(st, engine.queue.as_ref(), &plan)
+        .await
+        .unwrap();
+    assert_eq!((again.replayed, again.letters[0].rearmed_claim), (1, false));
+    let (before, after) = drain(&engine).await;
+    assert_eq!(
+        after.total.duplicate_dropped - before.total.duplicate_dropped,
+        1
+    );
+    assert_eq!(sandbox.state().sent_sms().len(), 1, "still one SMS");
+    assert_eq!(claim().await.state, ClaimState::Sent);
+    assert!(st
+        .find_dead_letters(&DeadLetterFilter {
+            reason: Some("provider_rejected".into()),
+            include_replayed: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// The operator's path: `dead-letters list`, `replay --dry-run`, `replay`, then

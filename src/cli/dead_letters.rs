@@ -206,11 +206,16 @@ fn print_report(report: &ReplayReport, queue: &str) {
             ReplayStatus::UnknownConsumer => "skipped (not a consumer of this engine)",
         };
         println!(
-            "{:>8}  {:<14}  {:<18}  {what} {}",
+            "{:>8}  {:<14}  {:<18}  {what} {}{}",
             l.id,
             l.consumer,
             l.reason,
-            l.queue.as_deref().unwrap_or("")
+            l.queue.as_deref().unwrap_or(""),
+            if l.rearmed_claim {
+                " (its failed claim re-armed: sends once)"
+            } else {
+                ""
+            }
         );
     }
     println!(

@@ -9,6 +9,18 @@
 //! that fails again becomes a new dead letter with the new cause; the replayed row
 //! keeps its own.
 //!
+//! One exception to "the consumer's dedup decides": a `provider_rejected` dead
+//! letter's claim is `failed` (the provider refused, nothing went out), and a
+//! finished claim drops every later delivery as a duplicate, so the replay that
+//! follows the provider's fix would send nothing. Replaying such a letter first
+//! re-arms its claim ([`RepairStore::rearm_failed_claim`]): `claimed` again, lease
+//! over, same provider key, so the replayed copy takes it over in doubt and sends
+//! once; a second replay then finds `sent` and is a duplicate. Only that reason
+//! re-arms: a claim an operator resolved `failed` by hand (`claims resolve`) with
+//! no such dead letter stays so.
+//!
+//! [`RepairStore::rearm_failed_claim`]: super::store::RepairStore::rearm_failed_claim
+//!
 //! Queue-generic: it publishes through [`Queue::publish`], so the embedded queue,
 //! RabbitMQ and any later broker replay the same way. The CLI and the dashboard both
 //! call [`replay`]; neither writes its own.
@@ -16,8 +28,9 @@
 use serde::Serialize;
 
 use super::consumers::FLEET_CONSUMERS;
+use super::envelope::{Envelope, MessageKey, RejectReason};
 use super::queue::Queue;
-use super::store::{DeadLetter, DeadLetterFilter, Store};
+use super::store::{ClaimState, DeadLetter, DeadLetterFilter, Store};
 use super::EngineError;
 
 /// What to replay.
@@ -53,6 +66,9 @@ pub struct ReplayedLetter {
     pub status: ReplayStatus,
     /// Replays of this row, this one included.
     pub replay_count: i64,
+    /// A `provider_rejected` letter whose `failed` claim was re-armed (or, on a dry
+    /// run, would be) so the replayed copy sends once.
+    pub rearmed_claim: bool,
 }
 
 /// The whole replay, as `dead-letters replay --json` prints it.
@@ -138,15 +154,35 @@ async fn replay_one(
         queue: None,
         status: ReplayStatus::UnknownConsumer,
         replay_count: letter.replay_count,
+        rearmed_claim: false,
     };
     if !FLEET_CONSUMERS.contains(&letter.consumer.as_str()) {
         return Ok(out);
     }
     let name = queue_name(plan.namespace.as_deref(), &letter.consumer);
     out.queue = Some(name.clone());
+    let rejected_key = rejected_claim_key(letter);
     if plan.dry_run {
+        if let Some(key) = &rejected_key {
+            out.rearmed_claim = store
+                .claim(&letter.consumer, key)
+                .await?
+                .is_some_and(|c| c.state == ClaimState::Failed);
+        }
         out.status = ReplayStatus::WouldReplay;
         return Ok(out);
+    }
+    // Re-armed before the publish: re-armed but not published (the queue went away
+    // just now) leaves a claim in doubt that the sweeper, a redelivery or the next
+    // replay takes over with the same provider key; one send either way.
+    if let Some(key) = &rejected_key {
+        out.rearmed_claim = store
+            .rearm_failed_claim(
+                &letter.consumer,
+                key.as_str(),
+                &format!("re-armed by the replay of dead letter {}", letter.id),
+            )
+            .await?;
     }
     queue
         .publish(
@@ -160,4 +196,13 @@ async fn replay_one(
     out.status = ReplayStatus::Replayed;
     out.replay_count += 1;
     Ok(out)
+}
+
+/// The message key of a `provider_rejected` letter's claim; `None` for any other
+/// reason, or raw bytes that no longer parse (the replay fails again, as before).
+fn rejected_claim_key(letter: &DeadLetter) -> Option<MessageKey> {
+    if letter.reason != RejectReason::ProviderRejected.as_str() {
+        return None;
+    }
+    Envelope::parse(&letter.raw).ok().map(|e| e.key())
 }

@@ -125,6 +125,19 @@ pub trait RepairStore: Send + Sync {
         message: &[u8],
     ) -> StoreResult<()>;
 
+    /// Re-arm a `failed` claim for a replay of its `provider_rejected` dead letter:
+    /// it becomes `claimed` again with an expired lease (claimed at the epoch), the
+    /// same provider key, and `detail`, so the replayed message takes it over in
+    /// doubt and sends once with that key. Without this the replay finds `failed`
+    /// and is dropped as a duplicate: no SMS ever. `false` when the key has no
+    /// `failed` claim (sent, open, or none): nothing is changed.
+    async fn rearm_failed_claim(
+        &self,
+        consumer: &str,
+        key: &str,
+        detail: &str,
+    ) -> StoreResult<bool>;
+
     /// Claims, oldest first: all of them, or only those in `state`, or of `consumer`.
     async fn list_claims(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>>;
 

@@ -64,6 +64,26 @@ impl RepairStore for PostgresStore {
         Ok(())
     }
 
+    async fn rearm_failed_claim(
+        &self,
+        consumer: &str,
+        key: &str,
+        detail: &str,
+    ) -> StoreResult<bool> {
+        let n = sqlx::query(
+            "UPDATE side_effect_claims SET state = 'claimed', claimed_at = 'epoch',
+             finished_at = NULL, detail = $1
+             WHERE consumer = $2 AND message_key = $3 AND state = 'failed'",
+        )
+        .bind(detail)
+        .bind(consumer)
+        .bind(key)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
     async fn list_claims(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>> {
         let rows = claim_query::<Postgres>(CLAIM_COLUMNS, filter)
             .build()

@@ -64,6 +64,26 @@ impl RepairStore for SqliteStore {
         Ok(())
     }
 
+    async fn rearm_failed_claim(
+        &self,
+        consumer: &str,
+        key: &str,
+        detail: &str,
+    ) -> StoreResult<bool> {
+        let n = sqlx::query(
+            "UPDATE side_effect_claims SET state = 'claimed', claimed_at = ?, finished_at = NULL,
+             detail = ? WHERE consumer = ? AND message_key = ? AND state = 'failed'",
+        )
+        .bind(ts(DateTime::<Utc>::UNIX_EPOCH))
+        .bind(detail)
+        .bind(consumer)
+        .bind(key)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
     async fn list_claims(&self, filter: &ClaimFilter) -> StoreResult<Vec<Claim>> {
         let rows = claim_query::<Sqlite>(CLAIM_COLUMNS, filter)
             .build()
