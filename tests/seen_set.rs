@@ -15,6 +15,7 @@ use idemwatch::config::MetricNames;
 use idemwatch::drills::{self, DrillOptions, DrillReport, Scenario, Verdict};
 use idemwatch::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
 use idemwatch::engine::crash::CrashPlan;
+use idemwatch::engine::health::{InfraKind, PauseCause};
 use idemwatch::engine::seen_set::{SeenSetConfig, Unavailable};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::monitor::prometheus::{parse, ScrapeResult};
@@ -200,20 +201,24 @@ async fn engine_with_redis_on(
     cfg.runner.retry_delay = Duration::from_millis(50);
     cfg.runner.max_retry_delay = Duration::from_millis(200);
     cfg.runner.idle_poll = Duration::from_millis(20);
-    // Until the faults work pauses a consumer on an outage, retries count deliveries:
-    // a budget no outage of this test reaches.
-    cfg.runner.max_deliveries = 10_000;
+    // A budget an outage would burn in a second if its retries counted: a Redis
+    // outage pauses the consumer and its returns are uncounted (faults, issue 14).
+    cfg.runner.max_deliveries = 2;
+    cfg.runner.max_pause = Duration::from_millis(400);
     let engine = Engine::open(&cfg).await.unwrap();
-    let bodies: Vec<Vec<u8>> = (1..=3)
-        .map(|seq| {
-            format!(
-                r#"{{"device_id":"RD-1","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:0{seq}Z","payload":{{"zone":"X","phone":"+905551112233"}}}}"#
-            )
-            .into_bytes()
-        })
-        .collect();
-    engine.publish(&bodies).await.unwrap();
+    engine.publish(&zone_exits(1..=3)).await.unwrap();
     (engine, sandbox)
+}
+
+/// Zone exits of device RD-1 with these sequence numbers.
+fn zone_exits(seqs: std::ops::RangeInclusive<u64>) -> Vec<Vec<u8>> {
+    seqs.map(|seq| {
+        format!(
+            r#"{{"device_id":"RD-1","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:0{seq}Z","payload":{{"zone":"X","phone":"+905551112233"}}}}"#
+        )
+        .into_bytes()
+    })
+    .collect()
 }
 
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
@@ -265,6 +270,76 @@ async fn fail_closed_handles_nothing_while_redis_is_down_and_resumes_when_it_is_
     );
     assert_eq!(sms.sent_sms().await.unwrap().len(), 3);
     assert_eq!(engine.store.zone_exits("RD-1").await.unwrap(), 3);
+}
+
+/// Redis goes away under a running fail-closed engine and comes back: the messages
+/// that arrive meanwhile pause the consumers (`idem_consumer_paused{cause="seen_set"}`,
+/// probed with Redis's own PING) without using up their 2 deliveries, and each is
+/// handled once after Redis is back — no dead letter, one SMS and +1 each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_pauses_through_a_redis_restart_and_burns_no_delivery_budget() {
+    let env = TempEnv::new();
+    let port = free_port();
+    let mut redis = private_redis(port);
+    let (engine, sandbox) = engine_with_redis_on(&env, port, Unavailable::FailClosed).await;
+    let engine = Arc::new(engine);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let run = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.run(1, Arc::new(CrashPlan::none()), stopped).await })
+    };
+    let consumers = [trip_counter::NAME, zone_exit_sms::NAME];
+    let m = engine.metrics.clone();
+    wait_for("the first three handled", || {
+        m.summary(consumers).total.processed == 6
+    })
+    .await;
+
+    redis.stop();
+    engine.publish(&zone_exits(4..=6)).await.unwrap();
+    let paused =
+        |c: &str, v: u8| format!(r#"idem_consumer_paused{{consumer="{c}",cause="seen_set"}} {v}"#);
+    wait_for(
+        "both consumers paused for the seen-set, retried past their budget",
+        || {
+            let text = m.encode_prometheus_text();
+            consumers
+                .iter()
+                .all(|c| text.contains(&paused(c, 1)) && m.infra_errors(c, InfraKind::SeenSet) > 2)
+        },
+    )
+    .await;
+    let s = engine.summary();
+    assert_eq!((s.total.processed, s.total.dead_lettered), (6, 0), "{s:?}");
+    let p = engine.pause(zone_exit_sms::NAME).expect("paused");
+    assert_eq!(p.cause, PauseCause::SeenSet, "{p:?}");
+
+    let _redis = private_redis(port);
+    wait_for("the three that came during the outage handled", || {
+        m.summary(consumers).total.processed == 12
+    })
+    .await;
+    wait_for("both consumers resumed", || {
+        let text = m.encode_prometheus_text();
+        consumers.iter().all(|c| text.contains(&paused(c, 0)))
+    })
+    .await;
+    stop.send(true).unwrap();
+    run.await.unwrap().unwrap();
+    let s = engine.summary();
+    assert_eq!(
+        (s.total.dead_lettered, s.total.duplicate_dropped),
+        (0, 0),
+        "{s:?}"
+    );
+    let sms = SandboxClient::new(sandbox.url()).unwrap();
+    assert_eq!(
+        sms.sent_sms().await.unwrap().len(),
+        6,
+        "one SMS per zone exit"
+    );
+    assert_eq!(engine.store.zone_exits("RD-1").await.unwrap(), 6);
+    assert!(engine.store.dead_letters(10).await.unwrap().is_empty());
 }
 
 #[tokio::test]

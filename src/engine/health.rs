@@ -27,15 +27,18 @@ use super::metrics::Metrics;
 pub enum PauseCause {
     Store,
     Provider,
+    /// The seen-set outside the database (Redis) of a fail-closed `seen-set` consumer.
+    SeenSet,
 }
 
 impl PauseCause {
-    pub const ALL: [PauseCause; 2] = [PauseCause::Store, PauseCause::Provider];
+    pub const ALL: [PauseCause; 3] = [PauseCause::Store, PauseCause::Provider, PauseCause::SeenSet];
 
     pub fn as_str(self) -> &'static str {
         match self {
             PauseCause::Store => "store",
             PauseCause::Provider => "provider",
+            PauseCause::SeenSet => "seen_set",
         }
     }
 }
@@ -53,14 +56,17 @@ pub enum InfraKind {
     ProviderUnavailable,
     /// The provider answered 408, 425 or 429: slow down.
     ProviderThrottled,
+    /// A fail-closed seen-set (Redis) could not answer: unreachable, reset, timed out.
+    SeenSet,
 }
 
 impl InfraKind {
-    pub const ALL: [InfraKind; 4] = [
+    pub const ALL: [InfraKind; 5] = [
         InfraKind::Store,
         InfraKind::ProviderUnreachable,
         InfraKind::ProviderUnavailable,
         InfraKind::ProviderThrottled,
+        InfraKind::SeenSet,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,6 +75,7 @@ impl InfraKind {
             InfraKind::ProviderUnreachable => "provider_unreachable",
             InfraKind::ProviderUnavailable => "provider_unavailable",
             InfraKind::ProviderThrottled => "provider_throttled",
+            InfraKind::SeenSet => "seen_set",
         }
     }
 
@@ -79,6 +86,7 @@ impl InfraKind {
     pub fn cause(self) -> PauseCause {
         match self {
             InfraKind::Store => PauseCause::Store,
+            InfraKind::SeenSet => PauseCause::SeenSet,
             _ => PauseCause::Provider,
         }
     }

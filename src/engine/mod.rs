@@ -339,7 +339,8 @@ impl Engine {
             self.runner.clone(),
             events,
         )
-        .with_health(health.clone()))
+        .with_health(health.clone())
+        .with_seen_set(self.deps.seen_set.clone()))
     }
 
     /// Run every consumer (one worker each) until all their queues are empty.

@@ -17,6 +17,7 @@ use super::envelope::{Envelope, RejectReason, Rejection};
 use super::health::{Backoff, ConsumerHealth, InfraKind};
 use super::metrics::{EffectResult, Metrics};
 use super::queue::{Delivery, Queue, QueueResult};
+use super::seen_set::GuardedSeenSet;
 use super::store::Store;
 
 /// Knobs of the deliver/ack loop.
@@ -221,6 +222,8 @@ pub struct Worker {
     settings: RunnerSettings,
     events: Option<EventSink>,
     health: Arc<ConsumerHealth>,
+    /// The consumer's seen-set, probed while it is the cause of a pause.
+    seen_set: Option<GuardedSeenSet>,
 }
 
 impl Worker {
@@ -250,6 +253,7 @@ impl Worker {
             settings,
             events,
             health,
+            seen_set: None,
         }
     }
 
@@ -257,6 +261,13 @@ impl Worker {
     /// store and provider, so they pause and resume together.
     pub fn with_health(mut self, health: Arc<ConsumerHealth>) -> Self {
         self.health = health;
+        self
+    }
+
+    /// The seen-set the consumer checks (`seen-set` mode): a pause it caused is probed
+    /// with its ping rather than the store's.
+    pub fn with_seen_set(mut self, seen_set: GuardedSeenSet) -> Self {
+        self.seen_set = Some(seen_set);
         self
     }
 
@@ -455,18 +466,20 @@ impl Worker {
             }
             return Paused::Again;
         }
-        let store_down = self
-            .health
-            .pause()
-            .is_some_and(|p| p.kind == InfraKind::Store);
-        if store_down {
-            if let Err(e) = self.store.ping().await {
-                if e.is_infrastructure() {
-                    self.metrics
-                        .infra_error(self.consumer.name(), InfraKind::Store);
-                    self.health.failed(InfraKind::Store, None, &e.to_string());
-                    return Paused::Again;
-                }
+        let probe = match self.health.pause().map(|p| p.kind) {
+            Some(InfraKind::Store) => Some(self.store.ping().await),
+            Some(InfraKind::SeenSet) => match &self.seen_set {
+                Some(s) => Some(s.ping().await),
+                None => None,
+            },
+            _ => None,
+        };
+        if let Some(Err(e)) = probe {
+            if e.is_infrastructure() {
+                let kind = self.health.pause().map_or(InfraKind::Store, |p| p.kind);
+                self.metrics.infra_error(self.consumer.name(), kind);
+                self.health.failed(kind, None, &e.to_string());
+                return Paused::Again;
             }
         }
         Paused::Trial

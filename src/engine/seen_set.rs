@@ -95,6 +95,9 @@ pub trait SeenSet: Send + Sync + 'static {
         fingerprint: &Fingerprint,
     ) -> StoreResult<()>;
 
+    /// Whether the seen-set answers: the probe of a consumer paused for it.
+    async fn ping(&self) -> StoreResult<()>;
+
     /// Where the keys live, for logs and the dashboard (secrets redacted).
     fn describe(&self) -> String;
 }
@@ -120,6 +123,10 @@ impl SeenSet for SqlSeenSet {
         fingerprint: &Fingerprint,
     ) -> StoreResult<()> {
         self.0.mark_seen(consumer, key, fingerprint).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.0.ping().await
     }
 
     fn describe(&self) -> String {
@@ -237,6 +244,11 @@ impl SeenSet for RedisSeenSet {
         Ok(())
     }
 
+    async fn ping(&self) -> StoreResult<()> {
+        let _: String = self.query(redis::cmd("PING")).await?;
+        Ok(())
+    }
+
     fn describe(&self) -> String {
         format!("redis ({})", self.redacted)
     }
@@ -287,6 +299,11 @@ impl GuardedSeenSet {
 
     pub fn unavailable(&self) -> Unavailable {
         self.unavailable
+    }
+
+    /// Whether the seen-set answers, whatever the policy: a paused consumer's probe.
+    pub async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
     }
 
     /// The check before handling. Fail-open turns an outage into "not seen".

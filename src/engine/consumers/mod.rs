@@ -134,7 +134,13 @@ impl Outcome {
         match e.failure() {
             Failure::Infrastructure => Outcome::retry(
                 RetryCause::Infra {
-                    kind: InfraKind::Store,
+                    // A fail-closed seen-set that is down pauses the consumer like a
+                    // store outage, under its own cause (probed with its own ping).
+                    kind: if matches!(e, StoreError::SeenSet(_)) {
+                        InfraKind::SeenSet
+                    } else {
+                        InfraKind::Store
+                    },
                     after: None,
                 },
                 e.to_string(),
