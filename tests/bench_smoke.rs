@@ -84,6 +84,72 @@ fn bench_engine_relaxed_reports_its_durability() {
 }
 
 #[test]
+fn bench_engine_reports_the_rusqlite_baseline_beside_the_sqlx_one_on_sqlite() {
+    let r = bench_engine(&["--batch", "10", "--messages", "200", "--runs", "2"]);
+    let q = &r["raw_rusqlite"];
+    // The same pattern on the same keys: the same effects as the sqlx baseline.
+    assert_eq!(q["applied"], r["raw"]["applied"], "{r}");
+    assert_eq!(q["duplicates"], r["raw"]["duplicates"], "{r}");
+    assert!(q["messages_per_second"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["ratio_rusqlite"].as_f64().unwrap() > 0.0, "{r}");
+    let pairs = r["runs"].as_array().unwrap();
+    assert!(
+        pairs.iter().all(|p| p["ratio_rusqlite"].as_f64().is_some()),
+        "{r}"
+    );
+}
+
+#[test]
+fn bench_pipeline_drains_the_trace_through_four_consumers_and_sends_each_sms_once() {
+    let env = TempEnv::new();
+    let db = env.db_url();
+    let r = json(
+        &env,
+        &[
+            "bench",
+            "pipeline",
+            "--db",
+            &db,
+            "--messages",
+            "400",
+            "--vehicles",
+            "10",
+            "--provider-latency",
+            "5ms",
+            "--batch",
+            "20",
+            "--json",
+        ],
+    );
+    let trace = &r["trace"];
+    assert_eq!(trace["messages"], 400, "{r}");
+    let engine = &r["engine"];
+    let consumers = engine["consumers"].as_array().unwrap();
+    assert_eq!(consumers.len(), 4, "{r}");
+    for c in consumers {
+        // Every message settled by every consumer, none dead-lettered.
+        assert_eq!(c["messages"], 400, "{c}");
+        assert_eq!(c["dead_lettered"], 0, "{c}");
+        assert!(c["p99_ms"].as_f64().unwrap() >= c["p50_ms"].as_f64().unwrap());
+    }
+    assert!(trace["sms_expected"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(engine["sms_sent"], trace["sms_expected"], "{r}");
+    assert_eq!(engine["webhooks_sent"], trace["webhooks_expected"], "{r}");
+    assert_eq!(engine["exactly_once"], true, "{r}");
+    assert!(engine["peak_rss_mib"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(engine["messages_per_second"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(
+        r["raw"]["consumers"].as_array().map(Vec::len),
+        Some(4),
+        "{r}"
+    );
+    assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+    // On SQLite the C-API baseline runs beside the sqlx one.
+    assert!(r["ratio_rusqlite"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["load_average_start"].is_array(), "{r}");
+}
+
+#[test]
 fn bench_scrape_parses_every_sample() {
     let env = TempEnv::new();
     let r = json(

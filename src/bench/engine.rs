@@ -89,6 +89,9 @@ pub struct RunPair {
     pub raw_messages_per_second: f64,
     pub engine_messages_per_second: f64,
     pub ratio: f64,
+    /// The same pair's rusqlite baseline (SQLite only), and engine ÷ it.
+    pub raw_rusqlite_messages_per_second: Option<f64>,
+    pub ratio_rusqlite: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -114,6 +117,12 @@ pub struct EngineBenchReport {
     pub engine: RunFigures,
     /// engine messages/s ÷ raw messages/s: the median over the pairs.
     pub ratio: f64,
+    /// SQLite only: the same pattern through SQLite's C API (rusqlite, prepared cached
+    /// statements, the store's pragmas, a thread and a connection per worker), run
+    /// beside each pair; the median pair's figures.
+    pub raw_rusqlite: Option<RunFigures>,
+    /// engine messages/s ÷ rusqlite raw messages/s: the median over the pairs.
+    pub ratio_rusqlite: Option<f64>,
     /// Every pair, in the order run (raw first in even pairs, engine first in odd ones,
     /// so a drift of the machine does not favour one side).
     pub runs: Vec<RunPair>,
@@ -242,6 +251,41 @@ async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, B
         lat,
         applied,
         dups,
+    ))
+}
+
+/// The raw baseline on SQLite's C API (`super::rusqlite_raw`), on the plan's database
+/// file, with its durability.
+async fn raw_rusqlite(
+    plan: &EngineBenchPlan,
+    bodies: &[Vec<u8>],
+) -> Result<RunFigures, BenchError> {
+    let items = bodies
+        .iter()
+        .map(|b| {
+            let env = Envelope::parse(b).map_err(err)?;
+            Ok(super::rusqlite_raw::TripItem {
+                key: env.key().as_str().to_string(),
+                fingerprint: env.fingerprint().as_str().to_string(),
+                device_id: format!("{}-rusqlite", env.device_id),
+            })
+        })
+        .collect::<Result<Vec<_>, BenchError>>()?;
+    let path = super::rusqlite_raw::sqlite_path(&plan.db_url);
+    let ((applied, duplicates, latencies), seconds, cpu) = super::rusqlite_raw::engine_baseline(
+        path,
+        plan.durability,
+        items,
+        plan.batch,
+        plan.workers,
+    )
+    .await?;
+    Ok(figures(
+        bodies.len(),
+        (seconds, cpu),
+        latencies,
+        applied,
+        duplicates,
     ))
 }
 
@@ -414,11 +458,19 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
     plan.durability
         .check_url(&plan.db_url)
         .map_err(|e| BenchError::Usage(e.to_string()))?;
+    let sqlite = open_store(plan).await?.backend() == store::Backend::Sqlite;
     let mut pairs = Vec::with_capacity(plan.runs);
+    let mut rusqlite = Vec::with_capacity(plan.runs);
     for i in 0..plan.runs {
         let scratch = tempfile::tempdir().map_err(err)?;
         let tag = format!("BENCH{:06x}", rand::random::<u32>() & 0xff_ffff);
         let bodies = messages(plan, &tag);
+        // The rusqlite baseline (its own consumer name and counters) goes last in even
+        // pairs and first in odd ones, like raw and engine.
+        let mut q = None;
+        if sqlite && i % 2 == 1 {
+            q = Some(raw_rusqlite(plan, &bodies).await?);
+        }
         let (raw, engine) = if i % 2 == 0 {
             let raw = raw(plan, &bodies).await?;
             (raw, engine(plan, &bodies, scratch.path()).await?)
@@ -426,31 +478,76 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
             let engine = engine(plan, &bodies, scratch.path()).await?;
             (raw(plan, &bodies).await?, engine)
         };
+        if sqlite && i % 2 == 0 {
+            q = Some(raw_rusqlite(plan, &bodies).await?);
+        }
         pairs.push((raw, engine));
+        rusqlite.push(q);
     }
     let ratio = |(raw, engine): &(RunFigures, RunFigures)| {
         engine.messages_per_second / raw.messages_per_second.max(1e-9)
     };
     let runs: Vec<RunPair> = pairs
         .iter()
-        .map(|p| RunPair {
+        .zip(&rusqlite)
+        .map(|(p, q)| RunPair {
             raw_messages_per_second: p.0.messages_per_second,
             engine_messages_per_second: p.1.messages_per_second,
             ratio: ratio(p),
+            raw_rusqlite_messages_per_second: q.as_ref().map(|q| q.messages_per_second),
+            ratio_rusqlite: q
+                .as_ref()
+                .map(|q| p.1.messages_per_second / q.messages_per_second.max(1e-9)),
         })
         .collect();
+    let mut rusqlite_ratios: Vec<f64> = runs.iter().filter_map(|r| r.ratio_rusqlite).collect();
+    rusqlite_ratios.sort_by(|a, b| a.total_cmp(b));
+    let ratio_rusqlite = rusqlite_ratios.get(rusqlite_ratios.len() / 2).copied();
     let mut order: Vec<usize> = (0..pairs.len()).collect();
     order.sort_by(|&a, &b| ratio(&pairs[a]).total_cmp(&ratio(&pairs[b])));
     let median = order[order.len() / 2];
     let median_ratio = ratio(&pairs[median]);
     let (raw, engine) = pairs.swap_remove(median);
+    let raw_rusqlite = rusqlite.swap_remove(median);
     let queue_only = match &plan.queue_url {
         None => Some(queue_alone(plan).await?),
         Some(_) => None,
     };
     let store = open_store(plan).await?;
     let backend = format!("{:?}", store.backend()).to_lowercase();
-    let durability = match (store.backend(), store.durability()) {
+    let queue = match &plan.queue_url {
+        Some(url) => store::redact_url(url),
+        None => "embedded SQLite queue in a scratch file".into(),
+    };
+    let queue_durability = if plan.queue_url.is_none() {
+        "; embedded queue: publishes FULL, leases/acks NORMAL"
+    } else {
+        ""
+    };
+    Ok(EngineBenchReport {
+        db: store.redacted_url(),
+        backend,
+        durability: format!("{}{queue_durability}", durability_words(store.as_ref())),
+        messages: plan.messages,
+        dup_rate: plan.dup_rate,
+        batch: plan.batch,
+        workers: plan.workers,
+        queue,
+        pipeline: plan.pipeline,
+        lease_size: plan.runner().lease_size(),
+        ratio: median_ratio,
+        raw,
+        engine,
+        runs,
+        queue_only,
+        raw_rusqlite,
+        ratio_rusqlite,
+    })
+}
+
+/// `durable: …` or `relaxed: …`, with what it means on the store's backend.
+pub(crate) fn durability_words(store: &dyn store::Store) -> String {
+    let words = match (store.backend(), store.durability()) {
         (store::Backend::Sqlite, Durability::Durable) => {
             "SQLite WAL, synchronous=FULL (fsync per commit)"
         }
@@ -467,33 +564,5 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
             "MariaDB/MySQL server defaults (innodb_flush_log_at_trx_commit as configured)"
         }
     };
-    let queue = match &plan.queue_url {
-        Some(url) => store::redact_url(url),
-        None => "embedded SQLite queue in a scratch file".into(),
-    };
-    let queue_durability = if plan.queue_url.is_none() {
-        "; embedded queue: publishes FULL, leases/acks NORMAL"
-    } else {
-        ""
-    };
-    Ok(EngineBenchReport {
-        db: store.redacted_url(),
-        backend,
-        durability: format!(
-            "{}: {durability}{queue_durability}",
-            store.durability().as_str()
-        ),
-        messages: plan.messages,
-        dup_rate: plan.dup_rate,
-        batch: plan.batch,
-        workers: plan.workers,
-        queue,
-        pipeline: plan.pipeline,
-        lease_size: plan.runner().lease_size(),
-        ratio: median_ratio,
-        raw,
-        engine,
-        runs,
-        queue_only,
-    })
+    format!("{}: {words}", store.durability().as_str())
 }

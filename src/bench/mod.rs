@@ -24,7 +24,9 @@ use crate::monitor::db::{DbError, DbPoller};
 
 pub mod engine;
 pub mod partitions;
+pub mod pipeline;
 pub mod process;
+pub mod rusqlite_raw;
 pub mod scrape;
 pub mod tui;
 
@@ -462,5 +464,19 @@ pub(crate) fn cpu_seconds() -> f64 {
             let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
             Some(ticks / 100.0)
         })
+        .unwrap_or(0.0)
+}
+
+/// Peak RSS of this process (`VmHWM`), in MiB.
+pub(crate) fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
 }

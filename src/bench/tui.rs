@@ -12,7 +12,7 @@ use ratatui::Terminal;
 use serde::Serialize;
 
 use super::process::spawn_server;
-use super::{cpu_seconds, BenchError, BenchResult};
+use super::{cpu_seconds, peak_rss_mib, BenchError, BenchResult};
 use crate::config::{Config, ScrapeTarget};
 use crate::engine::exporter;
 use crate::engine::metrics::Metrics;
@@ -32,19 +32,6 @@ pub struct TuiBenchReport {
     /// CPU time of this process over the measured window ÷ wall time, in % of one core.
     pub cpu_percent: f64,
     pub peak_rss_mib: f64,
-}
-
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
 }
 
 /// Serve `count` live exporters (4 consumers each, counters moving) and print their

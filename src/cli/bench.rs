@@ -28,6 +28,11 @@ pub enum BenchCommand {
     /// The engine (queue + real consumer + batch transactions) against the raw SQL
     /// of the pattern on the same database, as a ratio.
     Engine(EngineArgs),
+    /// The fleet trace through all four consumers until drained (an in-process
+    /// sandbox provider with --provider-latency), against the raw statements of the
+    /// four on the same database: msgs/s per consumer and overall, publish-to-ack
+    /// latency, peak RSS, SMS/s and whether every SMS went out once.
+    Pipeline(PipelineArgs),
     /// Scrape, parse and rate a 10,000-sample exposition, against a line-walk baseline.
     Scrape(ScrapeArgs),
     /// The dashboard headless against N live scrape targets: its CPU % and peak RSS.
@@ -107,6 +112,53 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = RunnerSettings::default().prefetch, value_name = "N")]
     pub prefetch: usize,
     // Both the raw baseline and the engine commit with it.
+    #[command(flatten)]
+    pub durability: DurabilityArg,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PipelineArgs {
+    /// Database URL (sqlite://, postgres://, mysql://).
+    #[arg(long)]
+    pub db: String,
+    /// Queue for the engine run (default: an embedded queue in a scratch directory).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Messages of the fleet trace (as `simulate --messages`).
+    #[arg(long, default_value_t = 20_000)]
+    pub messages: usize,
+    #[arg(long, default_value_t = 50)]
+    pub vehicles: usize,
+    /// The trace's share of redelivered copies.
+    #[arg(long, default_value_t = 0.01)]
+    pub redelivery_rate: f64,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// How long the in-process sandbox provider takes per SMS or webhook (± a quarter).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s", value_name = "DURATION")]
+    pub provider_latency: Duration,
+    /// Provider calls in flight per side-effect consumer (as `consume`).
+    #[arg(long, default_value_t = idemwatch::engine::consumers::DEFAULT_PROVIDER_CONCURRENCY, value_name = "N")]
+    pub provider_concurrency: usize,
+    /// Deliveries per batch (as `consume --batch`).
+    #[arg(long, default_value_t = super::DEFAULT_BATCH, value_name = "N")]
+    pub batch: usize,
+    /// As `consume --prefetch`.
+    #[arg(long, default_value_t = RunnerSettings::default().prefetch, value_name = "N")]
+    pub prefetch: usize,
+    /// Messages published per second while the consumers run (default: as fast as
+    /// the queue takes them, a backlog).
+    #[arg(long, value_name = "PER_SECOND")]
+    pub publish_rate: Option<f64>,
+    /// Rounds of engine and baselines (engine first in even rounds, raw first in odd
+    /// ones); the round with the median ratio is reported.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Fail an engine run that has not drained after this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m", value_name = "DURATION")]
+    pub timeout: Duration,
     #[command(flatten)]
     pub durability: DurabilityArg,
     #[arg(long)]
@@ -219,6 +271,12 @@ fn print_engine_report(r: &bench::engine::EngineBenchReport) {
             q.messages_per_second, q.cpu_us_per_message
         );
     }
+    if let (Some(q), Some(ratio)) = (&r.raw_rusqlite, r.ratio_rusqlite) {
+        println!(
+            "  rusqlite raw {:>9.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  cpu {:>6.1} µs/msg  (engine/rusqlite = {ratio:.2})",
+            q.messages_per_second, q.p50_ms, q.p99_ms, q.cpu_us_per_message
+        );
+    }
     let all: Vec<String> = r.runs.iter().map(|p| format!("{:.2}", p.ratio)).collect();
     println!(
         "  engine/raw = {:.2} (median of {} pairs: {}); queue: {}, pipeline {}, {} per lease",
@@ -229,6 +287,41 @@ fn print_engine_report(r: &bench::engine::EngineBenchReport) {
         if r.pipeline { "on" } else { "off" },
         r.lease_size
     );
+}
+
+fn print_pipeline_report(r: &bench::pipeline::PipelineBenchReport) {
+    let (t, e) = (&r.trace, &r.engine);
+    println!(
+        "{} on {} ({}), queue {}: {} messages ({} vehicles, {} zone exits, {} ignition-offs, {} redeliveries), batch {}, provider {:.0} ms × {} in flight",
+        r.backend, r.db, r.durability, r.queue, t.messages, t.vehicles, t.zone_exits,
+        t.ignition_offs, t.redeliveries, r.batch, r.provider_latency_ms, r.provider_concurrency
+    );
+    println!(
+        "  engine {:>9.0} msg/s over {:.2}s (published in {:.2}s)  publish-to-ack p50 {:.1} ms  p99 {:.1} ms  cpu {:.1} µs/msg  peak RSS {:.1} MiB",
+        e.messages_per_second, e.seconds, e.publish_seconds, e.p50_ms, e.p99_ms, e.cpu_us_per_message, e.peak_rss_mib
+    );
+    for c in &e.consumers {
+        println!(
+            "    {:<14} {:>9.0} msg/s  {:.2}s  p50 {:>8.1} ms  p99 {:>8.1} ms  processed {}  duplicates {}  dead-lettered {}  retries {}",
+            c.consumer, c.messages_per_second, c.seconds, c.p50_ms, c.p99_ms, c.processed,
+            c.duplicates, c.dead_lettered, c.retries
+        );
+    }
+    println!(
+        "  SMS {} of {} at {:.0}/s, webhooks {} of {} at {:.0}/s, exactly once: {}, provider peak in flight {}",
+        e.sms_sent, t.sms_expected, e.sms_per_second, e.webhooks_sent, t.webhooks_expected,
+        e.webhooks_per_second, e.exactly_once, e.provider_peak_in_flight
+    );
+    println!(
+        "  raw (sqlx) {:>9.0} msg/s over {:.2}s  cpu {:.1} µs/msg  engine/raw = {:.2}",
+        r.raw.messages_per_second, r.raw.seconds, r.raw.cpu_us_per_message, r.ratio
+    );
+    if let (Some(q), Some(ratio)) = (&r.raw_rusqlite, r.ratio_rusqlite) {
+        println!(
+            "  raw (rusqlite) {:>9.0} msg/s over {:.2}s  cpu {:.1} µs/msg  engine/rusqlite = {ratio:.2}",
+            q.messages_per_second, q.seconds, q.cpu_us_per_message
+        );
+    }
 }
 
 fn say(message: &str) {
@@ -315,6 +408,34 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 print_json(&r);
             } else {
                 print_engine_report(&r);
+            }
+            Ok(EXIT_OK)
+        }
+        BenchCommand::Pipeline(a) => {
+            let plan = bench::pipeline::PipelineBenchPlan {
+                db_url: a.db.clone(),
+                queue_url: a.queue.clone(),
+                messages: a.messages,
+                vehicles: a.vehicles,
+                redelivery_rate: a.redelivery_rate,
+                seed: a.seed,
+                provider_latency: a.provider_latency,
+                provider_concurrency: a.provider_concurrency.max(1),
+                publish_rate: a.publish_rate,
+                runner: RunnerSettings {
+                    lease_batch: a.batch.max(1),
+                    prefetch: a.prefetch,
+                    ..RunnerSettings::default()
+                },
+                durability: a.durability.durability,
+                runs: a.runs,
+                timeout: a.timeout,
+            };
+            let r = bench::pipeline::run(&plan).await.map_err(err)?;
+            if a.json {
+                print_json(&r);
+            } else {
+                print_pipeline_report(&r);
             }
             Ok(EXIT_OK)
         }

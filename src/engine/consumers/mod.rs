@@ -24,6 +24,8 @@ pub mod trip_counter;
 pub mod vehicle_state;
 pub mod zone_exit_sms;
 
+pub(crate) use side_effect::{claim_request, provider_key};
+
 /// How dangerous a second call of the handler is, from the field report's inventory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -31,6 +31,18 @@ pub(crate) fn provider_key(consumer: &str, env: &Envelope) -> String {
     format!("idemwatch-{}", &hex::encode(h.finalize())[..32])
 }
 
+/// What [`Store::claim_batch`](crate::engine::store::Store::claim_batch) is asked for
+/// one message: its key and fingerprint, its provider key, and the message itself,
+/// kept beside the claim for the sweeper.
+pub(crate) fn claim_request(consumer: &str, env: &Envelope) -> ClaimRequest {
+    ClaimRequest {
+        key: env.key(),
+        fingerprint: env.fingerprint(),
+        provider_key: provider_key(consumer, env),
+        message: env.to_json_line().into_bytes(),
+    }
+}
+
 /// Perform `send` at most once per key, according to `mode`.
 pub(crate) async fn perform<F, Fut>(
     consumer: &'static str,
@@ -181,12 +193,7 @@ where
 {
     let requests: Vec<ClaimRequest> = envs
         .iter()
-        .map(|env| ClaimRequest {
-            key: env.key(),
-            fingerprint: env.fingerprint(),
-            provider_key: provider_key(consumer, env),
-            message: env.to_json_line().into_bytes(),
-        })
+        .map(|env| claim_request(consumer, env))
         .collect();
     let claims = deps
         .store

@@ -220,7 +220,7 @@ pub(super) const CLAIM_COLUMNS: &str =
 
 /// The state upsert of one event, shared by the one-by-one and the batch paths:
 /// `INSERT … VALUES (9 columns)` then [`vehicle_upsert_tail`].
-const VEHICLE_UPSERT_HEAD: &str = "INSERT INTO vehicle_state
+pub(crate) const VEHICLE_UPSERT_HEAD: &str = "INSERT INTO vehicle_state
     (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
 
 /// What an event changes in the state row: the columns its type does not carry
@@ -243,7 +243,7 @@ macro_rules! vehicle_upsert_set {
 }
 
 /// The upsert's conflict clause, with the seq guard in its WHERE when `guarded`.
-fn vehicle_upsert_tail(guarded: bool) -> &'static str {
+pub(crate) fn vehicle_upsert_tail(guarded: bool) -> &'static str {
     if guarded {
         concat!(
             vehicle_upsert_set!(),
