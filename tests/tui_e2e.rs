@@ -101,13 +101,13 @@ fn demo_dashboard_end_to_end_in_a_real_terminal() {
 }
 
 /// The dashboard's command line watching `serve` on `port` (target `fleet-1`) and the
-/// env's database, polling every 500 ms; the shell stays after it exits.
+/// env's database (its queue for replays), polling every 500 ms; the shell stays
+/// after it exits.
 fn watch_fleet(env: &TempEnv, port: u16) -> String {
-    tmux::dashboard_command(
-        env,
-        &tmux::one_target_config(env, "fleet-1", port, true),
-        &[],
-    )
+    // The env's queue too: `p` replays a dead letter into it.
+    let toml = tmux::one_target_config(env, "fleet-1", port, true)
+        + &format!("[drills]\nqueue = \"{}\"\n", env.queue_url());
+    tmux::dashboard_command(env, &toml, &[])
 }
 
 #[test]
@@ -141,9 +141,11 @@ fn scrape_target_going_away_shows_down_and_recovers() {
 }
 
 /// The field report's other harm, seen from the dashboard: a producer sends the same
-/// key with another payload. The key_conflict alert names its object; Enter jumps to
-/// the Tables tab on that dead letter; Enter opens its raw bytes; the help scrolls
-/// in a small terminal; `e` writes the report of the window.
+/// key with another payload (and 10 lines of garbage). The key_conflict alert names
+/// its object; Enter jumps to the Tables tab on that dead letter; Enter opens its raw
+/// bytes; `p` then `y` replays it (the database counts the replay); the dead-letter
+/// list scrolls (Home, End, PgDn); the help scrolls in a small terminal; `e` writes
+/// the report of the window, self-contained.
 #[test]
 fn key_conflict_alert_jumps_to_the_dead_letter_and_its_raw_bytes() {
     let env = TempEnv::new();
@@ -157,7 +159,11 @@ fn key_conflict_alert_jumps_to_the_dead_letter_and_its_raw_bytes() {
             "\n",
             r#"{"device_id":"E2E-7","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"Y"}}"#,
             "\n"
-        ),
+        )
+        .to_string()
+            // More dead letters than the panel has rows (40 from 4 consumers), fewer
+            // than the 50 newest the dashboard lists: the list must scroll.
+            + &(0..10).map(|i| format!("not json {i}\n")).collect::<String>(),
     )
     .unwrap();
     let command = watch_fleet(&env, port);
@@ -199,7 +205,63 @@ fn key_conflict_alert_jumps_to_the_dead_letter_and_its_raw_bytes() {
         s.contains(r#"{"device_id":"E2E-7""#),
         "the escaped text:\n{s}"
     );
+
+    // `p` asks, `y` replays it to its consumer's queue; the database counts it.
+    t.keys(&["p"]);
+    t.wait_for("the replay question", Duration::from_secs(10), |s| {
+        s.contains("y replays, Esc cancels")
+    });
+    t.keys(&["y"]);
+    let s = t.wait_for("replayed", Duration::from_secs(30), |s| {
+        s.contains(" replayed to ") || s.contains("not replayed")
+    });
+    let id: i64 = s
+        .split("dead letter #")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no dead letter id in the status line:\n{s}"));
+    assert!(
+        s.contains(&format!("dead letter #{id} replayed to ")),
+        "{s}"
+    );
+    let (code, out, err) = common::run_cli(
+        &env,
+        &["dead-letters", "list", "--json", "--db", &env.db_url()],
+    );
+    assert_eq!(code, 0, "dead-letters list: {err}");
+    let listed: serde_json::Value = serde_json::from_str(&out).expect("list --json");
+    let replayed = listed["dead_letters"]
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["id"].as_i64() == Some(id)))
+        .unwrap_or_else(|| panic!("#{id} not listed: {out}"));
+    assert_eq!(replayed["replay_count"].as_i64(), Some(1), "{replayed}");
     t.keys(&["Escape"]);
+
+    // The dead-letter list (focused after the jump) scrolls: End shows the oldest,
+    // Home the newest, PgDn moves a page.
+    let visible_ids = |s: &str| -> Vec<i64> {
+        s.lines()
+            .filter_map(|l| l.split("│#").nth(1))
+            .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+            .collect()
+    };
+    t.keys(&["Home"]);
+    let top = t.wait_for("the newest dead letters", Duration::from_secs(10), |s| {
+        !visible_ids(s).is_empty() && !visible_ids(s).contains(&1)
+    });
+    let newest = visible_ids(&top)[0];
+    t.keys(&["End"]);
+    let bottom = t.wait_for("the oldest dead letter", Duration::from_secs(10), |s| {
+        visible_ids(s).contains(&1)
+    });
+    assert!(!visible_ids(&bottom).contains(&newest), "{bottom}");
+    // Three pages (PgDn moves 10 rows): past what the panel shows at 40 rows.
+    t.keys(&["Home", "PageDown", "PageDown", "PageDown"]);
+    t.wait_for("pages down", Duration::from_secs(10), |s| {
+        let ids = visible_ids(s);
+        !ids.is_empty() && !ids.contains(&newest) && !ids.contains(&1)
+    });
 
     // A small terminal: the compact header, and help that scrolls.
     t.tmux(&["resize-window", "-t", "e2e", "-x", "80", "-y", "24"]);
@@ -230,6 +292,13 @@ fn key_conflict_alert_jumps_to_the_dead_letter_and_its_raw_bytes() {
         page.contains("<svg") && page.contains("key_conflict"),
         "{page}"
     );
+    // Self-contained: nothing is loaded from outside (a mail attachment opens it).
+    for external in ["src=", "href=\"http", "<link", "url(", "@import"] {
+        assert!(
+            !page.contains(external),
+            "the report loads {external}…:\n{page}"
+        );
+    }
     t.keys(&["q"]);
 }
 
