@@ -129,8 +129,26 @@ async fn an_expired_claim_is_redriven_with_its_provider_key_without_a_redelivery
     let early = engine.sweep_claims().await.unwrap();
     assert_eq!(early.in_doubt, 0, "{early:?}");
     tokio::time::sleep(lease * 2).await;
+    let before = engine.summary().consumers[zone_exit_sms::NAME].clone();
     let swept = engine.sweep_claims().await.unwrap();
     assert_eq!((swept.in_doubt, swept.finished), (1, 1), "{swept:?}");
+    // Finished by the sweep, counted as processed once (the runner never counted
+    // it: its worker died), the resend as a provider replay.
+    let after = &engine.summary().consumers[zone_exit_sms::NAME];
+    assert_eq!(
+        (
+            after.processed - before.processed,
+            after.side_effects_suppressed - before.side_effects_suppressed,
+            after.dead_lettered - before.dead_lettered
+        ),
+        (1, 1, 0),
+        "{after:?}"
+    );
+    assert!(engine.metrics.encode().contains(&format!(
+        "idem_messages_processed_total{{consumer=\"{}\"}} {}",
+        zone_exit_sms::NAME,
+        after.processed
+    )));
     let claim = engine
         .store
         .claim(zone_exit_sms::NAME, &env.key())

@@ -382,6 +382,7 @@ impl Engine {
         let sweeper = sweeper::run(
             self.consumers.clone(),
             self.store.clone(),
+            self.metrics.clone(),
             self.deps.claim_lease,
             shutdown.clone(),
         );
@@ -407,7 +408,13 @@ impl Engine {
     /// Re-drive this engine's in-doubt claims once (what [`Engine::run`] does on
     /// its own every [`sweeper::interval`]).
     pub async fn sweep_claims(&self) -> Result<sweeper::SweepReport, EngineError> {
-        Ok(sweeper::sweep(&self.consumers, self.store.as_ref(), self.deps.claim_lease).await?)
+        Ok(sweeper::sweep(
+            &self.consumers,
+            self.store.as_ref(),
+            &self.metrics,
+            self.deps.claim_lease,
+        )
+        .await?)
     }
 
     /// Refresh `idem_side_effect_claims_in_doubt` from the claims table.

@@ -11,6 +11,12 @@
 //! already gone out. A redelivery racing the sweeper loses the compare-and-set and
 //! comes back later as a duplicate: one effect either way.
 //!
+//! A message the sweeper finishes is counted as the runner counts one it finishes
+//! (`idem_messages_processed_total`, `idem_dead_letters_total{reason}`; the side
+//! effect itself is counted by the handler): the runner never sees it again but as
+//! a duplicate, so without this the processed count would miss every message a
+//! sweep finished and the duplicate ratio would read too high.
+//!
 //! Claims taken before the message was kept (NULL) cannot be re-driven here; they
 //! wait for a redelivery or `idemwatch claims resolve`.
 
@@ -24,6 +30,7 @@ use tokio::sync::watch;
 use super::consumers::{Consumer, ConsumerMode, HandleError, Outcome};
 use super::crash::CrashPlan;
 use super::envelope::Envelope;
+use super::metrics::Metrics;
 use super::store::{Store, StoreError};
 
 /// Claims re-driven per sweep at most: a sweep after a long provider outage must
@@ -51,6 +58,7 @@ pub struct SweepReport {
 pub async fn sweep(
     consumers: &[Arc<dyn Consumer>],
     store: &dyn Store,
+    metrics: &Metrics,
     lease: Duration,
 ) -> Result<SweepReport, StoreError> {
     let claiming: Vec<&Arc<dyn Consumer>> = consumers
@@ -78,6 +86,7 @@ pub async fn sweep(
         };
         match consumer.handle(&env, &CrashPlan::none()).await {
             Ok(Outcome::Processed { .. }) => {
+                metrics.processed(consumer.name());
                 tracing::info!(consumer = consumer.name(), key = %s.claim.message_key,
                     attempts = s.claim.attempts + 1, "claim sweeper: in-doubt claim finished");
                 report.finished += 1;
@@ -87,6 +96,7 @@ pub async fn sweep(
                 store
                     .dead_letter(consumer.name(), r.reason, &r.detail, &raw)
                     .await?;
+                metrics.dead_lettered(consumer.name(), r.reason);
                 report.dead_lettered += 1;
             }
             Ok(Outcome::Retry(retry)) => {
@@ -112,6 +122,7 @@ pub fn interval(lease: Duration) -> Duration {
 pub async fn run(
     consumers: Vec<Arc<dyn Consumer>>,
     store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
     lease: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -124,7 +135,7 @@ pub async fn run(
         if *shutdown.borrow() {
             return;
         }
-        match sweep(&consumers, store.as_ref(), lease).await {
+        match sweep(&consumers, store.as_ref(), &metrics, lease).await {
             Ok(r) if r.in_doubt > 0 => tracing::info!(?r, "claim sweep"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "claim sweep failed; trying again later"),
