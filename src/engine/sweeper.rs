@@ -12,7 +12,7 @@
 //! comes back later as a duplicate: one effect either way.
 //!
 //! A message the sweeper finishes is counted as the runner counts one it finishes
-//! (`idem_messages_processed_total`, `idem_dead_letters_total{reason}`; the side
+//! (`idem_messages_processed_total`, `idem_dead_lettered_total{reason}`; the side
 //! effect itself is counted by the handler): the runner never sees it again but as
 //! a duplicate, so without this the processed count would miss every message a
 //! sweep finished and the duplicate ratio would read too high.
