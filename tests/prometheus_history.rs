@@ -366,6 +366,13 @@ fn a_report_from_the_history_shows_the_duplicates_and_the_restart() {
             "the duplicates happened before the report was asked: {duplicates_at:?} vs {asked_at}"
         );
     }
+    // Redeliveries and dead letters per consumer come from the history too (every
+    // family is exported at 0, so Prometheus has a rate for each, zero or not).
+    for c in consumers {
+        for rate in ["redelivered_per_second", "dead_lettered_per_second"] {
+            assert!(c[rate].as_f64().is_some_and(|v| v >= 0.0), "{rate}: {c:#}");
+        }
+    }
     fleet.assert_restart_from_prometheus(&report["markers"]);
 }
 

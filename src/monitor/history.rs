@@ -58,7 +58,8 @@ pub struct HistoryPoint {
     pub duplicate_ratio: Option<f64>,
     pub processed_per_second: Option<f64>,
     pub duplicate_dropped_per_second: Option<f64>,
-    /// Not in the JSON document (SPEC §8 fixes its shape); charted and reported.
+    /// Not in the JSON document (SPEC §8 fixes its shape): read at the chart's
+    /// cursor and in a report.
     #[serde(skip)]
     pub redelivered_per_second: Option<f64>,
     #[serde(skip)]

@@ -77,6 +77,10 @@ pub struct ConsumerChart {
     /// Overview's `dup %` column as it stood then.
     pub duplicate_ratio_1m: Vec<Point>,
     pub duplicate_ratio_5m: Vec<Point>,
+    /// Deliveries flagged redelivered, and dead letters (all reasons), per second:
+    /// read at the chart's cursor and in a report, history and own scrapes alike.
+    pub redelivered_per_s: Vec<Point>,
+    pub dead_lettered_per_s: Vec<Point>,
 }
 
 /// A broker's redeliveries per second over the current zoom span.
@@ -520,6 +524,8 @@ impl Monitor {
                         duplicate_ratio: Vec::new(),
                         duplicate_ratio_1m: Vec::new(),
                         duplicate_ratio_5m: Vec::new(),
+                        redelivered_per_s: Vec::new(),
+                        dead_lettered_per_s: Vec::new(),
                     });
                     charts.len() - 1
                 }
@@ -537,6 +543,10 @@ impl Monitor {
                 .splice(0..0, part(|p| p.duplicate_ratio));
             c.duplicate_ratio_5m
                 .splice(0..0, part(|p| p.duplicate_ratio));
+            c.redelivered_per_s
+                .splice(0..0, part(|p| p.redelivered_per_second));
+            c.dead_lettered_per_s
+                .splice(0..0, part(|p| p.dead_lettered_per_second));
         }
         charts
     }
@@ -614,6 +624,8 @@ fn chart(
         duplicate_ratio: series.duplicate_ratio.window(now, span),
         duplicate_ratio_1m: series.duplicate_ratio_1m.window(now, span),
         duplicate_ratio_5m: series.duplicate_ratio_5m.window(now, span),
+        redelivered_per_s: series.redelivered_per_s.window(now, span),
+        dead_lettered_per_s: series.dead_lettered_per_s.window(now, span),
     }
 }
 

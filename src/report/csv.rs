@@ -34,9 +34,11 @@ pub fn table(r: &Report) -> String {
             "duplicate_ratio",
             &opt(c.duplicate_ratio),
             &format!(
-                "processed_per_second={} duplicate_dropped_per_second={}",
+                "processed_per_second={} duplicate_dropped_per_second={} redelivered_per_second={} dead_lettered_per_second={}",
                 opt(c.processed_per_second),
-                opt(c.duplicate_dropped_per_second)
+                opt(c.duplicate_dropped_per_second),
+                opt(c.redelivered_per_second),
+                opt(c.dead_lettered_per_second)
             ),
         ]);
         for p in &c.points {
@@ -48,6 +50,8 @@ pub fn table(r: &Report) -> String {
                     "duplicate_dropped_per_second",
                     p.duplicate_dropped_per_second,
                 ),
+                ("redelivered_per_second", p.redelivered_per_second),
+                ("dead_lettered_per_second", p.dead_lettered_per_second),
             ] {
                 row(["point", &t, &c.target, &c.consumer, name, &opt(v), ""]);
             }

@@ -250,6 +250,8 @@ pub fn page(r: &Report) -> String {
             "dup/s",
             "dup %",
             "peak dup %",
+            "redeliv/s",
+            "dead/s",
         ],
         r.consumers
             .iter()
@@ -261,6 +263,8 @@ pub fn page(r: &Report) -> String {
                     rate(c.duplicate_dropped_per_second),
                     pct(c.duplicate_ratio),
                     pct(c.peak_duplicate_ratio),
+                    rate(c.redelivered_per_second),
+                    rate(c.dead_lettered_per_second),
                 ]
             })
             .collect(),

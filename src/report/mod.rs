@@ -38,6 +38,10 @@ pub struct ReportPoint {
     pub duplicate_ratio: Option<f64>,
     pub processed_per_second: Option<f64>,
     pub duplicate_dropped_per_second: Option<f64>,
+    /// Beyond `snapshot --json`'s shape: deliveries flagged redelivered and dead
+    /// letters (all reasons) per second.
+    pub redelivered_per_second: Option<f64>,
+    pub dead_lettered_per_second: Option<f64>,
 }
 
 /// One consumer over the window.
@@ -51,6 +55,9 @@ pub struct ConsumerReport {
     /// Mean duplicates over mean traffic (SPEC §5), and the highest point.
     pub duplicate_ratio: Option<f64>,
     pub peak_duplicate_ratio: Option<f64>,
+    /// Means over the window's points, like the rates above.
+    pub redelivered_per_second: Option<f64>,
+    pub dead_lettered_per_second: Option<f64>,
     pub points: Vec<ReportPoint>,
 }
 
@@ -100,6 +107,10 @@ impl ConsumerReport {
                 .iter()
                 .filter_map(|p| p.duplicate_ratio)
                 .reduce(f64::max),
+            redelivered_per_second: mean(points.iter().filter_map(|p| p.redelivered_per_second)),
+            dead_lettered_per_second: mean(
+                points.iter().filter_map(|p| p.dead_lettered_per_second),
+            ),
             points,
         }
     }
@@ -144,6 +155,11 @@ impl Report {
                         processed_per_second: c.processed_per_s.get(i).and_then(|p| p.value),
                         duplicate_dropped_per_second: c
                             .duplicates_per_s
+                            .get(i)
+                            .and_then(|p| p.value),
+                        redelivered_per_second: c.redelivered_per_s.get(i).and_then(|p| p.value),
+                        dead_lettered_per_second: c
+                            .dead_lettered_per_s
                             .get(i)
                             .and_then(|p| p.value),
                     })

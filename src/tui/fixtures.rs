@@ -466,6 +466,8 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                 duplicate_ratio: ratio_series(0.004 + i as f64 * 0.001),
                 duplicate_ratio_1m: ratio_series(0.004 + i as f64 * 0.001),
                 duplicate_ratio_5m: ratio_series(0.004 + i as f64 * 0.001),
+                redelivered_per_s: rate_series(0.8 + i as f64 * 0.2),
+                dead_lettered_per_s: rate_series(0.0),
             })
             .collect(),
         brokers: vec![BrokerStatus {

@@ -95,6 +95,10 @@ struct Plot<'a> {
     /// The line left of this time is the Prometheus server's history, right of it
     /// the dashboard's own scrapes.
     history_until: Option<DateTime<Utc>>,
+    /// Redeliveries and dead letters per second of the charted consumers, read at
+    /// the cursor (not drawn: the chart's scale is a ratio).
+    redelivered: Vec<Segments>,
+    dead_lettered: Vec<Segments>,
 }
 
 /// The y axis: a clamped linear scale, or a log one.
@@ -237,6 +241,14 @@ fn plot<'a>(app: &'a App, charts: &[(usize, &ConsumerChart)]) -> Option<Plot<'a>
         markers,
         scale,
         history_until,
+        redelivered: charts
+            .iter()
+            .map(|(_, c)| segments(&c.redelivered_per_s, now, 1.0))
+            .collect(),
+        dead_lettered: charts
+            .iter()
+            .map(|(_, c)| segments(&c.dead_lettered_per_s, now, 1.0))
+            .collect(),
     })
 }
 
@@ -620,21 +632,39 @@ fn cursor(
         format!("cursor {}: ", axis_time(at, plot.span.min(600))),
         theme.key,
     )];
-    for (i, name, segs) in &plot.series {
-        let nearest = segs
-            .iter()
+    let reach = half.max(plot.span as f64 / 60.0);
+    let nearest = |segs: &Segments| {
+        segs.iter()
             .flatten()
             .min_by(|a, b| (a.0 - secs).abs().total_cmp(&(b.0 - secs).abs()))
-            .filter(|p| (p.0 - secs).abs() <= half.max(plot.span as f64 / 60.0));
+            .filter(|p| (p.0 - secs).abs() <= reach)
+            .map(|p| p.1)
+    };
+    for (i, name, segs) in &plot.series {
         let short = name.split('/').nth(1).unwrap_or(name);
         spans.push(Span::styled(
             format!(
                 "{short} {}  ",
-                nearest.map_or("—".to_string(), |p| format!("{:.3}%", p.1))
+                nearest(segs).map_or("—".to_string(), |v| format!("{v:.3}%"))
             ),
             theme.series(*i),
         ));
     }
+    // Summed over the charted consumers: what the duplicates came from, and what
+    // was lost to the dead letters, at that moment (history or own scrapes).
+    let sum = |all: &[Segments]| {
+        all.iter()
+            .filter_map(nearest)
+            .fold(None, |acc: Option<f64>, v| Some(acc.unwrap_or(0.0) + v))
+    };
+    spans.push(Span::styled(
+        format!(
+            "redeliv {}/s dead {}/s  ",
+            format::rate(sum(&plot.redelivered)),
+            format::rate(sum(&plot.dead_lettered))
+        ),
+        theme.dim,
+    ));
     for m in &plot.markers {
         let ms = -(plot.now - m.at).num_milliseconds() as f64 / 1000.0;
         if (ms - secs).abs() <= half.max(1.0) {
