@@ -33,6 +33,7 @@ on_every_backend!(
     handling_duplicates_equals_handling_once,
     racing_workers_never_double_an_effect,
     a_batch_of_zone_exits_is_sent_concurrently_and_once,
+    zone_exits_among_other_events_fill_a_batch_across_leases,
     one_key_many_concurrent_transactions_one_winner,
     a_batch_is_decided_as_if_one_by_one,
     a_vehicle_batch_is_decided_as_if_one_by_one,
@@ -378,6 +379,83 @@ async fn a_batch_of_zone_exits_is_sent_concurrently_and_once(db: &TestDb) {
             .unwrap();
         assert_eq!(claim.state, store::ClaimState::Sent, "{key}");
     }
+}
+
+/// The SMS consumer's batch gathers its own events across leases: one zone exit in
+/// ten deliveries, a lease of 8, a batch of 8 zone exits — so 8 SMS go out at once,
+/// where a batch of 8 deliveries would hold one. Each still once.
+async fn zone_exits_among_other_events_fill_a_batch_across_leases(db: &TestDb) {
+    let state = sandbox_provider::SandboxState::new();
+    state.set_latency(Duration::from_millis(40));
+    let sandbox = sandbox_provider::spawn_with_state(([127, 0, 0, 1], 0).into(), state.clone())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    cfg.consumers = vec![zone_exit_sms::NAME.into()];
+    cfg.provider_concurrency = 8;
+    cfg.runner = RunnerSettings {
+        lease_batch: 8,
+        prefetch: 8,
+        gather: 400,
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    let keys = 16u64;
+    let device = |k: u64| format!("34-GA-{}", k % 4);
+    let mut bodies: Vec<Vec<u8>> = Vec::new();
+    for k in 0..keys {
+        for j in 0..9 {
+            let position = vehicle_event(&device(k), k * 10 + j, "position", 0);
+            bodies.push(position.to_json_line().into_bytes());
+        }
+        bodies.push(
+            zone_exit(&device(k), k * 10 + 9)
+                .to_json_line()
+                .into_bytes(),
+        );
+    }
+    // Every zone exit redelivered once, after all of them.
+    for k in 0..keys {
+        bodies.push(
+            zone_exit(&device(k), k * 10 + 9)
+                .to_json_line()
+                .into_bytes(),
+        );
+    }
+    engine.publish(&bodies).await.unwrap();
+    engine
+        .worker(zone_exit_sms::NAME, Arc::new(CrashPlan::none()), None)
+        .unwrap()
+        .run_until_idle()
+        .await
+        .unwrap();
+    let sms = &engine.summary().consumers[zone_exit_sms::NAME];
+    assert_eq!((sms.processed, sms.duplicate_dropped), (keys, keys));
+    let sent = state.sent_sms();
+    assert_eq!(sent.len() as u64, keys, "exactly one SMS per key");
+    let distinct: HashSet<_> = sent.iter().map(|s| s.idempotency_key.clone()).collect();
+    assert_eq!(distinct.len() as u64, keys);
+    // Without gathering a batch of 8 deliveries holds at most one zone exit: one call
+    // at a time.
+    let peak = state.peak_in_flight();
+    assert!((3..=8).contains(&peak), "calls in flight at once: {peak}");
+    for k in 0..keys {
+        let key = zone_exit(&device(k), k * 10 + 9).key();
+        let claim = engine
+            .store
+            .claim(zone_exit_sms::NAME, &key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claim.state, store::ClaimState::Sent, "{key}");
+    }
+    assert!(engine
+        .queue
+        .depth(&engine.queue_name(zone_exit_sms::NAME))
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 async fn one_key_many_concurrent_transactions_one_winner(db: &TestDb) {

@@ -171,6 +171,8 @@ pub struct PipelineBenchReport {
     pub queue: String,
     pub batch: usize,
     pub lease_size: usize,
+    /// The most deliveries a batch gathers across leases (`null`: off).
+    pub gather: Option<usize>,
     pub provider_latency_ms: f64,
     pub provider_concurrency: usize,
     /// Messages per second published; `null`: as fast as the queue takes them.
@@ -732,6 +734,7 @@ pub async fn run(plan: &PipelineBenchPlan) -> Result<PipelineBenchReport, BenchE
         queue,
         batch: plan.runner.batch(),
         lease_size: plan.runner.lease_size(),
+        gather: plan.runner.gather_limit(),
         provider_latency_ms: plan.provider_latency.as_secs_f64() * 1000.0,
         provider_concurrency: plan.provider_concurrency,
         publish_rate: plan.publish_rate,

@@ -148,6 +148,9 @@ pub struct PipelineArgs {
     /// As `consume --prefetch`.
     #[arg(long, default_value_t = RunnerSettings::default().prefetch, value_name = "N")]
     pub prefetch: usize,
+    /// As `consume --gather` (0: off).
+    #[arg(long, default_value_t = RunnerSettings::default().gather, value_name = "N")]
+    pub gather: usize,
     /// Messages published per second while the consumers run (default: as fast as
     /// the queue takes them, a backlog).
     #[arg(long, value_name = "PER_SECOND")]
@@ -425,6 +428,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 runner: RunnerSettings {
                     lease_batch: a.batch.max(1),
                     prefetch: a.prefetch,
+                    gather: a.gather,
                     ..RunnerSettings::default()
                 },
                 durability: a.durability.durability,

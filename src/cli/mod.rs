@@ -199,6 +199,11 @@ pub struct EngineArgs {
     /// dies leaves up to this many to come back after the visibility timeout.
     #[arg(long, default_value_t = RunnerSettings::default().prefetch, value_name = "N")]
     pub prefetch: usize,
+    /// The most deliveries one batch gathers across leases until it holds --batch of
+    /// its consumer's own events (the SMS consumer wants ~6 % of a fleet's traffic);
+    /// the other events are acked with it. At most --batch: off.
+    #[arg(long, default_value_t = RunnerSettings::default().gather, value_name = "N")]
+    pub gather: usize,
 
     /// Where `--mode seen-set` keeps its keys: redis://… (SET key NX PX ttl after
     /// success). Default: the database's processed_messages table.
@@ -277,6 +282,7 @@ impl EngineArgs {
             batch_max_wait: self.batch_max_wait,
             pipeline: !self.no_pipeline,
             prefetch: self.prefetch,
+            gather: self.gather,
             retry_delay: Duration::from_millis(self.retry_ms),
             max_retry_delay: Duration::from_millis(self.claim_lease_ms),
             ..RunnerSettings::default()

@@ -169,6 +169,7 @@ impl Rig {
             pipeline: true,
             // One delivery in hand at a time: a drill's trace names each redelivery.
             prefetch: 1,
+            gather: 1,
         };
         cfg
     }
