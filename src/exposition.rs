@@ -2,27 +2,68 @@
 //!
 //! # Why our own parser
 //!
-//! We read two dialects: the classic Prometheus text format (0.0.4) and the
-//! OpenMetrics text that `prometheus-client` (our own engine) emits, with `# EOF`,
-//! `_total` counter samples under a `# TYPE name counter` family and `_created`
-//! samples. The crates considered:
+//! We read two grammars, chosen by the scrape's Content-Type ([`Format`]): the
+//! classic Prometheus text format 0.0.4 (`text/plain`, and whatever a target sends
+//! without a known type) and OpenMetrics 1.0 (`application/openmetrics-text`), which
+//! `prometheus-client` (our own engine) emits. The crates considered:
 //!
 //! - `prometheus-parse` (and `prometheus-scrape`, which it copies): regex per line over
 //!   an iterator of owned `String`s, no notion of `# EOF` or OpenMetrics timestamps
 //!   in seconds, few releases in years.
 //! - `openmetrics-parser`: a pest grammar, LGPL-3.0 (awkward for a statically
-//!   linked MIT binary), rejects text that is not exactly one of the two dialects.
+//!   linked MIT binary).
 //!
-//! The format is line-based and small: name, optional `{labels}` with three escapes,
-//! value (`+Inf`, `NaN`…), optional timestamp. A hand parser with tests
-//! reads both dialects and, on an engine's exposition, allocates nothing per sample:
-//! a name is allocated once per exposition and shared by its samples, a short label
-//! set lives inside its sample. 10,000 samples parse in ~0.7 ms optimised on our
-//! 2-core dev machine (see `bench scrape` in BENCHMARKS.md and
-//! `tests/monitor_prometheus.rs`).
+//! The format is line-based and small. A hand parser reads both grammars and, on an
+//! engine's exposition, allocates nothing per sample: a name is allocated once per
+//! exposition and shared by its samples, a short label set lives inside its sample.
+//! 10,000 samples parse in well under a millisecond optimised (see `bench scrape` in
+//! BENCHMARKS.md).
 //!
-//! Like Prometheus itself we refuse a whole exposition on the first malformed line
-//! (with its line number): a half-read scrape would show wrong rates.
+//! # What is refused
+//!
+//! A whole exposition is refused on its first invalid line, with that line's number
+//! (a half-read scrape would show wrong rates; OpenMetrics: "partial or invalid
+//! expositions MUST be considered erroneous in their entirety").
+//!
+//! In both formats:
+//! - a line that is not a sample, a metadata line or (text only) a comment; a metric
+//!   name outside `[a-zA-Z_:][a-zA-Z0-9_:]*`, a label name outside
+//!   `[a-zA-Z_][a-zA-Z0-9_]*`, the label name `__name__`, a label named twice in one
+//!   sample, an unterminated label value, a value that is not a number (`NaN`,
+//!   `+Inf`, `-Inf`, `Infinity` in any case are numbers; a signed `NaN` is not),
+//!   anything after the timestamp, bytes that are not UTF-8;
+//! - a metric family whose lines are not one group (a sample or metadata line of a
+//!   family after another family began), two families that could give the same
+//!   sample name (a counter `foo` and a gauge `foo_total` in OpenMetrics, a
+//!   histogram `foo` and a family `foo_count`), a second `TYPE` or `HELP` (or
+//!   `UNIT`) for a family, metadata after the family's samples, an unknown type;
+//! - a histogram bucket whose `le`, or a summary sample whose `quantile`, is not a
+//!   number.
+//!
+//! Prometheus text 0.0.4 only: the last line must end with a newline; the timestamp
+//! is an integer (milliseconds); whitespace between tokens, blank lines and `#`
+//! comments are free (`# EOF` is a comment there, lines after it are read); an
+//! exemplar is not text format. An unknown escape in a label value (`\z`) is kept as
+//! written, as Prometheus keeps it (`promtool check metrics` refuses it).
+//!
+//! OpenMetrics 1.0 only (its ABNF and data model): `# EOF` must end the exposition,
+//! nothing after it (an optional final newline aside); single spaces, no blank line,
+//! no comment other than `# TYPE`, `# HELP`, `# UNIT`; no trailing comma in labels;
+//! timestamps are numbers of seconds (not `NaN` or infinite); sample names follow
+//! their family's type (a counter's are `_total` and `_created`, an info's
+//! `_info`…); a `_total`, `_bucket`, `_count`, `_gcount`, `_sum` that is negative or
+//! `NaN` (a `_gsum` that is `NaN`), a fractional `_bucket`, `_count` or `_gcount`; a
+//! bucket without `le` or with `le="NaN"`, a quantile sample without a `quantile`
+//! in [0, 1] or with a negative value; a stateset sample that is not 0 or 1 or lacks
+//! the label named after its family, an info sample that is not 1; a `UNIT` that is
+//! not the suffix of its family's name, or is on an info or stateset; an exemplar
+//! that is malformed, longer than 128 characters of label names and values, or on
+//! anything but a counter's `_total` or a histogram's `_bucket`. An unknown escape is
+//! valid and kept as written.
+//!
+//! Not checked (read as given): the HELP text, a bucket series' order and
+//! cumulativeness, a series given twice, timestamps going backwards. A NUL in a label
+//! value (valid OpenMetrics) is refused: NUL separates [`Labels`]' buffer.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -85,6 +126,34 @@ impl Default for ScrapeLimits {
     }
 }
 
+/// The grammar of a body: its Content-Type says which (the rules differ: `# EOF`,
+/// timestamps in seconds or milliseconds, exemplars, sample names per type).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// `text/plain; version=0.0.4`, and what a target sends without a known type
+    /// (Prometheus falls back to it too).
+    #[default]
+    PrometheusText,
+    /// `application/openmetrics-text; version=1.0.0`.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format a response's Content-Type announces.
+    pub fn from_content_type(content_type: Option<&str>) -> Format {
+        let media = content_type
+            .and_then(|v| v.split(';').next())
+            .map(str::trim)
+            .unwrap_or_default();
+        if media.eq_ignore_ascii_case("application/openmetrics-text") {
+            Format::OpenMetrics
+        } else {
+            Format::PrometheusText
+        }
+    }
+}
+
 /// The `# TYPE` of a metric family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -93,9 +162,93 @@ pub enum MetricType {
     Gauge,
     Histogram,
     Summary,
+    /// Prometheus text's type for a family without (or with an `untyped`) `TYPE`.
     Untyped,
-    /// OpenMetrics-only types (`info`, `stateset`, `gaugehistogram`, `unknown`).
-    Other,
+    /// OpenMetrics' type for a family without `TYPE`.
+    Unknown,
+    GaugeHistogram,
+    StateSet,
+    Info,
+}
+
+/// What a sample is within its family: the suffix its name adds to the family's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// No suffix: a gauge's, an untyped's, a summary's quantile, a stateset's state.
+    Value,
+    Total,
+    Created,
+    Bucket,
+    Sum,
+    Count,
+    GaugeSum,
+    GaugeCount,
+    Info,
+}
+
+impl MetricType {
+    /// A `# TYPE` line's type, if the format has it.
+    fn parse(kind: &str, format: Format) -> Option<MetricType> {
+        let shared = match kind {
+            "counter" => Some(MetricType::Counter),
+            "gauge" => Some(MetricType::Gauge),
+            "histogram" => Some(MetricType::Histogram),
+            "summary" => Some(MetricType::Summary),
+            _ => None,
+        };
+        shared.or(match (format, kind) {
+            (Format::PrometheusText, "untyped") => Some(MetricType::Untyped),
+            (Format::OpenMetrics, "unknown") => Some(MetricType::Unknown),
+            (Format::OpenMetrics, "gaugehistogram") => Some(MetricType::GaugeHistogram),
+            (Format::OpenMetrics, "stateset") => Some(MetricType::StateSet),
+            (Format::OpenMetrics, "info") => Some(MetricType::Info),
+            _ => None,
+        })
+    }
+
+    /// The type of a family no `TYPE` line names.
+    fn undeclared(format: Format) -> MetricType {
+        match format {
+            Format::PrometheusText => MetricType::Untyped,
+            Format::OpenMetrics => MetricType::Unknown,
+        }
+    }
+
+    /// The sample names of a family of this type: the family's name plus one of
+    /// these suffixes (text 0.0.4 has no `_total` rule and no `_created`).
+    fn suffixes(self, format: Format) -> &'static [(&'static str, Role)] {
+        use Role::*;
+        match (format, self) {
+            (Format::OpenMetrics, MetricType::Counter) => {
+                &[("_total", Total), ("_created", Created)]
+            }
+            (Format::OpenMetrics, MetricType::Summary) => &[
+                ("", Value),
+                ("_sum", Sum),
+                ("_count", Count),
+                ("_created", Created),
+            ],
+            (Format::OpenMetrics, MetricType::Histogram) => &[
+                ("_bucket", Bucket),
+                ("_sum", Sum),
+                ("_count", Count),
+                ("_created", Created),
+            ],
+            (_, MetricType::GaugeHistogram) => &[
+                ("_bucket", Bucket),
+                ("_gsum", GaugeSum),
+                ("_gcount", GaugeCount),
+            ],
+            (_, MetricType::Info) => &[("_info", Info)],
+            (Format::PrometheusText, MetricType::Summary) => {
+                &[("", Value), ("_sum", Sum), ("_count", Count)]
+            }
+            (Format::PrometheusText, MetricType::Histogram) => {
+                &[("_bucket", Bucket), ("_sum", Sum), ("_count", Count)]
+            }
+            _ => &[("", Value)],
+        }
+    }
 }
 
 /// One sample line.
@@ -225,8 +378,11 @@ pub struct Exposition {
     pub samples: Vec<Sample>,
     /// Family name → type, from `# TYPE` lines.
     pub types: HashMap<String, MetricType>,
-    /// The OpenMetrics terminator was present.
+    /// The OpenMetrics terminator was read (always, in an OpenMetrics exposition
+    /// that parsed; never in Prometheus text, where `# EOF` is a comment).
     pub saw_eof: bool,
+    /// The grammar it was read with.
+    pub format: Format,
 }
 
 impl Exposition {
@@ -266,10 +422,12 @@ impl Exposition {
         if let Some(t) = self.types.get(sample_name) {
             return Some(*t);
         }
-        ["_total", "_created", "_bucket", "_sum", "_count"]
-            .iter()
-            .filter_map(|suffix| sample_name.strip_suffix(suffix))
-            .find_map(|family| self.types.get(family).copied())
+        [
+            "_total", "_created", "_bucket", "_sum", "_count", "_gsum", "_gcount", "_info",
+        ]
+        .iter()
+        .filter_map(|suffix| sample_name.strip_suffix(suffix))
+        .find_map(|family| self.types.get(family).copied())
     }
 }
 
@@ -295,13 +453,36 @@ impl<'e> ByName<'e> {
     }
 }
 
-/// What one parse reuses from line to line: the names seen so far (one `Arc` each)
-/// and the buffer labels are unescaped into.
+/// One metric family as its lines arrive: what its metadata said, and whether its
+/// samples began (its metadata must come first).
+struct Family {
+    name: Arc<str>,
+    kind: MetricType,
+    /// Its first line, for the message when it comes back.
+    line: usize,
+    typed: bool,
+    helped: bool,
+    unit: Option<Box<str>>,
+    sampled: bool,
+}
+
+/// What one parse reuses from line to line: the names seen so far (one `Arc` each),
+/// the buffer labels are unescaped into, and the families (each one group of
+/// lines, no two giving the same sample name).
 #[derive(Default)]
 struct ParseState {
+    format: Format,
     names: HashSet<Arc<str>>,
     current: Option<Arc<str>>,
     labels: String,
+    exemplar_labels: String,
+    family: Option<Family>,
+    /// Every sample name an ended family could give → that family and its first
+    /// line: a name met again belongs to a family that is over.
+    claimed: HashMap<Box<str>, (Arc<str>, usize)>,
+    /// The previous sample's name and its role in `family` (names are shared:
+    /// compared by pointer, so a family's run of samples costs no lookup).
+    last: Option<(Arc<str>, Role)>,
 }
 
 impl ParseState {
@@ -319,33 +500,183 @@ impl ParseState {
             }
         }
         let end = name_end(bytes, start);
-        let text = &line[start..end];
-        let name = match self.names.get(text) {
+        let name = self.intern(&line[start..end]);
+        self.current = Some(name.clone());
+        (name, end)
+    }
+
+    fn intern(&mut self, text: &str) -> Arc<str> {
+        match self.names.get(text) {
             Some(name) => name.clone(),
             None => {
                 let name: Arc<str> = Arc::from(text);
                 self.names.insert(name.clone());
                 name
             }
+        }
+    }
+
+    /// The current family is over: the sample names it could give are taken.
+    fn end_family(&mut self) {
+        self.last = None;
+        if let Some(f) = self.family.take() {
+            for (suffix, _) in f.kind.suffixes(self.format) {
+                self.claimed
+                    .entry(format!("{}{suffix}", f.name).into())
+                    .or_insert_with(|| (f.name.clone(), f.line));
+            }
+            self.claimed
+                .entry(f.name.as_ref().into())
+                .or_insert_with(|| (f.name.clone(), f.line));
+        }
+    }
+
+    /// Whether an ended family could give `name`.
+    fn clash(&self, name: &str) -> Result<(), String> {
+        match self.claimed.get(name) {
+            None => Ok(()),
+            Some((family, first)) if **family == *name => Err(format!(
+                "metric family {name} again: its lines began at line {first} and must be one group"
+            )),
+            Some((family, first)) => Err(format!(
+                "{name} clashes with metric family {family} (line {first})"
+            )),
+        }
+    }
+
+    /// A family begins at `line` (a metadata line or a sample of another name).
+    fn begin_family(&mut self, name: Arc<str>, line: usize) -> Result<&mut Family, String> {
+        self.end_family();
+        self.clash(&name)?;
+        Ok(self.family.insert(Family {
+            name,
+            kind: MetricType::undeclared(self.format),
+            line,
+            typed: false,
+            helped: false,
+            unit: None,
+            sampled: false,
+        }))
+    }
+
+    /// The family a metadata line names, which must not have had samples yet.
+    fn metadata_family(
+        &mut self,
+        name: &str,
+        line: usize,
+        what: &str,
+    ) -> Result<&mut Family, String> {
+        if !is_metric_name(name) {
+            return Err(format!("{what}: {name:?} is not a metric name"));
+        }
+        self.last = None;
+        let family = match self.family.take() {
+            Some(f) if *f.name == *name => self.family.insert(f),
+            other => {
+                self.family = other;
+                let name = self.intern(name);
+                self.begin_family(name, line)?
+            }
         };
-        self.current = Some(name.clone());
-        (name, end)
+        if family.sampled {
+            return Err(format!("{what} for {name} after its samples"));
+        }
+        Ok(family)
+    }
+
+    /// `# TYPE name kind`.
+    fn declare_type(&mut self, name: &str, kind: &str, line: usize) -> Result<MetricType, String> {
+        let format = self.format;
+        let Some(kind) = MetricType::parse(kind, format) else {
+            return Err(format!("TYPE {name}: unknown type {kind:?}"));
+        };
+        let family = self.metadata_family(name, line, "TYPE")?;
+        if family.typed {
+            return Err(format!("a second TYPE for {name}"));
+        }
+        family.typed = true;
+        family.kind = kind;
+        let unit_ok =
+            family.unit.is_none() || !matches!(kind, MetricType::Info | MetricType::StateSet);
+        for (suffix, _) in kind.suffixes(format) {
+            let sample = format!("{name}{suffix}");
+            if let Some((family, first)) = self.claimed.get(sample.as_str()) {
+                return Err(format!(
+                    "{name} ({kind:?}) clashes with metric family {family} (line {first}): both give {sample}"
+                ));
+            }
+        }
+        if !unit_ok {
+            return Err(format!("{name}: an {kind:?} family has no UNIT"));
+        }
+        Ok(kind)
+    }
+
+    /// The role of a sample named `name` in the current family, or in a new one of
+    /// that name (without `TYPE`).
+    fn role_of(&mut self, name: &Arc<str>, line: usize) -> Result<(Role, MetricType), String> {
+        if let (Some((last, role)), Some(f)) = (&self.last, &self.family) {
+            if Arc::ptr_eq(last, name) {
+                return Ok((*role, f.kind));
+            }
+        }
+        let format = self.format;
+        let found = self.family.as_ref().and_then(|f| {
+            let rest = name.strip_prefix(&*f.name)?;
+            let suffixes = f.kind.suffixes(format);
+            suffixes.iter().find(|(s, _)| *s == rest).map(|(_, r)| *r)
+        });
+        let family = match found {
+            Some(_) => self.family.as_mut(),
+            None => {
+                if let Some(f) = self.family.as_ref().filter(|f| *f.name == **name) {
+                    let names: Vec<String> = f
+                        .kind
+                        .suffixes(format)
+                        .iter()
+                        .map(|(s, _)| format!("{name}{s}"))
+                        .collect();
+                    return Err(format!(
+                        "{name}: the samples of a {:?} family are named {}",
+                        f.kind,
+                        names.join(", ")
+                    ));
+                }
+                Some(self.begin_family(name.clone(), line)?)
+            }
+        };
+        let role = found.unwrap_or(Role::Value);
+        let kind = family.map_or(MetricType::undeclared(format), |f| {
+            f.sampled = true;
+            f.kind
+        });
+        self.last = Some((name.clone(), role));
+        Ok((role, kind))
     }
 }
 
 /// Parse a Prometheus or OpenMetrics text exposition (with the default
 /// [`ScrapeLimits`] on lines and samples).
-pub fn parse(text: &str) -> Result<Exposition, ParseError> {
-    let mut parser = Parser::default();
-    parser.lines(text)?;
-    Ok(parser.out)
+pub fn parse(text: &str, format: Format) -> Result<Exposition, ParseError> {
+    let mut parser = Parser::new(format, ScrapeLimits::default());
+    // Already text: the complete lines need no UTF-8 check (`feed` does one).
+    match memchr::memrchr(b'\n', text.as_bytes()) {
+        Some(end) => {
+            parser.lines(&text[..end])?;
+            parser
+                .pending
+                .extend_from_slice(&text.as_bytes()[end + 1..]);
+            parser.check_pending()?;
+        }
+        None => parser.pending.extend_from_slice(text.as_bytes()),
+    }
+    parser.finish()
 }
 
 /// A parse fed with a body's pieces as they arrive ([`Parser::feed`]), so that the
 /// lines already received are parsed while the exporter is still encoding the
 /// rest. Gives the same exposition, and the same error at the same line, as
 /// [`parse`] of the whole body.
-#[derive(Default)]
 pub struct Parser {
     out: Exposition,
     state: ParseState,
@@ -357,12 +688,21 @@ pub struct Parser {
 }
 
 impl Parser {
-    /// A parser that refuses lines and sample counts past `limits` (the body cap is
-    /// the reader's: see [`Scraper`]).
-    pub fn with_limits(limits: ScrapeLimits) -> Parser {
+    /// A parser of `format` that refuses lines and sample counts past `limits`
+    /// (the body cap is the reader's: see [`Scraper`]).
+    pub fn new(format: Format, limits: ScrapeLimits) -> Parser {
         Parser {
+            out: Exposition {
+                format,
+                ..Exposition::default()
+            },
+            state: ParseState {
+                format,
+                ..ParseState::default()
+            },
+            line: 0,
+            pending: Vec::new(),
             limits,
-            ..Parser::default()
         }
     }
 
@@ -387,7 +727,7 @@ impl Parser {
 
     /// Parse the complete lines of what arrived, keeping an incomplete last line
     /// for the next piece. A line never splits a UTF-8 character: a piece's
-    /// complete lines are checked (invalid bytes become U+FFFD) on their own.
+    /// complete lines are checked on their own.
     pub fn feed(&mut self, piece: &[u8]) -> Result<(), ParseError> {
         let mut piece = piece;
         if !self.pending.is_empty() {
@@ -418,34 +758,58 @@ impl Parser {
         let last = std::mem::take(&mut self.pending);
         if !last.is_empty() {
             self.complete_lines(&last)?;
+            if self.state.format == Format::PrometheusText {
+                return Err(ParseError::malformed(
+                    self.line,
+                    "the last line does not end with a newline".into(),
+                ));
+            }
+        }
+        if self.state.format == Format::OpenMetrics && !self.out.saw_eof {
+            return Err(ParseError::malformed(
+                self.line + 1,
+                "no # EOF at the end (an OpenMetrics exposition ends with it)".into(),
+            ));
         }
         Ok(self.out)
     }
 
-    /// Lines whose ends arrived, without the last newline.
+    /// Lines whose ends arrived, without the last newline. Bytes that are not UTF-8
+    /// are refused on their line (after the lines before it are read).
     fn complete_lines(&mut self, bytes: &[u8]) -> Result<(), ParseError> {
         match std::str::from_utf8(bytes) {
             Ok(text) => self.lines(text),
-            Err(_) => self.lines(&String::from_utf8_lossy(bytes)),
+            Err(e) => {
+                let valid = &bytes[..e.valid_up_to()];
+                if let Some(end) = memchr::memrchr(b'\n', valid) {
+                    // Cut at a newline inside the valid part: UTF-8 still.
+                    self.lines(std::str::from_utf8(&valid[..end]).unwrap_or_default())?;
+                }
+                Err(ParseError::malformed(
+                    self.line + 1,
+                    "bytes that are not UTF-8".into(),
+                ))
+            }
         }
     }
 
     /// Parse each line of `text` (split on `\n`, the last one included whatever it
-    /// ends with). Lines after the OpenMetrics terminator are ignored.
+    /// ends with).
     fn lines(&mut self, text: &str) -> Result<(), ParseError> {
-        for raw in split_lines(text) {
-            if self.out.saw_eof {
-                break;
-            }
+        for line in split_lines(text) {
             self.line += 1;
-            if raw.len() > self.limits.max_line_bytes {
+            if line.len() > self.limits.max_line_bytes {
                 return Err(self.too_large(
                     self.line,
                     format!("a line longer than {} bytes", self.limits.max_line_bytes),
                 ));
             }
-            self.line_of(raw)
-                .map_err(|message| ParseError::malformed(self.line, message))?;
+            let read = match self.state.format {
+                _ if self.out.saw_eof => Err("a line after # EOF".into()),
+                Format::PrometheusText => self.text_line(line),
+                Format::OpenMetrics => self.openmetrics_line(line),
+            };
+            read.map_err(|message| ParseError::malformed(self.line, message))?;
             if self.out.samples.len() > self.limits.max_samples {
                 return Err(self.too_large(
                     self.line,
@@ -456,36 +820,311 @@ impl Parser {
         Ok(())
     }
 
-    fn line_of(&mut self, raw: &str) -> Result<(), String> {
-        let out = &mut self.out;
-        let line = raw.strip_suffix('\r').unwrap_or(raw);
-        // A line starting with a name or `#` is not blank: no need to trim it.
-        let starts_visible = line
-            .as_bytes()
-            .first()
-            .is_some_and(|b| b.is_ascii_graphic());
-        if !starts_visible && line.trim().is_empty() {
+    /// A Prometheus text 0.0.4 line: blank, a comment (`# HELP`, `# TYPE` or free
+    /// text), or a sample; blanks and tabs around tokens are free.
+    fn text_line(&mut self, line: &str) -> Result<(), String> {
+        let start = skip_blanks(line.as_bytes(), 0);
+        let Some(&first) = line.as_bytes().get(start) else {
             return Ok(());
+        };
+        if first != b'#' {
+            return self.sample(line, start);
         }
-        if let Some(comment) = line.strip_prefix('#') {
-            let comment = comment.trim_start();
-            if comment.trim_end() == "EOF" {
-                out.saw_eof = true;
-                return Ok(());
-            }
-            if let Some(rest) = comment.strip_prefix("TYPE ") {
-                let mut parts = rest.split_whitespace();
-                let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
-                    return Err("TYPE line without a name and a type".into());
+        let mut tokens = line[start + 1..]
+            .split([' ', '\t'])
+            .filter(|t| !t.is_empty());
+        match tokens.next() {
+            Some("TYPE") => {
+                let (Some(name), Some(kind), None) = (tokens.next(), tokens.next(), tokens.next())
+                else {
+                    return Err("TYPE wants a metric name and a type".into());
                 };
-                out.types.insert(name.to_string(), metric_type(kind));
+                let kind = self.state.declare_type(name, kind, self.line)?;
+                self.out.types.insert(name.to_string(), kind);
             }
-            // HELP, UNIT and free comments carry nothing we chart.
-            return Ok(());
+            Some("HELP") => {
+                let Some(name) = tokens.next() else {
+                    return Err("HELP without a metric name".into());
+                };
+                let family = self.state.metadata_family(name, self.line, "HELP")?;
+                if std::mem::replace(&mut family.helped, true) {
+                    return Err(format!("a second HELP for {name}"));
+                }
+            }
+            // A free comment (`# EOF` is one in this format).
+            _ => {}
         }
-        out.samples.push(parse_sample(line, &mut self.state)?);
         Ok(())
     }
+
+    /// An OpenMetrics 1.0 line: a sample, `# TYPE|HELP|UNIT name …` or `# EOF`,
+    /// single spaces, nothing else.
+    fn openmetrics_line(&mut self, line: &str) -> Result<(), String> {
+        if !line.starts_with('#') {
+            if line.is_empty() {
+                return Err("a blank line (OpenMetrics has none)".into());
+            }
+            return self.sample(line, 0);
+        }
+        if line == "# EOF" {
+            self.out.saw_eof = true;
+            self.state.end_family();
+            return Ok(());
+        }
+        let not_metadata =
+            || "a line starting with # that is not # TYPE, # HELP, # UNIT or # EOF".to_string();
+        let rest = line.strip_prefix("# ").ok_or_else(not_metadata)?;
+        let (keyword, rest) = rest.split_once(' ').ok_or_else(not_metadata)?;
+        match keyword {
+            "TYPE" => {
+                let (name, kind) = rest
+                    .split_once(' ')
+                    .ok_or("TYPE wants a metric name and a type")?;
+                let kind = self.state.declare_type(name, kind, self.line)?;
+                self.out.types.insert(name.to_string(), kind);
+            }
+            "HELP" => {
+                let (name, _) = rest
+                    .split_once(' ')
+                    .ok_or("HELP wants a metric name, a space and a text (maybe empty)")?;
+                let family = self.state.metadata_family(name, self.line, "HELP")?;
+                if std::mem::replace(&mut family.helped, true) {
+                    return Err(format!("a second HELP for {name}"));
+                }
+            }
+            "UNIT" => {
+                let (name, unit) = rest
+                    .split_once(' ')
+                    .ok_or("UNIT wants a metric name, a space and a unit (maybe empty)")?;
+                if !unit.bytes().all(is_name_char) {
+                    return Err(format!("UNIT {name}: {unit:?} is not a unit"));
+                }
+                let family = self.state.metadata_family(name, self.line, "UNIT")?;
+                if family.unit.is_some() {
+                    return Err(format!("a second UNIT for {name}"));
+                }
+                if !unit.is_empty() {
+                    if name
+                        .strip_suffix(unit)
+                        .and_then(|n| n.strip_suffix('_'))
+                        .is_none()
+                    {
+                        return Err(format!(
+                            "UNIT {unit}: a family's unit ends its name ({name} does not end with _{unit})"
+                        ));
+                    }
+                    if matches!(family.kind, MetricType::Info | MetricType::StateSet) {
+                        return Err(format!("{name}: an {:?} family has no UNIT", family.kind));
+                    }
+                }
+                family.unit = Some(unit.into());
+            }
+            _ => return Err(not_metadata()),
+        }
+        Ok(())
+    }
+
+    /// A sample line from `start` (its name): `name[{labels}] value [timestamp]`,
+    /// and in OpenMetrics an exemplar ` # {labels} value [timestamp]`.
+    fn sample(&mut self, line: &str, start: usize) -> Result<(), String> {
+        let format = self.state.format;
+        let strict = format == Format::OpenMetrics;
+        let bytes = line.as_bytes();
+        if !is_name_start(bytes[start]) {
+            return Err("expected a metric name".into());
+        }
+        let (name, mut pos) = self.state.name_at(line, start);
+        let (role, kind) = self.state.role_of(&name, self.line)?;
+        if !strict {
+            pos = skip_blanks(bytes, pos);
+        }
+        let mut labels = Labels::default();
+        if bytes.get(pos) == Some(&b'{') {
+            let buf = &mut self.state.labels;
+            buf.clear();
+            pos = parse_labels(line, pos + 1, buf, strict).map_err(|e| format!("{name}: {e}"))?;
+            labels = Labels::from_buf(buf);
+        }
+        let rest = &line[pos..];
+        let (value, timestamp, exemplar) = match format {
+            Format::PrometheusText => {
+                let mut fields = rest.split([' ', '\t']).filter(|t| !t.is_empty());
+                let value = fields
+                    .next()
+                    .ok_or_else(|| format!("{name}: missing value"))?;
+                let timestamp = fields.next();
+                if let Some(extra) = fields.next() {
+                    return Err(format!("{name}: unexpected {extra:?} after the timestamp"));
+                }
+                (value, timestamp, None)
+            }
+            Format::OpenMetrics => {
+                let rest = rest
+                    .strip_prefix(' ')
+                    .ok_or_else(|| format!("{name}: expected one space before the value"))?;
+                let (value, after) = match rest.split_once(' ') {
+                    Some((value, after)) => (value, Some(after)),
+                    None => (rest, None),
+                };
+                // ` # {…} v [t]` or ` t` or ` t # {…} v [t]`.
+                let (timestamp, exemplar) = match after {
+                    None => (None, None),
+                    Some(after) => match after.strip_prefix("# ") {
+                        Some(exemplar) => (None, Some(exemplar)),
+                        None => match after.split_once(' ') {
+                            None => (Some(after), None),
+                            Some((timestamp, more)) => match more.strip_prefix("# ") {
+                                Some(exemplar) => (Some(timestamp), Some(exemplar)),
+                                None => {
+                                    return Err(format!(
+                                        "{name}: unexpected {more:?} after the timestamp"
+                                    ))
+                                }
+                            },
+                        },
+                    },
+                };
+                (value, timestamp, exemplar)
+            }
+        };
+        let value = parse_float(value).ok_or_else(|| format!("{name}: bad value {value:?}"))?;
+        let timestamp = match timestamp {
+            None => None,
+            Some(t) => Some(parse_timestamp(t, format).ok_or_else(|| {
+                format!(
+                    "{name}: bad timestamp {t:?} ({})",
+                    match format {
+                        Format::PrometheusText => "integer milliseconds",
+                        Format::OpenMetrics => "seconds",
+                    }
+                )
+            })?),
+        };
+        check_sample(format, kind, role, &name, &labels, value)?;
+        if let Some(exemplar) = exemplar {
+            let allowed = matches!(
+                (kind, role),
+                (MetricType::Counter, Role::Total)
+                    | (
+                        MetricType::Histogram | MetricType::GaugeHistogram,
+                        Role::Bucket
+                    )
+            );
+            if !allowed {
+                return Err(format!(
+                    "{name}: an exemplar goes on a counter's _total or a histogram's _bucket"
+                ));
+            }
+            parse_exemplar(exemplar, &mut self.state.exemplar_labels)
+                .map_err(|e| format!("{name}: exemplar: {e}"))?;
+        }
+        self.out.samples.push(Sample {
+            name,
+            labels,
+            value,
+            timestamp,
+        });
+        Ok(())
+    }
+}
+
+/// The rules a sample's value and labels follow for its family's type: `le` and
+/// `quantile` are numbers in both formats; OpenMetrics' data model adds the rest.
+fn check_sample(
+    format: Format,
+    kind: MetricType,
+    role: Role,
+    name: &str,
+    labels: &Labels,
+    value: f64,
+) -> Result<(), String> {
+    let om = format == Format::OpenMetrics;
+    match (kind, role) {
+        (MetricType::Histogram | MetricType::GaugeHistogram, Role::Bucket) => {
+            // Nearly every bucket's `le` is a plain decimal: checked without the
+            // float parser (a histogram is most of an engine's samples).
+            match labels.get("le").map(|le| {
+                (
+                    le,
+                    plain_decimal(le).then_some(0.0).or_else(|| parse_float(le)),
+                )
+            }) {
+                None if om => return Err(format!("{name}: a bucket without le")),
+                Some((le, None)) => return Err(format!("{name}: le {le:?} is not a number")),
+                Some((_, Some(le))) if om && le.is_nan() => {
+                    return Err(format!("{name}: le is NaN"))
+                }
+                _ => {}
+            }
+        }
+        (MetricType::Summary, Role::Value) => {
+            match labels.get("quantile").map(|q| (q, parse_float(q))) {
+                None if om => return Err(format!("{name}: a quantile without quantile")),
+                Some((q, None)) => return Err(format!("{name}: quantile {q:?} is not a number")),
+                Some((q, Some(n))) if om && !(0.0..=1.0).contains(&n) => {
+                    return Err(format!("{name}: quantile {q} is outside [0, 1]"))
+                }
+                _ if om && value < 0.0 => {
+                    return Err(format!("{name}: a quantile's value is negative ({value})"))
+                }
+                _ => {}
+            }
+        }
+        (MetricType::StateSet, _) if om => {
+            if value != 0.0 && value != 1.0 {
+                return Err(format!("{name}: a state is 0 or 1, not {value}"));
+            }
+            if labels.get(name).is_none() {
+                return Err(format!("{name}: a state without the label {name}"));
+            }
+        }
+        (MetricType::Info, _) if om && value != 1.0 => {
+            return Err(format!("{name}: an info sample is 1, not {value}"));
+        }
+        _ => {}
+    }
+    if om {
+        let counts = matches!(
+            role,
+            Role::Total | Role::Bucket | Role::Count | Role::GaugeCount | Role::Sum
+        );
+        if (counts || role == Role::GaugeSum) && value.is_nan() {
+            return Err(format!("{name}: NaN where a count is expected"));
+        }
+        if counts && value < 0.0 {
+            return Err(format!("{name}: a count is negative ({value})"));
+        }
+        if matches!(role, Role::Bucket | Role::Count | Role::GaugeCount) && value.fract() != 0.0 {
+            return Err(format!("{name}: a count is not an integer ({value})"));
+        }
+    }
+    Ok(())
+}
+
+/// An OpenMetrics exemplar after its ` # `: `{labels} value [timestamp]`, read to
+/// check it and dropped (ingestors may discard exemplars; we chart none).
+fn parse_exemplar(text: &str, buf: &mut String) -> Result<(), String> {
+    let rest = text.strip_prefix('{').ok_or("expected '{'")?;
+    buf.clear();
+    let end = parse_labels(rest, 0, buf, true)?;
+    let chars = buf.chars().filter(|&c| c != '\0').count();
+    if chars > 128 {
+        return Err(format!(
+            "{chars} characters of label names and values (at most 128)"
+        ));
+    }
+    let rest = rest[end..]
+        .strip_prefix(' ')
+        .ok_or("expected a space and a value")?;
+    let (value, timestamp) = match rest.split_once(' ') {
+        Some((value, timestamp)) => (value, Some(timestamp)),
+        None => (rest, None),
+    };
+    parse_float(value).ok_or_else(|| format!("bad value {value:?}"))?;
+    if let Some(t) = timestamp {
+        parse_timestamp(t, Format::OpenMetrics).ok_or_else(|| format!("bad timestamp {t:?}"))?;
+    }
+    Ok(())
 }
 
 /// `text.split('\n')` by `memchr`: std's char search compares each match with a
@@ -505,17 +1144,6 @@ fn split_lines(text: &str) -> impl Iterator<Item = &str> {
             }
         }
     })
-}
-
-fn metric_type(kind: &str) -> MetricType {
-    match kind {
-        "counter" => MetricType::Counter,
-        "gauge" => MetricType::Gauge,
-        "histogram" => MetricType::Histogram,
-        "summary" => MetricType::Summary,
-        "untyped" => MetricType::Untyped,
-        _ => MetricType::Other,
-    }
 }
 
 /// `[a-zA-Z0-9_:]`, by table: this test runs on every byte of every name.
@@ -538,6 +1166,17 @@ fn is_name_char(b: u8) -> bool {
     NAME_CHAR[usize::from(b)]
 }
 
+/// A metric name: `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+fn is_metric_name(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.first().is_some_and(|&b| is_name_start(b)) && bytes.iter().all(|&b| is_name_char(b))
+}
+
+/// A label name character: `[a-zA-Z0-9_]` (a metric name's, without the colon).
+fn is_label_char(b: u8) -> bool {
+    b != b':' && is_name_char(b)
+}
+
 /// The end of the name starting at `pos`.
 fn name_end(bytes: &[u8], mut pos: usize) -> usize {
     while pos < bytes.len() && is_name_char(bytes[pos]) {
@@ -546,84 +1185,68 @@ fn name_end(bytes: &[u8], mut pos: usize) -> usize {
     pos
 }
 
-fn parse_sample(line: &str, state: &mut ParseState) -> Result<Sample, String> {
-    let bytes = line.as_bytes();
-    let mut pos = 0;
+/// The first position at or after `pos` that is not a blank or a tab.
+fn skip_blanks(bytes: &[u8], mut pos: usize) -> usize {
     while pos < bytes.len() && (bytes[pos] == b' ' || bytes[pos] == b'\t') {
         pos += 1;
     }
-    if pos >= bytes.len() || !is_name_start(bytes[pos]) {
-        return Err("expected a metric name".into());
+    pos
+}
+
+/// Whether the label buffer (`key NUL value NUL …`) already has `key`.
+fn has_label(buf: &str, key: &str) -> bool {
+    let mut parts = buf.split('\0');
+    while let (Some(k), Some(_)) = (parts.next(), parts.next()) {
+        if k == key {
+            return true;
+        }
     }
-    let (name, end) = state.name_at(line, pos);
-    pos = end;
-    let mut labels = Labels::default();
-    if bytes.get(pos) == Some(&b'{') {
-        state.labels.clear();
-        pos = parse_labels(line, pos + 1, &mut state.labels)?;
-        labels = Labels::from_buf(&state.labels);
-    }
-    // An OpenMetrics exemplar (` # {…} v`) follows the value and timestamp.
-    let rest = &line[pos..];
-    // After the labels a `#` can only start an exemplar (a byte search: a substring
-    // search per line costs more than the rest of the line's parse).
-    let rest = rest
-        .bytes()
-        .position(|b| b == b'#')
-        .map_or(rest, |i| &rest[..i]);
-    let mut fields = rest.split_ascii_whitespace();
-    let value_text = fields
-        .next()
-        .ok_or_else(|| format!("{name}: missing value"))?;
-    let value =
-        parse_float(value_text).ok_or_else(|| format!("{name}: bad value {value_text:?}"))?;
-    let timestamp = match fields.next() {
-        None => None,
-        Some(t) => Some(parse_float(t).ok_or_else(|| format!("{name}: bad timestamp {t:?}"))?),
-    };
-    if let Some(extra) = fields.next() {
-        return Err(format!("{name}: unexpected {extra:?} after the timestamp"));
-    }
-    Ok(Sample {
-        name,
-        labels,
-        value,
-        timestamp,
-    })
+    false
 }
 
 /// Parse `name="value",…}` starting after `{` into `buf` (`key NUL value NUL …`,
-/// unescaped); returns the position after `}`.
-fn parse_labels(line: &str, mut pos: usize, buf: &mut String) -> Result<usize, String> {
+/// unescaped); returns the position after `}`. `strict` is OpenMetrics': no blank
+/// around tokens, no trailing comma.
+fn parse_labels(
+    line: &str,
+    mut pos: usize,
+    buf: &mut String,
+    strict: bool,
+) -> Result<usize, String> {
     let bytes = line.as_bytes();
-    let skip_ws = |mut p: usize| {
-        while p < bytes.len() && (bytes[p] == b' ' || bytes[p] == b'\t') {
-            p += 1;
-        }
-        p
-    };
+    let skip = |p: usize| if strict { p } else { skip_blanks(bytes, p) };
+    let mut after_comma = false;
     loop {
-        pos = skip_ws(pos);
+        pos = skip(pos);
         match bytes.get(pos) {
-            Some(b'}') => return Ok(pos + 1),
-            Some(&b) if is_name_start(b) => {}
+            Some(b'}') if !(strict && after_comma) => return Ok(pos + 1),
+            Some(&b) if is_label_char(b) && !b.is_ascii_digit() => {}
             _ => {
                 return Err(format!(
-                    "expected a label name or '}}' at column {}",
+                    "expected a label name{} at column {}",
+                    if strict && after_comma { "" } else { " or '}'" },
                     pos + 1
                 ))
             }
         }
         let start = pos;
-        pos = name_end(bytes, pos);
+        while pos < bytes.len() && is_label_char(bytes[pos]) {
+            pos += 1;
+        }
         let key = &line[start..pos];
+        if key == "__name__" {
+            return Err("the label name __name__ is reserved for the metric name".into());
+        }
+        if !buf.is_empty() && has_label(buf, key) {
+            return Err(format!("label {key} given twice"));
+        }
         buf.push_str(key);
         buf.push('\0');
-        pos = skip_ws(pos);
+        pos = skip(pos);
         if bytes.get(pos) != Some(&b'=') {
             return Err(format!("label {key}: expected '='"));
         }
-        pos = skip_ws(pos + 1);
+        pos = skip(pos + 1);
         if bytes.get(pos) != Some(&b'"') {
             return Err(format!("label {key}: expected '\"'"));
         }
@@ -638,32 +1261,84 @@ fn parse_labels(line: &str, mut pos: usize, buf: &mut String) -> Result<usize, S
                     pos += 1;
                     break;
                 }
-                // NUL separates the label buffer; no real exposition carries one.
+                // NUL separates the label buffer.
                 Some(0) => return Err(format!("label {key}: NUL byte in value")),
                 Some(b'\\') => {
+                    let unescaped = match bytes.get(pos + 1) {
+                        Some(b'\\') => '\\',
+                        Some(b'"') => '"',
+                        Some(b'n') => '\n',
+                        None => return Err(format!("label {key}: unterminated value")),
+                        // Any other escape is kept as written (both grammars
+                        // allow it; Prometheus keeps it).
+                        Some(_) => {
+                            pos += 1;
+                            continue;
+                        }
+                    };
                     buf.push_str(&line[chunk_start..pos]);
-                    match bytes.get(pos + 1) {
-                        Some(b'\\') => buf.push('\\'),
-                        Some(b'"') => buf.push('"'),
-                        Some(b'n') => buf.push('\n'),
-                        _ => return Err(format!("label {key}: bad escape")),
-                    }
+                    buf.push(unescaped);
                     pos += 2;
                     chunk_start = pos;
                 }
                 Some(_) => pos += 1,
             }
         }
-        pos = skip_ws(pos);
+        pos = skip(pos);
         match bytes.get(pos) {
-            Some(b',') => pos += 1,
+            Some(b',') => {
+                pos += 1;
+                after_comma = true;
+            }
             Some(b'}') => return Ok(pos + 1),
             _ => return Err("expected ',' or '}' after a label value".into()),
         }
     }
 }
 
-/// Rust's float parser already reads `NaN`, `+Inf`, `-Inf` (case-insensitive). Most
+/// `[+-]?digits[.digits][(e|E)[+-]?digits]` or `[+-]?.digits…`: a finite number
+/// in both grammars, recognised without converting it.
+fn plain_decimal(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut i = usize::from(matches!(b.first(), Some(b'+' | b'-')));
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while *i < b.len() && b[*i].is_ascii_digit() {
+            *i += 1;
+        }
+        *i - start
+    };
+    let mut mantissa = digits(&mut i);
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        mantissa += digits(&mut i);
+    }
+    if mantissa == 0 {
+        return false;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    i == b.len()
+}
+
+/// A timestamp: integer milliseconds in Prometheus text, seconds (a number, not
+/// `NaN` or infinite) in OpenMetrics.
+fn parse_timestamp(text: &str, format: Format) -> Option<f64> {
+    match format {
+        Format::PrometheusText => text.parse::<i64>().ok().map(|ms| ms as f64),
+        Format::OpenMetrics => parse_float(text).filter(|t| t.is_finite()),
+    }
+}
+
+/// Rust's float parser already reads `NaN`, `+Inf`, `-Inf`, `Infinity`
+/// (case-insensitive), `.5`, `5.` and `1E3`, as both grammars do. Most
 /// values are small integers (counters, bucket counts): those are read digit by
 /// digit, exactly (below 2^53 every integer is an `f64`), which is what the general
 /// parser would return.
@@ -675,6 +1350,10 @@ fn parse_float(text: &str) -> Option<f64> {
             .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
         // n < 10^15 < 2^53: the conversion is exact.
         return Some(n as f64);
+    }
+    // Rust also reads a signed NaN, which neither grammar has.
+    if matches!(digits.first(), Some(b'+' | b'-')) && text[1..].eq_ignore_ascii_case("nan") {
+        return None;
     }
     text.parse::<f64>().ok()
 }
@@ -765,7 +1444,13 @@ impl Scraper {
         // Parsed as it arrives: an exporter that streams its encoding (idemwatch's
         // does) is encoding the rest while the first lines are parsed here. Nothing
         // but the unfinished last line is kept of what was parsed.
-        let mut parser = Parser::with_limits(self.limits);
+        let format = Format::from_content_type(
+            response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let mut parser = Parser::new(format, self.limits);
         let refused = |e: ParseError| match e.too_large {
             true => format!("{TOO_LARGE}: {e}"),
             false => format!("malformed exposition: {e}"),
@@ -805,7 +1490,11 @@ mod tests {
 
     #[test]
     fn reads_escaped_label_values() {
-        let e = parse("m{path=\"C:\\\\x\",msg=\"say \\\"hi\\\"\\n\"} 1\n").unwrap();
+        let e = parse(
+            "m{path=\"C:\\\\x\",msg=\"say \\\"hi\\\"\\n\"} 1\n",
+            Format::PrometheusText,
+        )
+        .unwrap();
         let s = &e.samples[0];
         assert_eq!(s.label("path"), Some("C:\\x"));
         assert_eq!(s.label("msg"), Some("say \"hi\"\n"));
@@ -816,7 +1505,11 @@ mod tests {
         // `k NUL v NUL` is 4 bytes plus the value: around the inline limit of 62.
         for len in [0, 1, 57, 58, 59, 60, 200] {
             let value = "v".repeat(len);
-            let e = parse(&format!("m{{k=\"{value}\",z=\"\"}} 1\nm 2\n")).unwrap();
+            let e = parse(
+                &format!("m{{k=\"{value}\",z=\"\"}} 1\nm 2\n"),
+                Format::PrometheusText,
+            )
+            .unwrap();
             let labels = &e.samples[0].labels;
             assert_eq!(labels.get("k"), Some(value.as_str()), "{len}");
             assert_eq!(labels.get("z"), Some(""));
@@ -826,7 +1519,11 @@ mod tests {
             assert!(e.samples[1].labels.is_empty());
             assert_ne!(labels, &e.samples[1].labels);
         }
-        let e = parse("m{a=\"1,b=2\"} 1\nm{a=\"1\",b=\"2\"} 1\n").unwrap();
+        let e = parse(
+            "m{a=\"1,b=2\"} 1\nm{a=\"1\",b=\"2\"} 1\n",
+            Format::PrometheusText,
+        )
+        .unwrap();
         assert_ne!(e.samples[0].labels.as_key(), e.samples[1].labels.as_key());
         assert_eq!(
             format!("{:?}", e.samples[1].labels),
@@ -836,9 +1533,9 @@ mod tests {
 
     #[test]
     fn names_are_shared_and_found_by_run() {
-        let text = "h_sum{c=\"a\"} 1\nh_count{c=\"a\"} 2\nh_bucket{c=\"a\",le=\"1\"} 3\n\
-                    h_bucket{c=\"a\",le=\"+Inf\"} 4\nh_sum{c=\"b\"} 5\nh_sum_x 6\nh_sum 7\n";
-        let e = parse(text).unwrap();
+        let text = "# TYPE h histogram\nh_sum{c=\"a\"} 1\nh_count{c=\"a\"} 2\nh_bucket{c=\"a\",le=\"1\"} 3\n\
+                    h_bucket{c=\"a\",le=\"+Inf\"} 4\nh_sum{c=\"b\"} 5\nh_sum_x 6\nh_sum_y 7\n";
+        let e = parse(text, Format::PrometheusText).unwrap();
         assert!(Arc::ptr_eq(&e.samples[0].name, &e.samples[4].name));
         assert_eq!(e.runs().count(), 7 - 1);
         let by_name = e.by_name();
@@ -877,10 +1574,21 @@ mod tests {
     }
 
     #[test]
+    fn plain_decimals_are_the_finite_numbers_the_float_parser_reads() {
+        for text in [
+            "0", "1", "+1", "-1", "0.0001", "1e-05", "1e+06", "2.5E3", ".5", "5.", "-.5e1", "+Inf",
+            "NaN", "", ".", "e5", "1e", "1e+", "1.2.3", "0x10", "1_0", " 1", "--1",
+        ] {
+            let finite = parse_float(text).is_some_and(f64::is_finite);
+            assert_eq!(plain_decimal(text), finite, "{text:?}");
+        }
+    }
+
+    #[test]
     fn malformed_line_is_refused_with_its_number() {
-        let err = parse("ok 1\nbad{a=\"x} 2\n").unwrap_err();
+        let err = parse("ok 1\nbad{a=\"x} 2\n", Format::PrometheusText).unwrap_err();
         assert_eq!(err.line, 2);
-        assert!(parse("m 1 2 3\n").is_err());
-        assert!(parse("m abc\n").is_err());
+        assert!(parse("m 1 2 3\n", Format::PrometheusText).is_err());
+        assert!(parse("m abc\n", Format::PrometheusText).is_err());
     }
 }

@@ -87,7 +87,10 @@ fn main() {
             Some(Command::Bench(a)) => cli::bench::run(a).await,
             Some(Command::Chaos(a)) => cli::chaos::run(a).await,
             Some(Command::Ingest(a)) => cli::ingest::run(a).await,
-            None => cli::dashboard::run(config_path, cli.prometheus.clone()).await,
+            None => {
+                cli::dashboard::run(config_path, cli.prometheus.clone(), cli.scrape_cap.clone())
+                    .await
+            }
         }
     });
     let code = match result {

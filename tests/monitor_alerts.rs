@@ -5,7 +5,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use idemwatch::config::MetricNames;
 use idemwatch::monitor::alerts::{evaluate, AlertKind};
-use idemwatch::monitor::prometheus::{parse, ScrapeResult};
+use idemwatch::monitor::prometheus::{parse, Format, ScrapeResult};
 use idemwatch::monitor::targets::TargetTracker;
 
 fn t(s: i64) -> DateTime<Utc> {
@@ -25,7 +25,7 @@ fn scrape(at: DateTime<Utc>, processed: u64, duplicates: u64) -> ScrapeResult {
         url: "http://127.0.0.1:9464/metrics".into(),
         at,
         duration: Duration::from_millis(3),
-        outcome: parse(&text).map_err(|e| e.to_string()),
+        outcome: parse(&text, Format::OpenMetrics).map_err(|e| e.to_string()),
     }
 }
 
@@ -188,7 +188,7 @@ fn scrape_full(at: DateTime<Utc>, start: u64, counters: &[(&str, &str, u64)]) ->
         url: "u".into(),
         at,
         duration: Duration::from_millis(3),
-        outcome: parse(&text).map_err(|e| e.to_string()),
+        outcome: parse(&text, Format::OpenMetrics).map_err(|e| e.to_string()),
     }
 }
 

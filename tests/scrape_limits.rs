@@ -1,7 +1,10 @@
 //! Hostile scrape targets: one that streams forever, one that is gigantic. Each
 //! scrape fails with "response too large", the target shows as down, and the
 //! memory of the process that scrapes stays bounded (checked on a real `snapshot`
-//! child through its peak RSS).
+//! child through its peak RSS). The dashboard takes the body cap from its own
+//! `--scrape-max-bytes`, as `snapshot` does.
+
+mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -244,4 +247,83 @@ fn snapshot_memory_stays_bounded_whatever_a_target_sends() {
         );
         eprintln!("{what:?}: peak RSS {peak} KiB ({baseline} KiB against a down target)");
     }
+}
+
+/// A well-formed page of `bytes` bytes or a little more (distinct series), with its
+/// Content-Length, to every request: over a small cap, far under the default one.
+fn sized_target(bytes: usize) -> SocketAddr {
+    let mut body = String::new();
+    while body.len() < bytes {
+        body.push_str(&format!("idem_sized{{i=\"{}\"}} 1\n", body.len()));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let body = std::sync::Arc::new(body);
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut head = [0u8; 4096];
+                    let _ = stream.read(&mut head).await;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                         Content-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).await;
+                    let _ = stream.write_all(body.as_bytes()).await;
+                });
+            }
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the target starts")
+}
+
+/// The dashboard in a real terminal with `--scrape-max-bytes 64KiB`: a 200 KiB page
+/// (16 MiB is the default cap) shows as down, "response too large"; a small one
+/// beside it is up.
+#[test]
+fn the_dashboard_takes_the_scrape_body_cap_from_its_flag() {
+    use common::tmux::Tmux;
+
+    let env = common::TempEnv::new();
+    let big = url(sized_target(200 * 1024));
+    let small = url(sized_target(100));
+    let config = env.path("watch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "poll_interval = \"500ms\"\n[[targets]]\nname = \"big\"\nurl = \"{big}\"\n\
+             [[targets]]\nname = \"small\"\nurl = \"{small}\"\n"
+        ),
+    )
+    .unwrap();
+    let command = format!(
+        "IDEMWATCH_LOG_FILE={log} {bin} --config {cfg} --scrape-max-bytes 64KiB; sleep 600",
+        log = env.path("tui.log").display(),
+        bin = common::idemwatch_bin().display(),
+        cfg = config.display()
+    );
+    let Some(t) = Tmux::start(&env, &command, 200, 40) else {
+        return;
+    };
+    let screen = t.wait_for("big down, small up", Duration::from_secs(40), |s| {
+        s.contains("small up") && s.contains("big DOWN")
+    });
+    // The sources panel shows the error as far as its width allows.
+    assert!(
+        screen.contains(&format!("{TOO_LARGE}: more than 65536")),
+        "{screen}"
+    );
+    t.keys(&["q"]);
 }

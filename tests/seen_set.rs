@@ -18,7 +18,7 @@ use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::health::{InfraKind, PauseCause};
 use idemwatch::engine::seen_set::{SeenSetConfig, Unavailable};
 use idemwatch::engine::{Engine, EngineConfig};
-use idemwatch::monitor::prometheus::{parse, ScrapeResult};
+use idemwatch::monitor::prometheus::{parse, Format, ScrapeResult};
 use idemwatch::monitor::targets::TargetTracker;
 use idemwatch::sim::sandbox_provider::{self, SandboxClient};
 
@@ -372,7 +372,9 @@ async fn fail_open_handles_unchecked_while_redis_is_down_and_counts_the_bypass()
             url: "http://127.0.0.1:9464/metrics".into(),
             at: chrono::Utc::now(),
             duration: Duration::from_millis(1),
-            outcome: Ok(parse(&text).expect("the engine's exposition parses")),
+            outcome: Ok(
+                parse(&text, Format::PrometheusText).expect("the engine's exposition parses")
+            ),
         },
         &MetricNames::default(),
     );

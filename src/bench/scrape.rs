@@ -132,7 +132,8 @@ pub async fn run(
 ) -> BenchResult<ScrapeBenchReport> {
     let metrics = exposition_of(target_samples / 20);
     let text = metrics.encode();
-    let parsed = prometheus::parse(&text).map_err(|e| BenchError::Run(e.to_string()))?;
+    let parsed = prometheus::parse(&text, prometheus::Format::OpenMetrics)
+        .map_err(|e| BenchError::Run(e.to_string()))?;
     let samples = parsed.samples.len();
     let names = MetricNames::default();
     let iterations = iterations.max(1);
@@ -142,7 +143,7 @@ pub async fn run(
     });
     let parse_us = mean_us(iterations, || {
         std::hint::black_box(
-            prometheus::parse(&text)
+            prometheus::parse(&text, prometheus::Format::OpenMetrics)
                 .map(|e| e.samples.len())
                 .unwrap_or(0),
         );
@@ -163,7 +164,8 @@ pub async fn run(
         tracker.observe(&warm, &names);
     }
     let parse_and_rates_us = mean_us(iterations, || {
-        let outcome = prometheus::parse(&text).map_err(|e| e.to_string());
+        let outcome =
+            prometheus::parse(&text, prometheus::Format::OpenMetrics).map_err(|e| e.to_string());
         let scrape = ScrapeResult {
             target: "bench".into(),
             url: "http://bench/metrics".into(),

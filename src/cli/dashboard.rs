@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use super::{CliError, CliResult, EXIT_OK};
+use super::{CliError, CliResult, ScrapeCapArgs, EXIT_OK};
 use idemwatch::config::{Config, PrometheusServer};
 use idemwatch::demo::{Demo, DemoSettings};
 use idemwatch::drills::DrillTarget;
@@ -12,7 +12,11 @@ use idemwatch::engine::{default_data_dir, default_queue_url};
 use idemwatch::tui::theme::Theme;
 use idemwatch::tui::{self, TuiError, TuiOptions};
 
-pub async fn run(config_path: Option<PathBuf>, prometheus: Option<String>) -> CliResult {
+pub async fn run(
+    config_path: Option<PathBuf>,
+    prometheus: Option<String>,
+    scrape_cap: ScrapeCapArgs,
+) -> CliResult {
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         return Err(CliError::usage(
             "stdout is not a terminal: the dashboard needs one. For scripts and alerts use `idemwatch snapshot --json`.",
@@ -23,6 +27,9 @@ pub async fn run(config_path: Option<PathBuf>, prometheus: Option<String>) -> Cl
         Config::discover(config_path.as_deref()).map_err(|e| CliError::usage(e.to_string()))?;
     if let (Some(url), Some(c)) = (&prometheus, &mut config) {
         c.prometheus = Some(PrometheusServer { url: url.clone() });
+    }
+    if let Some(c) = &mut config {
+        scrape_cap.apply(c);
     }
     let opts = match config {
         Some(config) => TuiOptions {
@@ -63,6 +70,7 @@ pub async fn run(config_path: Option<PathBuf>, prometheus: Option<String>) -> Cl
             if let Some(url) = prometheus {
                 config.prometheus = Some(PrometheusServer { url });
             }
+            scrape_cap.apply(&mut config);
             TuiOptions {
                 config,
                 theme: Theme::pick(Default::default(), no_color),

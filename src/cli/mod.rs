@@ -113,6 +113,9 @@ pub struct Cli {
     #[arg(long, value_name = "URL", env = "IDEMWATCH_PROMETHEUS", hide_env_values = true, value_parser = parse_http_url)]
     pub prometheus: Option<String>,
 
+    #[command(flatten)]
+    pub scrape_cap: ScrapeCapArgs,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -329,6 +332,34 @@ pub async fn open_engine(cfg: &EngineConfig) -> Result<Engine, CliError> {
     })
 }
 
+/// `--scrape-max-bytes`: one definition for every command that scrapes targets
+/// (the dashboard, `snapshot`), so the flag, its parser and its floor cannot drift.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ScrapeCapArgs {
+    /// Largest scrape body ("16MiB", "64KiB" or bytes); overrides the config's
+    /// scrape_max_bytes. A larger one fails with "response too large".
+    #[arg(long, value_name = "SIZE", value_parser = parse_scrape_max_bytes)]
+    pub scrape_max_bytes: Option<u64>,
+}
+
+impl ScrapeCapArgs {
+    /// The flag over the config's value, when given.
+    pub fn apply(&self, config: &mut idemwatch::config::Config) {
+        if let Some(max) = self.scrape_max_bytes {
+            config.scrape_max_bytes = max;
+        }
+    }
+}
+
+/// The config's own floor: a body cap below it could not hold one engine's page.
+fn parse_scrape_max_bytes(raw: &str) -> Result<u64, String> {
+    use idemwatch::config::{parse_byte_size, MIN_SCRAPE_BYTES};
+    match parse_byte_size(raw)? {
+        n if n < MIN_SCRAPE_BYTES => Err(format!("must be at least {MIN_SCRAPE_BYTES} bytes")),
+        n => Ok(n),
+    }
+}
+
 /// An http(s) URL (`--prometheus`); a bad one is shown redacted.
 pub fn parse_http_url(raw: &str) -> Result<String, String> {
     match url::Url::parse(raw) {
@@ -345,6 +376,37 @@ pub fn print_json<T: serde::Serialize>(value: &T) {
     match serde_json::to_string_pretty(value) {
         Ok(s) => println!("{s}"),
         Err(e) => eprintln!("error: cannot encode JSON: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod scrape_cap_tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_dashboard_and_snapshot_read_the_same_scrape_cap_flag() {
+        let cli = Cli::try_parse_from(["idemwatch", "--scrape-max-bytes", "64KiB"]).unwrap();
+        assert_eq!(cli.scrape_cap.scrape_max_bytes, Some(64 * 1024));
+        assert!(cli.command.is_none(), "the dashboard");
+        let cli =
+            Cli::try_parse_from(["idemwatch", "snapshot", "--scrape-max-bytes", "5000"]).unwrap();
+        let Some(Command::Snapshot(args)) = cli.command else {
+            panic!("snapshot");
+        };
+        assert_eq!(args.scrape_cap.scrape_max_bytes, Some(5000));
+        for bad in ["100", "16XB", ""] {
+            let err = Cli::try_parse_from(["idemwatch", "--scrape-max-bytes", bad]).unwrap_err();
+            assert!(err.to_string().contains("scrape-max-bytes"), "{bad}: {err}");
+        }
+        let mut config = idemwatch::config::Config::default();
+        let default = config.scrape_max_bytes;
+        super::ScrapeCapArgs::default().apply(&mut config);
+        assert_eq!(
+            config.scrape_max_bytes, default,
+            "no flag, the config's value"
+        );
     }
 }
 

@@ -11,9 +11,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{print_json, CliError, CliResult, EXIT_OK};
-use idemwatch::config::{
-    parse_byte_size, Config, DatabaseConfig, PrometheusServer, ScrapeTarget, MIN_SCRAPE_BYTES,
-};
+use idemwatch::config::{Config, DatabaseConfig, PrometheusServer, ScrapeTarget};
 use idemwatch::monitor::db::{CountMethod, SourceStatus};
 use idemwatch::monitor::{self, Snapshot};
 
@@ -29,10 +27,8 @@ pub struct SnapshotArgs {
     /// Time between the two scrapes that give rates.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub spacing: Duration,
-    /// Largest scrape body ("16MiB", "64KiB" or bytes); overrides the config's
-    /// scrape_max_bytes. A larger one fails with "response too large".
-    #[arg(long, value_name = "SIZE", value_parser = parse_scrape_max_bytes)]
-    pub scrape_max_bytes: Option<u64>,
+    #[command(flatten)]
+    pub scrape_cap: super::ScrapeCapArgs,
     /// Machine-readable snapshot (only JSON on stdout).
     #[arg(long)]
     pub json: bool,
@@ -43,13 +39,6 @@ pub struct SnapshotArgs {
     /// How far back the history reaches (default: the config's chart window).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub history: Option<Duration>,
-}
-
-fn parse_scrape_max_bytes(raw: &str) -> Result<u64, String> {
-    match parse_byte_size(raw)? {
-        n if n < MIN_SCRAPE_BYTES => Err(format!("must be at least {MIN_SCRAPE_BYTES} bytes")),
-        n => Ok(n),
-    }
 }
 
 fn parse_target(raw: &str) -> Result<ScrapeTarget, String> {
@@ -81,9 +70,7 @@ pub async fn run(args: SnapshotArgs, config_path: Option<PathBuf>) -> CliResult 
             None => config.database = Some(DatabaseConfig::with_url(&url)),
         }
     }
-    if let Some(max) = args.scrape_max_bytes {
-        config.scrape_max_bytes = max;
-    }
+    args.scrape_cap.apply(&mut config);
     if let Some(url) = args.prometheus {
         config.prometheus = Some(PrometheusServer { url });
     }

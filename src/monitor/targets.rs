@@ -939,7 +939,7 @@ fn update_series(track: &mut ConsumerTrack, at: DateTime<Utc>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exposition::parse;
+    use crate::exposition::{parse, Format};
 
     fn scrape(seconds: i64, text: &str) -> ScrapeResult {
         ScrapeResult {
@@ -947,7 +947,7 @@ mod tests {
             url: "u".into(),
             at: DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap_or_default(),
             duration: Duration::ZERO,
-            outcome: parse(text).map_err(|e| e.to_string()),
+            outcome: parse(text, Format::PrometheusText).map_err(|e| e.to_string()),
         }
     }
 
