@@ -61,6 +61,9 @@ pub struct Config {
     pub targets: Vec<ScrapeTarget>,
     /// A Prometheus server that keeps history beyond what the dashboard has seen.
     pub prometheus: Option<PrometheusServer>,
+    /// NATS servers whose JetStream redeliveries are charted (their monitoring
+    /// endpoint, `nats-server -m PORT`).
+    pub jetstream: Vec<JetStreamMonitor>,
     /// The business database holding the dedup table. None: no database view.
     pub database: Option<DatabaseConfig>,
     /// Metric-name overrides, for consumers that are not idemwatch.
@@ -81,6 +84,7 @@ impl Default for Config {
             scrape_max_samples: ScrapeLimits::default().max_samples,
             targets: Vec::new(),
             prometheus: None,
+            jetstream: Vec::new(),
             database: None,
             metrics: MetricNames::default(),
             drills: DrillPermissions::default(),
@@ -95,6 +99,15 @@ impl Default for Config {
 #[serde(deny_unknown_fields)]
 pub struct ScrapeTarget {
     /// Shown on screen and in alerts; unique within the config.
+    pub name: String,
+    pub url: String,
+}
+
+/// A NATS server's monitoring endpoint (`http://HOST:8222`): `/jsz` is read each poll.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JetStreamMonitor {
+    /// Shown on screen beside the scrape targets.
     pub name: String,
     pub url: String,
 }
@@ -331,6 +344,8 @@ pub struct MetricNames {
     pub engine_info: String,
     /// Seen-set checks skipped under fail-open while the seen-set (Redis) was down.
     pub seen_set_bypassed: String,
+    /// Device messages an ingress took in (labels: source, dup_flag).
+    pub ingress_messages: String,
     /// 1 while a consumer stops leasing because its store or provider (label
     /// `cause`) is unhealthy.
     pub paused: String,
@@ -360,6 +375,7 @@ impl Default for MetricNames {
             http_requests: "idem_http_requests_total".into(),
             engine_info: "idem_engine_info".into(),
             seen_set_bypassed: "idem_seen_set_bypassed_total".into(),
+            ingress_messages: "idem_ingress_messages_total".into(),
             paused: "idem_consumer_paused".into(),
             paused_since: "idem_consumer_paused_since_seconds".into(),
             infra_errors: "idem_infra_errors_total".into(),
@@ -485,6 +501,15 @@ impl Config {
         }
         if let Some(p) = &self.prometheus {
             check_http_url(&p.url).map_err(|m| bad("prometheus.url".into(), m))?;
+        }
+        for (i, j) in self.jetstream.iter().enumerate() {
+            if j.name.trim().is_empty() {
+                return Err(bad(
+                    format!("jetstream[{i}].name"),
+                    "must not be empty".into(),
+                ));
+            }
+            check_http_url(&j.url).map_err(|m| bad(format!("jetstream[{i}].url"), m))?;
         }
         if let Some(broker) = &self.drills.mqtt_broker {
             crate::engine::ingress::broker_address(broker)

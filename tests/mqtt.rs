@@ -328,3 +328,46 @@ fn device_retransmit_drill_through_mosquitto_sends_one_sms_idempotent_and_n_naiv
         "{r}"
     );
 }
+
+/// The dashboard reads `idem_ingress_messages_total` of a target that exports it:
+/// messages in and those flagged DUP, with their rates, per source (Sources panel).
+#[test]
+fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
+    use idemwatch::config::MetricNames;
+    use idemwatch::engine::metrics::Metrics;
+    use idemwatch::monitor::prometheus::{parse, ScrapeResult};
+    use idemwatch::monitor::targets::TargetTracker;
+
+    let metrics = Metrics::new();
+    metrics.register_ingress("mqtt");
+    let mut tracker = TargetTracker::new("ingest", "http://127.0.0.1:9465/metrics");
+    let t0 = chrono::Utc::now();
+    let mut scrape = |at: chrono::DateTime<chrono::Utc>| {
+        let text = metrics.encode_prometheus_text();
+        tracker.observe(
+            &ScrapeResult {
+                target: "ingest".into(),
+                url: "http://127.0.0.1:9465/metrics".into(),
+                at,
+                duration: Duration::from_millis(1),
+                outcome: Ok(parse(&text).expect("the exposition parses")),
+            },
+            &MetricNames::default(),
+        );
+        tracker.status().ingress.get("mqtt").copied()
+    };
+    let first = scrape(t0).expect("the mqtt source, at 0 from the start");
+    assert_eq!(first.received.total, 0.0);
+    for _ in 0..8 {
+        metrics.ingress("mqtt", false);
+    }
+    for _ in 0..2 {
+        metrics.ingress("mqtt", true);
+    }
+    let r = scrape(t0 + chrono::Duration::seconds(2)).unwrap();
+    assert_eq!((r.received.total, r.dup_flagged.total), (10.0, 2.0));
+    assert_eq!(
+        (r.received.per_second, r.dup_flagged.per_second),
+        (Some(5.0), Some(1.0))
+    );
+}

@@ -223,3 +223,110 @@ async fn publish_then_consume_until_idle_over_jetstream_from_the_command_line() 
     let q = NatsQueue::open(&url).await.unwrap();
     q.delete_namespace(&ns).await.unwrap();
 }
+
+/// The dashboard charts JetStream's own redeliveries from a PRIVATE nats-server's
+/// monitoring endpoint (`-m`, its own ports and store): five deliveries left unacked
+/// come back after AckWait and show as 5 redelivered; first deliveries do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_charts_jetstream_redeliveries_from_the_monitoring_endpoint() {
+    use common::services::{free_port, reachable};
+    use idemwatch::config::{Config, JetStreamMonitor};
+    use idemwatch::monitor::targets::BrokerKind;
+    use idemwatch::monitor::Monitor;
+
+    if std::process::Command::new("nats-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            !common::backends::required(),
+            "nats-server is required (IDEMWATCH_REQUIRE_SERVICES=1)"
+        );
+        return;
+    }
+    let env = TempEnv::new();
+    let (port, monitor_port) = (free_port(), free_port());
+    let store = env.path("jetstream");
+    let server = std::process::Command::new("nats-server")
+        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-m", &monitor_port.to_string(), "-sd"])
+        .arg(&store)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server starts");
+    let _server = common::KillOnDrop(server);
+    let url = format!("nats://127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while reachable(&url).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "private nats-server did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let q = NatsQueue::open(&url).await.expect("private JetStream");
+    let ns = unique("jsz");
+    let (counter, sms) = (format!("{ns}/trip-counter"), format!("{ns}/zone-exit-sms"));
+    let bodies: Vec<Vec<u8>> = (0..5)
+        .map(|i| format!(r#"{{"n":{i}}}"#).into_bytes())
+        .collect();
+    q.publish(&[counter.clone(), sms.clone()], &bodies)
+        .await
+        .unwrap();
+    let visibility = Duration::from_millis(300);
+    let mut first = Vec::new();
+    while first.len() < 5 {
+        first.extend(lease_again(&q, &counter, visibility).await);
+    }
+    let mut once = Vec::new();
+    while once.len() < 5 {
+        once.extend(lease_again(&q, &sms, visibility).await);
+    }
+    q.ack_batch(&once).await.unwrap();
+
+    let mut config = Config::default();
+    config.jetstream = vec![JetStreamMonitor {
+        name: "nats".into(),
+        url: format!("http://127.0.0.1:{monitor_port}"),
+    }];
+    let mut monitor = Monitor::new(&config).unwrap();
+    let before = monitor.poll().await;
+    let b = &before.brokers[0];
+    assert!(b.up, "{b:?}");
+    assert_eq!((b.kind, b.redelivered.total), (BrokerKind::JetStream, 0.0));
+    assert_eq!(b.messages_unacked, Some(5.0), "{b:?}");
+
+    // The five unacked come back after AckWait: redeliveries, then acked.
+    let mut again = Vec::new();
+    while again.len() < 5 {
+        again.extend(lease_again(&q, &counter, visibility).await);
+    }
+    assert!(again.iter().all(|d| d.redelivered));
+    q.ack_batch(&again).await.unwrap();
+    let after = monitor.poll().await;
+    let b = &after.brokers[0];
+    assert_eq!(b.redelivered.total, 5.0, "{b:?}");
+    assert!(b.redelivered.per_second.is_some_and(|r| r > 0.0), "{b:?}");
+    assert_eq!(b.acknowledged.total, 5.0, "{b:?}");
+    assert_eq!(
+        (b.messages_ready, b.messages_unacked),
+        (Some(0.0), Some(0.0)),
+        "{b:?}"
+    );
+    let chart = after
+        .broker_charts
+        .iter()
+        .find(|c| c.target == "nats")
+        .expect("a chart for the JetStream server");
+    assert!(
+        chart
+            .redelivered_per_s
+            .iter()
+            .any(|p| p.value.is_some_and(|v| v > 0.0)),
+        "{chart:?}"
+    );
+    let json = serde_json::to_value(&after).unwrap();
+    assert_eq!(json["brokers"][0]["kind"], "jetstream", "{json}");
+}

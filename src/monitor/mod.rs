@@ -22,6 +22,7 @@ pub mod alerts;
 pub mod bytes;
 pub mod db;
 pub mod history;
+pub mod jetstream;
 pub mod markers;
 pub mod promql;
 /// The Prometheus text parser and scraper live below every layer that reads an
@@ -144,6 +145,9 @@ pub struct Monitor {
     scraper: Scraper,
     database: Option<DbPoller>,
     targets: Vec<TargetTracker>,
+    /// NATS servers whose `/jsz` is read each poll, and the client that reads them.
+    jetstream: Vec<jetstream::JetStreamTracker>,
+    jetstream_client: reqwest::Client,
     scraped_markers: VecDeque<TimelineMarker>,
     zoom: Zoom,
     selected_vehicle: Option<String>,
@@ -209,6 +213,12 @@ impl Monitor {
         Ok(Monitor {
             scraper,
             database,
+            jetstream: config
+                .jetstream
+                .iter()
+                .map(|j| jetstream::JetStreamTracker::new(&j.name, &j.url))
+                .collect(),
+            jetstream_client: jetstream::client(config.scrape_timeout)?,
             targets: config
                 .targets
                 .iter()
@@ -383,8 +393,17 @@ impl Monitor {
                 _ => None,
             }
         };
-        let (scrapes, database, vehicle, dead_letter) =
-            tokio::join!(scrapes, database, vehicle, dead_letter);
+        let max_bytes = self.config.scrape_max_bytes;
+        let jsz = futures::future::join_all(
+            self.jetstream
+                .iter()
+                .map(|j| jetstream::fetch(&self.jetstream_client, j.url(), max_bytes)),
+        );
+        let (scrapes, database, vehicle, dead_letter, jsz) =
+            tokio::join!(scrapes, database, vehicle, dead_letter, jsz);
+        for (tracker, answer) in self.jetstream.iter_mut().zip(jsz) {
+            tracker.observe(now, answer);
+        }
         for (tracker, scrape) in self.targets.iter_mut().zip(&scrapes) {
             if let Some(marker) = tracker.observe(scrape, &self.config.metrics) {
                 self.scraped_markers.push_back(marker);
@@ -457,15 +476,23 @@ impl Monitor {
                 .targets
                 .iter()
                 .filter_map(|t| t.broker().cloned())
+                .chain(self.jetstream.iter().map(|j| j.status().clone()))
                 .collect(),
             broker_charts: self
                 .targets
                 .iter()
                 .filter_map(|t| {
-                    t.broker_redelivered_series().map(|s| BrokerChart {
-                        target: t.status().name.clone(),
-                        redelivered_per_s: s.window(now, self.zoom.span()),
-                    })
+                    t.broker_redelivered_series()
+                        .map(|s| (t.status().name.clone(), s))
+                })
+                .chain(
+                    self.jetstream
+                        .iter()
+                        .map(|j| (j.status().target.clone(), j.redelivered_series())),
+                )
+                .map(|(target, s)| BrokerChart {
+                    target,
+                    redelivered_per_s: s.window(now, self.zoom.span()),
                 })
                 .collect(),
         }

@@ -33,10 +33,21 @@ pub const RABBITMQ_ACKNOWLEDGED: &str = "rabbitmq_global_messages_acknowledged_t
 pub const RABBITMQ_READY: &str = "rabbitmq_queue_messages_ready";
 pub const RABBITMQ_UNACKED: &str = "rabbitmq_queue_messages_unacked";
 
-/// A RabbitMQ broker's view: how often it redelivers, beside what the consumers drop.
+/// Which broker a [`BrokerStatus`] describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerKind {
+    /// A RabbitMQ exporter among the scrape targets.
+    RabbitMq,
+    /// A NATS server's JetStream monitoring (`[[jetstream]]`, see `jetstream.rs`).
+    JetStream,
+}
+
+/// A broker's view: how often it redelivers, beside what the consumers drop.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BrokerStatus {
     pub target: String,
+    pub kind: BrokerKind,
     pub up: bool,
     /// Deliveries the broker flagged `redelivered` (after a nack or a dead consumer).
     pub redelivered: CounterReading,
@@ -77,6 +88,18 @@ pub struct TargetStatus {
     /// `idem_seen_set_bypassed_total` by consumer: messages a fail-open seen-set
     /// handled unchecked while its Redis was down. Empty for an engine without it.
     pub seen_set_bypassed: BTreeMap<String, f64>,
+    /// `idem_ingress_messages_total` by `source` (mqtt…): device messages taken in,
+    /// and those that arrived with the DUP flag. Empty for a target without ingress.
+    pub ingress: BTreeMap<String, IngressReading>,
+}
+
+/// One ingress source's messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct IngressReading {
+    /// Every message taken in, with or without the flag.
+    pub received: CounterReading,
+    /// Those flagged DUP on arrival (a broker's own redelivery to the ingress).
+    pub dup_flagged: CounterReading,
 }
 
 /// A counter's total and its current rate.
@@ -347,6 +370,7 @@ impl TargetTracker {
                 durability: None,
                 http: BTreeMap::new(),
                 seen_set_bypassed: BTreeMap::new(),
+                ingress: BTreeMap::new(),
             },
             counters: Counters::default(),
             restarts: RestartDetector::default(),
@@ -459,6 +483,7 @@ impl TargetTracker {
         let track = self.broker.get_or_insert_with(|| BrokerTrack {
             status: BrokerStatus {
                 target,
+                kind: BrokerKind::RabbitMq,
                 up: true,
                 redelivered,
                 acknowledged,
@@ -562,6 +587,25 @@ impl TargetTracker {
             }
         }
         self.status.http = http;
+        let mut ingress: BTreeMap<String, IngressReading> = BTreeMap::new();
+        let mut ingress_samples = exposition.named(&names.ingress_messages).peekable();
+        if ingress_samples.peek().is_some() {
+            let rates = rates_of(&mut self.counters, &names.ingress_messages);
+            for sample in ingress_samples {
+                let source = sample.label("source").unwrap_or("unknown").to_string();
+                let obs = observe_rate(rates, sample.labels.as_key(), at, sample.value, born);
+                let reading = CounterReading {
+                    total: sample.value,
+                    per_second: obs.rate,
+                };
+                let slot = ingress.entry(source).or_default();
+                add_reading(&mut slot.received, reading);
+                if sample.label("dup_flag") == Some("true") {
+                    add_reading(&mut slot.dup_flagged, reading);
+                }
+            }
+        }
+        self.status.ingress = ingress;
         self.status.durability = exposition
             .named(&names.engine_info)
             .filter(|s| s.value > 0.0)

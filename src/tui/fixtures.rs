@@ -14,7 +14,8 @@ use crate::monitor::db::{
 use crate::monitor::markers::{MarkerSource, TimelineMarker};
 use crate::monitor::series::Point;
 use crate::monitor::targets::{
-    BrokerStatus, ConsumerStatus, CounterReading, Flow, TargetStatus, Totals, WindowCounts,
+    BrokerKind, BrokerStatus, ConsumerStatus, CounterReading, Flow, IngressReading, TargetStatus,
+    Totals, WindowCounts,
 };
 use crate::monitor::vehicles::{
     DetailEvent, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
@@ -222,6 +223,13 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                 ]),
             )]),
             seen_set_bypassed: BTreeMap::new(),
+            ingress: BTreeMap::from([(
+                "mqtt".to_string(),
+                IngressReading {
+                    received: reading(48_210.0, 40.2),
+                    dup_flagged: reading(31.0, 0.1),
+                },
+            )]),
         }],
         consumers: vec![
             consumer(names[0], 5120.0, 8.0, 21.0, 0.001),
@@ -472,6 +480,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             .collect(),
         brokers: vec![BrokerStatus {
             target: "rabbitmq".into(),
+            kind: BrokerKind::RabbitMq,
             up: true,
             redelivered: reading(1930.0, 2.1),
             acknowledged: reading(120_433.0, 41.0),

@@ -419,6 +419,15 @@ fn sources_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 theme.warn,
             ));
         }
+        for (source, r) in &t.ingress {
+            lines.push(Line::raw(format!(
+                "  ingress {source}: {} msg/s · DUP-flagged {}/s ({} in, {} DUP)",
+                format::rate(r.received.per_second),
+                format::rate(r.dup_flagged.per_second),
+                format::count(r.received.total),
+                format::count(r.dup_flagged.total)
+            )));
+        }
         for (route, outcomes) in &t.http {
             let rate = |o: &str| format::rate(outcomes.get(o).and_then(|r| r.per_second));
             lines.push(Line::raw(format!(
