@@ -335,6 +335,7 @@ fn device_retransmit_drill_through_mosquitto_sends_one_sms_idempotent_and_n_naiv
 fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
     use idemwatch::config::MetricNames;
     use idemwatch::engine::metrics::Metrics;
+    use idemwatch::exposition::Format;
     use idemwatch::monitor::prometheus::{parse, ScrapeResult};
     use idemwatch::monitor::targets::TargetTracker;
 
@@ -350,7 +351,7 @@ fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
                 url: "http://127.0.0.1:9465/metrics".into(),
                 at,
                 duration: Duration::from_millis(1),
-                outcome: Ok(parse(&text).expect("the exposition parses")),
+                outcome: Ok(parse(&text, Format::PrometheusText).expect("the exposition parses")),
             },
             &MetricNames::default(),
         );

@@ -286,11 +286,13 @@ async fn dashboard_charts_jetstream_redeliveries_from_the_monitoring_endpoint() 
     }
     q.ack_batch(&once).await.unwrap();
 
-    let mut config = Config::default();
-    config.jetstream = vec![JetStreamMonitor {
-        name: "nats".into(),
-        url: format!("http://127.0.0.1:{monitor_port}"),
-    }];
+    let config = Config {
+        jetstream: vec![JetStreamMonitor {
+            name: "nats".into(),
+            url: format!("http://127.0.0.1:{monitor_port}"),
+        }],
+        ..Config::default()
+    };
     let mut monitor = Monitor::new(&config).unwrap();
     let before = monitor.poll().await;
     let b = &before.brokers[0];
