@@ -1,6 +1,8 @@
 //! A scrape target that goes down and comes back: down with the error text, a gap
 //! in the series, up again, and the restart as a marker.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -296,6 +298,20 @@ fn exposition(processed: u64, started: u64) -> String {
     )
 }
 
+/// The snapshot's target is up with exactly one restart marker, from the scrape, whose
+/// cause is a new `process_start_time_seconds`, and the target's last restart is it.
+fn one_restart_by_start_time(s: &Snapshot) -> idemwatch::monitor::markers::TimelineMarker {
+    assert_eq!(s.targets[0].status, SourceStatus::Up);
+    let found: Vec<_> = s.markers.iter().filter(|m| m.kind == "restart").collect();
+    assert_eq!(found.len(), 1, "{:?}", s.markers);
+    let marker = found[0].clone();
+    assert_eq!(marker.source, MarkerSource::Scrape);
+    let cause = marker.detail.as_deref().unwrap_or("");
+    assert!(cause.contains("process_start_time_seconds"), "{cause}");
+    assert_eq!(s.targets[0].last_restart, Some(marker.at));
+    marker
+}
+
 #[tokio::test]
 async fn a_restart_between_two_scrapes_is_one_marker_without_any_downtime() {
     // The process was replaced between two polls: the dashboard never saw it down,
@@ -319,13 +335,7 @@ async fn a_restart_between_two_scrapes_is_one_marker_without_any_downtime() {
     *body.lock().unwrap() = exposition(7, 1_700_000_600);
     beat().await;
     let after = monitor.poll().await;
-    assert_eq!(after.targets[0].status, SourceStatus::Up);
-    assert_eq!(restarts(&after), 1, "{:?}", after.markers);
-    let marker = after.markers.iter().find(|m| m.kind == "restart").unwrap();
-    assert_eq!(marker.source, MarkerSource::Scrape);
-    let cause = marker.detail.as_deref().unwrap_or("");
-    assert!(cause.contains("process_start_time_seconds"), "{cause}");
-    assert_eq!(after.targets[0].last_restart, Some(marker.at));
+    let marker = one_restart_by_start_time(&after);
     assert_eq!(consumer(&after).last_restart, Some(marker.at));
     let rate = consumer(&after).processed.per_second.unwrap();
     assert!(rate > 0.0, "counted from zero across the restart: {rate}");
@@ -335,6 +345,54 @@ async fn a_restart_between_two_scrapes_is_one_marker_without_any_downtime() {
     let later = monitor.poll().await;
     assert_eq!(restarts(&later), 1, "one restart, one marker");
     assert_eq!(later.targets[0].last_restart, Some(marker.at));
+}
+
+/// A second test of restart detection from a scrape, beside the two above (an
+/// exposition served in-process): the real `idemwatch serve` killed and started again
+/// on the same port between two polls. No traffic, so no counter goes down: only the
+/// process's own `process_start_time_seconds` tells, and it must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_process_killed_and_started_again_is_one_restart_marker() {
+    let env = common::TempEnv::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let up = || async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "serve never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let mut first = common::serve(&env, port);
+    up().await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+    let restarts = |s: &Snapshot| s.markers.iter().filter(|m| m.kind == "restart").count();
+    for _ in 0..2 {
+        let s = monitor.poll().await;
+        assert_eq!(s.targets[0].status, SourceStatus::Up);
+        assert_eq!((restarts(&s), s.targets[0].last_restart), (0, None));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    first.stop();
+    // A start time a second later at least: closer is exporter noise, not a restart.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _second = common::serve(&env, port);
+    up().await;
+    let after = monitor.poll().await;
+    one_restart_by_start_time(&after);
+    let later = monitor.poll().await;
+    assert_eq!(restarts(&later), 1, "one restart, one marker");
 }
 
 #[tokio::test]

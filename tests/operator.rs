@@ -76,6 +76,7 @@ fn huge_purge_durations_are_a_clear_error() {
 on_every_backend!(
     an_expired_claim_is_redriven_with_its_provider_key_without_a_redelivery,
     serve_finishes_a_claim_left_in_doubt_by_itself,
+    purge_from_the_command_line_keeps_a_claim_in_doubt_and_takes_finished_ones,
 );
 
 /// An engine of the SMS consumer alone with a short claim lease, and its sandbox.
@@ -168,6 +169,114 @@ async fn an_expired_claim_is_redriven_with_its_provider_key_without_a_redelivery
     assert_eq!(sandbox.state().sent_sms().len(), 1);
     // Nothing left in doubt: a second sweep finds nothing.
     assert_eq!(engine.sweep_claims().await.unwrap().in_doubt, 0);
+}
+
+/// `idemwatch purge` as an operator runs it (the binary, batches of one row), beside
+/// a claim in doubt whose SMS already went out: the claim and its dedup row stay, so
+/// the message's redelivery after the purge resends under the claim's own provider
+/// key and the provider replays (one SMS, not two); the finished claims go with their
+/// rows. A second test of the purge's rule beside the conformance suite's, through
+/// the command line and an actual redelivery instead of the store's own digest.
+async fn purge_from_the_command_line_keeps_a_claim_in_doubt_and_takes_finished_ones(db: &TestDb) {
+    let lease = Duration::from_millis(300);
+    let (engine, sandbox) = sms_engine(db, lease).await;
+    let device = "34-PCL-1";
+    let in_doubt = zone_exit(device, 1);
+    // The oldest row: the SMS went out, the worker died before recording it.
+    strand(&engine, &in_doubt, CrashPoint::AfterSideEffect).await;
+    let finished: Vec<Envelope> = (2..=4).map(|seq| zone_exit(device, seq)).collect();
+    let bodies: Vec<Vec<u8>> = finished
+        .iter()
+        .map(|e| e.to_json_line().into_bytes())
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    let worker = engine
+        .worker(zone_exit_sms::NAME, Arc::new(CrashPlan::none()), None)
+        .unwrap();
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(sandbox.state().sent_sms().len(), 4);
+    let provider_key = engine
+        .store
+        .claim(zone_exit_sms::NAME, &in_doubt.key())
+        .await
+        .unwrap()
+        .expect("the claim in doubt")
+        .provider_key;
+
+    // Every row is older than the cutoff (timestamps are kept to the microsecond at
+    // least; two seconds leave room for a server's rounding).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let json = |out: &str| -> serde_json::Value { serde_json::from_str(out).expect(out) };
+    let purge = [
+        "purge",
+        "--db",
+        &db.url,
+        "--older-than",
+        "1s",
+        "--force",
+        "--batch",
+        "1",
+        "--no-vacuum",
+        "--json",
+    ];
+    let (code, out, err) = run_cli(&db.env, &purge);
+    assert_eq!(code, 0, "{out}{err}");
+    let done = json(&out);
+    assert_eq!(
+        (done["deleted"].as_u64(), done["interrupted"].as_bool()),
+        (Some(3), Some(false)),
+        "the finished rows, in batches of one past the held one: {done}"
+    );
+    let (code, out, err) = run_cli(
+        &db.env,
+        &["claims", "list", "--all", "--json", "--db", &db.url],
+    );
+    assert_eq!(code, 0, "{err}");
+    let left = json(&out);
+    assert_eq!(
+        left["count"], 1,
+        "finished claims go with their rows: {left}"
+    );
+    assert_eq!(left["claims"][0]["message_key"], in_doubt.key().as_str());
+    assert_eq!(left["claims"][0]["state"], "claimed");
+    let digest = engine.store.digest().await.unwrap();
+    assert_eq!(digest.processed.len(), 1, "{:?}", digest.processed);
+    assert_eq!(digest.processed[0].1, in_doubt.key().as_str());
+    // Rerunning finds nothing more.
+    let (code, out, err) = run_cli(&db.env, &purge);
+    assert_eq!(
+        (code, json(&out)["deleted"].as_u64()),
+        (0, Some(0)),
+        "{err}"
+    );
+
+    // The queue brings the message in doubt back after the purge, its lease over.
+    tokio::time::sleep(lease * 2).await;
+    engine
+        .publish(&[in_doubt.to_json_line().into_bytes()])
+        .await
+        .unwrap();
+    worker.run_until_idle().await.unwrap();
+    let claim = engine
+        .store
+        .claim(zone_exit_sms::NAME, &in_doubt.key())
+        .await
+        .unwrap()
+        .expect("the claim");
+    assert_eq!(
+        (claim.state, claim.attempts, claim.provider_key.as_str()),
+        (ClaimState::Sent, 2, provider_key.as_str()),
+        "taken over in doubt with its own provider key"
+    );
+    let to_it: Vec<_> = sandbox
+        .state()
+        .sms_requests()
+        .into_iter()
+        .filter(|r| r.idempotency_key.as_deref() == Some(provider_key.as_str()))
+        .collect();
+    assert_eq!(to_it.len(), 2, "{to_it:?}");
+    assert!(to_it[1].replayed, "the provider replayed its first answer");
+    assert_eq!(sandbox.state().sent_sms().len(), 4, "one SMS per message");
 }
 
 async fn serve_finishes_a_claim_left_in_doubt_by_itself(db: &TestDb) {

@@ -57,6 +57,32 @@ fn post_note(base: &str, token: Option<&str>, key: &str) -> u16 {
     req.send().expect("request").status().as_u16()
 }
 
+/// A keys file of `text`, readable by its owner alone (serve refuses it otherwise);
+/// returns its path as `--api-keys` takes it.
+fn write_keys(path: &std::path::Path, text: &str) -> String {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    path.display().to_string()
+}
+
+/// `idem_http_requests_total` of `route` and `outcome` on the /metrics of `base` (0
+/// when not exported yet).
+fn http_requests(base: &str, route: &str, outcome: &str) -> f64 {
+    let exposition = reqwest::blocking::get(format!("{base}/metrics"))
+        .unwrap()
+        .text()
+        .unwrap();
+    exposition
+        .lines()
+        .find(|l| {
+            l.starts_with("idem_http_requests_total{")
+                && l.contains(&format!("route=\"{route}\""))
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
 /// Poll until `check` holds (30 s at most).
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -89,9 +115,7 @@ fn write_api_answers_404_without_api_keys() {
 fn api_on_its_own_listener_checks_keys_and_reloads_them_without_restart() {
     let env = TempEnv::new();
     let keys = env.path("api-keys");
-    std::fs::write(&keys, format!("# fleet apps\nalice {ALICE}\n")).unwrap();
-    std::fs::set_permissions(&keys, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let keys_arg = keys.display().to_string();
+    let keys_arg = write_keys(&keys, &format!("# fleet apps\nalice {ALICE}\n"));
     let (serve, line) = serve(
         &env,
         &["--api-listen", "127.0.0.1:0", "--api-keys", &keys_arg],
@@ -143,21 +167,7 @@ fn api_on_its_own_listener_checks_keys_and_reloads_them_without_restart() {
     assert_eq!(post_note(&api, Some(ALICE), "k-5"), 401);
 
     // The refusals are counted on /metrics.
-    let unauthorized = || {
-        let exposition = reqwest::blocking::get(format!("{metrics}/metrics"))
-            .unwrap()
-            .text()
-            .unwrap();
-        exposition
-            .lines()
-            .find(|l| {
-                l.starts_with("idem_http_requests_total{")
-                    && l.contains("route=\"/v1/trips/{device}/notes\"")
-                    && l.contains("outcome=\"unauthorized\"")
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .expect("unauthorized counted")
-    };
+    let unauthorized = || http_requests(&metrics, "/v1/trips/{device}/notes", "unauthorized");
     let before = unauthorized();
     assert!(before >= 4.0, "{before}");
     assert_eq!(post_note(&api, None, "k-6"), 401);
@@ -182,4 +192,68 @@ fn a_client_that_never_finishes_its_headers_is_cut_off() {
     // The server is still there for well-behaved clients.
     let ok = reqwest::blocking::get(format!("http://{addr}/metrics")).unwrap();
     assert_eq!(ok.status(), 200);
+}
+
+/// Idempotency-Keys are scoped to the caller, as `serve` runs the write API: two
+/// principals of the keys file sending the same key and the same command to the same
+/// vehicle are two requests, each executed once (two commands stored, two answers of
+/// their own), and a retry replays only its own caller's answer. A second test of the
+/// scope beside `tests/http_edge.rs` (the router in-process, notes): here the binary,
+/// its keys file, the commands route, both credential headers, and the outcome read
+/// from the database and from `/metrics`.
+#[test]
+fn one_key_from_two_callers_is_two_commands_not_a_replay() {
+    let env = TempEnv::new();
+    let keys_arg = write_keys(
+        &env.path("api-keys"),
+        &format!("alice {ALICE}\nbob {BOB}\n"),
+    );
+    let (_serve, line) = serve(&env, &["--api-keys", &keys_arg]);
+    let base = base_of(&line, "/metrics");
+    let device = "34-KS-1";
+    let command = |header: &str, value: &str| {
+        let resp = reqwest::blocking::Client::new()
+            .post(format!("{base}/v1/vehicles/{device}/commands"))
+            .header(header, value)
+            .header("idempotency-key", "lock-after-trip-7")
+            .json(&serde_json::json!({"command": "lock"}))
+            .send()
+            .expect("request");
+        let status = resp.status().as_u16();
+        let replayed = resp.headers().contains_key("idempotent-replayed");
+        let body: serde_json::Value = resp.json().expect("a JSON answer");
+        (status, replayed, body)
+    };
+    let alice = command("authorization", &format!("Bearer {ALICE}"));
+    let bob = command("x-api-key", BOB);
+    let bob_again = command("x-api-key", BOB);
+    assert_eq!(
+        [
+            (alice.0, alice.1),
+            (bob.0, bob.1),
+            (bob_again.0, bob_again.1)
+        ],
+        [(202, false), (202, false), (202, true)],
+        "{alice:?} {bob:?} {bob_again:?}"
+    );
+    assert_ne!(alice.2["id"], bob.2["id"], "each caller its own command");
+    assert_eq!(bob_again.2, bob.2, "bob's retry gets bob's answer");
+
+    let stored = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let stores = idemwatch::engine::store::open_with_edge(&env.db_url())
+            .await
+            .expect("open the database");
+        stores.edge.vehicle_commands(device).await.unwrap()
+    });
+    assert_eq!(
+        stored.iter().map(|(_, c)| c.as_str()).collect::<Vec<_>>(),
+        ["lock", "lock"],
+        "two commands for two callers, none for the retry"
+    );
+    assert_eq!(
+        stored.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        [&alice.2["id"], &bob.2["id"]].map(|id| id.as_i64().expect("a numeric id")),
+    );
+    let commands = |outcome| http_requests(&base, "/v1/vehicles/{device}/commands", outcome);
+    assert_eq!((commands("executed"), commands("replayed")), (2.0, 1.0));
 }
