@@ -151,6 +151,79 @@ async fn jetstream_dedup_window_stops_a_republish_but_not_a_redelivery() {
     assert_eq!((r.sms_sent, r.counter_delta), (7, 7), "{}", r.render_text());
 }
 
+/// One publish call of more bodies than `async-nats` lets be unacknowledged (5,000 by
+/// default): before the windows the 5,001st publish waited for ever for a permit only
+/// an awaited acknowledgement returns (`bench engine --messages 10000` hung). All
+/// 6,000 must be stored, then leased and acked, within the test's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_of_more_than_five_thousand_bodies_completes_and_every_one_is_delivered() {
+    let Some(url) = nats_url() else { return };
+    let q = NatsQueue::open(&url).await.unwrap();
+    let ns = unique("bulk");
+    let queue = format!("{ns}/trip-counter");
+    let n = 6_000;
+    let bodies: Vec<Vec<u8>> = (0..n)
+        .map(|i| format!(r#"{{"n":{i}}}"#).into_bytes())
+        .collect();
+    let counts = tokio::time::timeout(
+        Duration::from_secs(60),
+        q.publish_counted(std::slice::from_ref(&queue), &bodies),
+    )
+    .await
+    .expect("a publish of 6,000 bodies hung")
+    .unwrap();
+    assert_eq!((counts.stored, counts.duplicates), (n as u64, 0));
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while seen.len() < n && std::time::Instant::now() < deadline {
+        let got = q.lease(&queue, 500, Duration::from_secs(30)).await.unwrap();
+        for d in &got {
+            seen.insert(d.body.clone());
+        }
+        assert_eq!(q.ack_batch(&got).await.unwrap(), got.len());
+    }
+    assert_eq!(seen.len(), n);
+    assert!(q.depth(&queue).await.unwrap().is_empty());
+    q.remove_queue(&queue).await.unwrap();
+    q.delete_namespace(&ns).await.unwrap();
+}
+
+/// `bench engine` on JetStream meets its redeliveries: every copy is stored (each has
+/// its own `message_id`, so the publish-side window keeps them all) and the dedup
+/// table drops the same duplicates the raw baseline counts. Before, the window dropped
+/// the copies and the engine counted 0.
+#[test]
+fn bench_engine_on_jetstream_delivers_its_redeliveries_to_the_dedup_table() {
+    let Some(url) = nats_url() else { return };
+    let env = TempEnv::new();
+    let db = env.db_url();
+    let (code, out, err) = run_cli(
+        &env,
+        &[
+            "bench",
+            "engine",
+            "--db",
+            &db,
+            "--json",
+            "--queue",
+            &url,
+            "--messages",
+            "300",
+            "--dup-rate",
+            "0.1",
+            "--batch",
+            "10",
+            "--runs",
+            "1",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(r["raw"]["duplicates"], 30, "{r}");
+    assert_eq!(r["engine"]["applied"], r["raw"]["applied"], "{r}");
+    assert_eq!(r["engine"]["duplicates"], r["raw"]["duplicates"], "{r}");
+}
+
 #[tokio::test]
 async fn drills_on_jetstream_pass_idempotent() {
     let Some(url) = nats_url() else { return };

@@ -136,28 +136,38 @@ fn err(e: impl std::fmt::Display) -> BenchError {
 }
 
 /// N zone exits over 1,000 devices of this run, `dup_rate` of them redeliveries of an
-/// earlier message (same bytes), in a deterministic shuffled order.
+/// earlier message (same key and payload), in a deterministic shuffled order.
+///
+/// Every copy carries its own `message_id` (`{tag}-c{position}`), which the engine's
+/// key and fingerprint ignore, so a redelivery is still a duplicate to the dedup
+/// table. Why: JetStream drops a publish whose `Nats-Msg-Id` it saw inside its
+/// duplicate window, and that id is the producer's `message_id` (else a hash of the
+/// bytes), so identical copies never reached a consumer on NATS and the bench counted
+/// 0 duplicates there. With an id per copy every queue stores and delivers all N, as
+/// a redelivery that entered the queue twice arrives, and the NATS, RabbitMQ and
+/// embedded runs do the same work.
 fn messages(plan: &EngineBenchPlan, tag: &str) -> Vec<Vec<u8>> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(plan.seed);
     let distinct = ((plan.messages as f64) * (1.0 - plan.dup_rate))
         .round()
         .max(1.0) as usize;
-    let mut out: Vec<Vec<u8>> = (0..distinct)
-        .map(|i| {
+    let mut picks: Vec<usize> = (0..distinct).collect();
+    while picks.len() < plan.messages {
+        picks.push(rng.random_range(0..distinct));
+    }
+    picks.shuffle(&mut rng);
+    picks
+        .into_iter()
+        .enumerate()
+        .map(|(position, i)| {
             format!(
-                r#"{{"device_id":"{tag}-{:04}","seq":{i},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"Z{}"}}}}"#,
+                r#"{{"message_id":"{tag}-c{position}","device_id":"{tag}-{:04}","seq":{i},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"Z{}"}}}}"#,
                 i % 1000,
                 i % 7
             )
             .into_bytes()
         })
-        .collect();
-    while out.len() < plan.messages {
-        let j = rng.random_range(0..distinct);
-        out.push(out[j].clone());
-    }
-    out.shuffle(&mut rng);
-    out
+        .collect()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -19,7 +19,8 @@
 //!
 //! Publishing: one copy per target subject (the engine decides the fan-out), each with
 //! `Nats-Msg-Id` = `{queue}:{message_id}` (the producer's id, else a hash of the body)
-//! and every publish acknowledgement awaited. JetStream drops a second publish with
+//! and every publish acknowledgement awaited, in windows of at most
+//! [`PUBLISH_WINDOW`] unacknowledged publishes (see there why). JetStream drops a second publish with
 //! the same id inside its duplicate window — a *producer* retry. That window does
 //! nothing for a *consumer* redelivery (the message is stored once and delivered
 //! again when unacked): the dedup table still has to catch those
@@ -49,6 +50,19 @@ pub const STREAM_MAX_BYTES: i64 = 1 << 30;
 pub const MAX_MESSAGE_BYTES: i32 = 1 << 20;
 /// Longest wait for one request to the server (publish ack, fetch, ack, info).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Publishes of this queue whose acknowledgement is not in yet, at most.
+///
+/// `async-nats` gives every JetStream publish a permit of a semaphore (5,000 by
+/// default) that is only returned when its acknowledgement future is awaited, and a
+/// publish past the cap waits for a permit. Publishing a whole call's bodies before
+/// awaiting any acknowledgement therefore hung for ever past 5,000 bodies (`bench
+/// engine --messages 10000` on JetStream never finished). So a call publishes in
+/// windows: each window takes its permits from our own semaphore all at once (a
+/// fair `acquire_many`, so concurrent callers cannot each hold part of what they
+/// need), publishes, and awaits every acknowledgement before the next window. The
+/// library's cap is set to twice ours, so its semaphore never waits on our account
+/// (an abandoned window's permits come back by the library's own ack timeout).
+pub const PUBLISH_WINDOW: usize = 1024;
 
 fn nats_err(e: impl std::fmt::Display) -> QueueError {
     QueueError::Nats(e.to_string())
@@ -85,6 +99,8 @@ pub struct NatsQueue {
     consumers: Mutex<HashMap<String, consumer::PullConsumer>>,
     /// Streams already created, by name.
     streams: Mutex<HashMap<String, stream::Stream>>,
+    /// Room for unacknowledged publishes ([`PUBLISH_WINDOW`]).
+    publish_slots: tokio::sync::Semaphore,
 }
 
 /// What one publish call did: how many copies the stream stored, and how many it
@@ -115,8 +131,10 @@ impl NatsQueue {
             .connect(server.as_str())
             .await
             .map_err(|e| QueueError::Nats(format!("cannot connect to {redacted}: {e}")))?;
-        let mut js = jetstream::new(client.clone());
-        js.set_timeout(REQUEST_TIMEOUT);
+        let js = jetstream::ContextBuilder::new()
+            .timeout(REQUEST_TIMEOUT)
+            .max_ack_inflight(2 * PUBLISH_WINDOW)
+            .build(client.clone());
         Ok(NatsQueue {
             client,
             js,
@@ -124,6 +142,7 @@ impl NatsQueue {
             redacted,
             consumers: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
+            publish_slots: tokio::sync::Semaphore::new(PUBLISH_WINDOW),
         })
     }
 
@@ -273,33 +292,41 @@ impl NatsQueue {
         for queue in queues {
             let loc = self.location(queue);
             self.stream(&loc).await?;
-            let mut pending = Vec::with_capacity(bodies.len());
-            for body in bodies {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert(
-                    async_nats::header::NATS_MESSAGE_ID,
-                    Self::message_id(queue, body).as_str(),
-                );
-                let ack = self
-                    .js
-                    .publish_with_headers(loc.subject.clone(), headers, Bytes::from(body.clone()))
-                    .await
-                    .map_err(nats_err)?;
-                pending.push(ack);
-            }
-            // The acks arrive in any order; all of them must before the call returns.
-            for ack in futures::future::join_all(
-                pending
-                    .into_iter()
-                    .map(std::future::IntoFuture::into_future),
-            )
-            .await
-            {
-                let ack = ack.map_err(nats_err)?;
-                if ack.duplicate {
-                    counts.duplicates += 1;
-                } else {
-                    counts.stored += 1;
+            for window in bodies.chunks(PUBLISH_WINDOW) {
+                let n = u32::try_from(window.len()).unwrap_or(u32::MAX);
+                let _slots = self.publish_slots.acquire_many(n).await.map_err(nats_err)?;
+                let mut pending = Vec::with_capacity(window.len());
+                for body in window {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert(
+                        async_nats::header::NATS_MESSAGE_ID,
+                        Self::message_id(queue, body).as_str(),
+                    );
+                    let ack = self
+                        .js
+                        .publish_with_headers(
+                            loc.subject.clone(),
+                            headers,
+                            Bytes::from(body.clone()),
+                        )
+                        .await
+                        .map_err(nats_err)?;
+                    pending.push(ack);
+                }
+                // The acks arrive in any order; all of the window's must before the next.
+                for ack in futures::future::join_all(
+                    pending
+                        .into_iter()
+                        .map(std::future::IntoFuture::into_future),
+                )
+                .await
+                {
+                    let ack = ack.map_err(nats_err)?;
+                    if ack.duplicate {
+                        counts.duplicates += 1;
+                    } else {
+                        counts.stored += 1;
+                    }
                 }
             }
         }
