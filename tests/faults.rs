@@ -25,6 +25,7 @@ on_every_backend!(
     poison_in_a_batch_of_16_costs_only_itself,
     a_nul_in_a_batch_is_refused_alike_on_every_backend,
     a_store_outage_longer_than_the_retry_budget_loses_nothing,
+    a_refused_sms_result_in_a_batch_of_16_costs_only_itself,
 );
 
 fn zone_exit_line(device: &str, seq: u64) -> Vec<u8> {
@@ -49,6 +50,17 @@ async fn engine(
     cfg.consumers = vec![consumer.to_string()];
     cfg.runner = runner;
     Engine::open(&cfg).await.unwrap()
+}
+
+/// Run the engine's consumers until the queue is empty, within 120 s.
+async fn drain(engine: &Engine) {
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        engine.run_until_idle(Arc::new(CrashPlan::none()), None),
+    )
+    .await
+    .expect("the queue drains")
+    .unwrap();
 }
 
 /// Wait (at most `limit`) for `done`, checking every 20 ms.
@@ -390,13 +402,7 @@ async fn provider_run(arm: impl FnOnce(&sandbox_provider::SandboxState), n: usiz
         .map(|i| zone_exit_line(&format!("SMS-{i}"), 1))
         .collect();
     engine.publish(&bodies).await.unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        engine.run_until_idle(Arc::new(CrashPlan::none()), None),
-    )
-    .await
-    .expect("the queue drains")
-    .unwrap();
+    drain(&engine).await;
     ProviderRun {
         engine,
         sandbox,
@@ -524,4 +530,112 @@ async fn a_provider_refusal_is_a_dead_letter_not_a_processed_message() {
         .unwrap()
         .unwrap();
     assert_eq!(claim.state, ClaimState::Failed);
+}
+
+/// The database refuses to record `sent` for one key's claim: a trigger on SQLite, a
+/// CHECK on the servers. Nothing a parser could know, and the SMS did go out.
+async fn refuse_sent(db: &TestDb, key: &MessageKey) -> &'static str {
+    let key = key.as_str();
+    match db.kind {
+        Kind::Sqlite => {
+            db.exec(&format!(
+                "CREATE TRIGGER idw_poison BEFORE UPDATE ON side_effect_claims \
+                 WHEN NEW.state = 'sent' AND NEW.message_key = '{key}' \
+                 BEGIN SELECT RAISE(ABORT, 'idw_poison refuses to record this send'); END"
+            ))
+            .await
+        }
+        Kind::Postgres | Kind::Mysql => {
+            db.exec(&format!(
+                "ALTER TABLE side_effect_claims ADD CONSTRAINT idw_poison \
+                 CHECK (NOT (message_key = '{key}' AND state = 'sent'))"
+            ))
+            .await
+        }
+    }
+    "idw_poison"
+}
+
+/// A batch of 16 zone exits whose SMS all go out, the record of one refused by the
+/// database: its 15 neighbours are processed at once (no claim left live, no resend),
+/// the refused one is one `store_rejected` dead letter saying the SMS did go out and
+/// under which provider key, and its claim is closed so that the claim sweeper,
+/// past the lease, neither resends it nor writes another dead letter.
+async fn a_refused_sms_result_in_a_batch_of_16_costs_only_itself(db: &TestDb) {
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let lease = Duration::from_millis(800);
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    cfg.consumers = vec![zone_exit_sms::NAME.into()];
+    cfg.claim_lease = lease;
+    cfg.runner = RunnerSettings {
+        lease_batch: 16,
+        prefetch: 16,
+        pipeline: false,
+        max_deliveries: 1,
+        retry_delay: Duration::from_millis(20),
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    let bodies: Vec<Vec<u8>> = (0..16)
+        .map(|i| zone_exit_line(&format!("REC-{i}"), 1))
+        .collect();
+    let refused = key_of(&bodies[8]);
+    // The schema exists once the engine opened the store.
+    let cause = refuse_sent(db, &refused).await;
+    engine.publish(&bodies).await.unwrap();
+    drain(&engine).await;
+
+    let sms = zone_exit_sms::NAME;
+    let c = &engine.summary().consumers[sms];
+    assert_eq!(
+        (c.processed, c.dead_lettered, c.side_effects_sent),
+        (15, 1, 16),
+        "{c:?}"
+    );
+    // One request per zone exit: nothing was resent, not even under its own key.
+    assert_eq!(sandbox.state().sms_requests().len(), 16);
+    assert_eq!(sandbox.state().sent_sms().len(), 16);
+    let claim = |body: &[u8]| {
+        let key = key_of(body);
+        let store = engine.store.clone();
+        async move { store.claim(sms, &key).await.unwrap().expect("a claim") }
+    };
+    for (i, body) in bodies.iter().enumerate() {
+        let state = claim(body).await.state;
+        let want = if i == 8 {
+            ClaimState::Failed
+        } else {
+            ClaimState::Sent
+        };
+        assert_eq!(state, want, "REC-{i}");
+    }
+    let closed = claim(&bodies[8]).await;
+    let dead = engine.store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(
+        (dead[0].reason.as_str(), &dead[0].raw),
+        ("store_rejected", &bodies[8])
+    );
+    let detail = dead[0].detail.clone().unwrap_or_default();
+    for words in [cause, "DID happen", closed.provider_key.as_str()] {
+        assert!(detail.contains(words), "{words:?} in {detail}");
+    }
+
+    // Past the lease the claim sweeper finds nothing to re-drive: no resend, no
+    // second dead letter.
+    tokio::time::sleep(lease * 2).await;
+    for _ in 0..2 {
+        let swept = engine.sweep_claims().await.unwrap();
+        assert_eq!(swept, Default::default(), "{swept:?}");
+    }
+    assert_eq!(engine.store.dead_letters(10).await.unwrap().len(), 1);
+    assert_eq!(sandbox.state().sms_requests().len(), 16);
+    let c = &engine.summary().consumers[sms];
+    assert_eq!((c.processed, c.dead_lettered), (15, 1), "{c:?}");
+    assert!(engine.metrics.encode().contains(&format!(
+        "idem_dead_lettered_total{{consumer=\"{sms}\",reason=\"store_rejected\"}} 1"
+    )));
 }

@@ -105,7 +105,15 @@ pub async fn sweep(
                 report.left += 1;
             }
             Ok(_) => report.left += 1,
-            Err(HandleError::Store(e)) => return Err(e),
+            // The store away: the claims after this one would fail alike.
+            Err(HandleError::Store(e)) if e.is_infrastructure() => return Err(e),
+            // This claim's own trouble must not stop the sweep of the claims after
+            // it (oldest first, so it would block them on every sweep).
+            Err(HandleError::Store(e)) => {
+                tracing::warn!(consumer = consumer.name(), key = %s.claim.message_key,
+                    error = %e, "claim sweeper: could not re-drive this claim; left open");
+                report.left += 1;
+            }
             Err(HandleError::Crashed(_)) => report.left += 1,
         }
     }

@@ -19,6 +19,7 @@ use crate::engine::metrics::EffectResult;
 use crate::engine::provider::{ProviderError, ProviderReply};
 use crate::engine::store::{
     Claim, ClaimFinish, ClaimOutcome, ClaimRequest, ClaimResult, ClaimState, DedupOutcome,
+    StoreError,
 };
 
 /// The provider key for one consumer's effect of one message. Derived, never random:
@@ -127,30 +128,48 @@ where
             crash.reach(CrashPoint::AfterClaim)?;
             let reply = send(Some(claim.provider_key.clone())).await;
             crash.reach(CrashPoint::AfterSideEffect)?;
+            let answer = Answer {
+                i: 0,
+                provider_key: claim.provider_key,
+                effect: None,
+            };
             match reply {
                 Ok(r) => {
-                    let detail = sent_detail(&r);
-                    deps.store
-                        .finish_side_effect(consumer, &key, ClaimState::Sent, &detail)
-                        .await?;
-                    Ok(record(deps, consumer, sent_or_replayed(&r), in_doubt))
-                }
-                Err(e) if e.infra_kind().is_none() => {
-                    // Refused for good: nothing went out. The claim says so, and the
-                    // message is kept as a dead letter to be fixed and replayed.
-                    deps.store
-                        .finish_side_effect(consumer, &key, ClaimState::Failed, &e.to_string())
-                        .await?;
-                    Ok(provider_failed(deps, consumer, &e))
+                    let done = ClaimResult {
+                        key,
+                        finish: ClaimFinish::Done {
+                            state: ClaimState::Sent,
+                            detail: sent_detail(&r),
+                        },
+                    };
+                    let answer = Answer {
+                        effect: Some((sent_or_replayed(&r), in_doubt)),
+                        ..answer
+                    };
+                    let recorded = finish_alone(deps, consumer, &done, &answer).await?;
+                    Ok(recorded.unwrap_or_else(|| {
+                        Outcome::retry(RetryCause::Message, "no outcome decided")
+                    }))
                 }
                 Err(e) => {
-                    // Throttled, failing or unreachable: we may not know whether it went
-                    // out. Keep the claim and its key, make it immediately retryable,
-                    // give the delivery back (uncounted).
-                    deps.store
-                        .release_claim(consumer, &key, &e.to_string())
-                        .await?;
-                    Ok(provider_failed(deps, consumer, &e))
+                    // Refused for good: nothing went out; the claim says so, and the
+                    // message is kept as a dead letter to be fixed and replayed.
+                    // Throttled, failing or unreachable: we may not know whether it
+                    // went out; keep the claim and its key, make it immediately
+                    // retryable, give the delivery back (uncounted).
+                    let finish = if e.infra_kind().is_none() {
+                        ClaimFinish::Done {
+                            state: ClaimState::Failed,
+                            detail: e.to_string(),
+                        }
+                    } else {
+                        ClaimFinish::Release {
+                            detail: e.to_string(),
+                        }
+                    };
+                    let result = ClaimResult { key, finish };
+                    let recorded = finish_alone(deps, consumer, &result, &answer).await?;
+                    Ok(recorded.unwrap_or_else(|| provider_failed(deps, consumer, &e)))
                 }
             }
         }
@@ -180,6 +199,11 @@ async fn keep_message(deps: &Deps, consumer: &str, env: &Envelope) {
 /// batch is the unit of commit and ack. A crash point reached after one call drops
 /// the calls still in flight, as a dying process would; their claims stay `claimed`
 /// and come back in doubt after the lease, resent with the same provider key.
+///
+/// When the database refuses the batch's record for a reason that is not its health
+/// (one row refused by a constraint or a trigger), the answers are recorded one by
+/// one ([`finish_one_by_one`]): only the refused one becomes a dead letter, its
+/// neighbours commit at once.
 pub(crate) async fn perform_batch<'e, F, Fut>(
     consumer: &'static str,
     deps: &Deps,
@@ -226,13 +250,13 @@ where
         crash.reach(CrashPoint::AfterClaim)?;
     }
     let mut calls = futures::stream::iter(owned.into_iter().map(|(i, claim, in_doubt)| {
-        let call = send(envs[i], claim.provider_key);
-        async move { (i, in_doubt, call.await) }
+        let call = send(envs[i], claim.provider_key.clone());
+        async move { (i, in_doubt, claim.provider_key, call.await) }
     }))
     .buffer_unordered(deps.provider_concurrency.max(1));
     let mut results = Vec::new();
-    let mut effects = Vec::new();
-    while let Some((i, in_doubt, reply)) = calls.next().await {
+    let mut answers = Vec::new();
+    while let Some((i, in_doubt, provider_key, reply)) = calls.next().await {
         crash.reach(CrashPoint::AfterSideEffect)?;
         let key = requests[i].key.clone();
         let (finish, effect) = match reply {
@@ -241,7 +265,7 @@ where
                     state: ClaimState::Sent,
                     detail: sent_detail(&r),
                 },
-                Some(sent_or_replayed(&r)),
+                Some((sent_or_replayed(&r), in_doubt)),
             ),
             // Refused for good: nothing went out. The claim says so, and the
             // message is kept as a `provider_rejected` dead letter.
@@ -269,19 +293,164 @@ where
             }
         };
         results.push(ClaimResult { key, finish });
-        if let Some(effect) = effect {
-            effects.push((i, effect, in_doubt));
-        }
+        answers.push(Answer {
+            i,
+            provider_key,
+            effect,
+        });
     }
     drop(calls);
-    deps.store.finish_batch(consumer, &results).await?;
-    for (i, effect, in_doubt) in effects {
-        outcomes[i] = Some(record(deps, consumer, effect, in_doubt));
+    match deps.store.finish_batch(consumer, &results).await {
+        Ok(()) => {
+            for a in answers {
+                if let Some((effect, in_doubt)) = a.effect {
+                    outcomes[a.i] = Some(record(deps, consumer, effect, in_doubt));
+                }
+            }
+        }
+        Err(e) if e.is_infrastructure() => return Err(e.into()),
+        Err(e) => {
+            tracing::warn!(consumer, error = %e, batch = results.len(),
+                "recording the batch's provider answers failed for a reason that is not the store's health: recording them one by one");
+            finish_one_by_one(deps, consumer, &results, answers, &mut outcomes).await;
+        }
     }
     Ok(outcomes
         .into_iter()
         .map(|o| o.unwrap_or_else(|| Outcome::retry(RetryCause::Message, "no outcome decided")))
         .collect())
+}
+
+/// A provider's answer waiting to be recorded on its claim (phase 3).
+struct Answer {
+    /// The envelope's place in its batch.
+    i: usize,
+    /// The claim's provider key: the send went out under it.
+    provider_key: String,
+    /// What happened at the provider when it accepted (sent, or an earlier send
+    /// replayed) and whether the claim was taken over in doubt; `None` when the
+    /// outcome was decided at the answer (refused, throttled, failing).
+    effect: Option<(EffectResult, bool)>,
+}
+
+/// The batch's answers recorded one by one, each in its own statement, after the
+/// batch's transaction failed for a reason that is not the store's health: one row
+/// the database refuses (a constraint, a trigger) must not keep its neighbours'
+/// claims live — they would all come back busy until the lease and be resent. Each
+/// answer is settled by [`finish_alone`]. Once a statement fails for the store's
+/// health, the answers not yet recorded are given back for a retry (their claims
+/// stay open and come back in doubt, resent under the same provider key).
+async fn finish_one_by_one(
+    deps: &Deps,
+    consumer: &str,
+    results: &[ClaimResult],
+    answers: Vec<Answer>,
+    outcomes: &mut [Option<Outcome>],
+) {
+    let mut down: Option<Outcome> = None;
+    for (r, a) in results.iter().zip(answers) {
+        // A release that could not be written leaves the provider's own retry.
+        let release = matches!(r.finish, ClaimFinish::Release { .. });
+        let outcome = match &down {
+            Some(down) => (!release).then(|| down.clone()),
+            None => match finish_alone(deps, consumer, r, &a).await {
+                Ok(o) => o,
+                Err(e) => {
+                    let o = Outcome::of_store_error(&e);
+                    down = Some(o.clone());
+                    (!release).then_some(o)
+                }
+            },
+        };
+        if let Some(o) = outcome {
+            outcomes[a.i] = Some(o);
+        }
+    }
+}
+
+/// Record one answer on its claim in a statement of its own. `Ok(None)`: keep the
+/// outcome decided at the answer; `Ok(Some)`: the message's outcome; `Err`: the
+/// store's health failed it (retry later, uncounted).
+///
+/// When the database refuses a `sent` for what the row holds (a constraint or a
+/// trigger: the same every time), the effect DID happen, but the claim cannot say
+/// so. Left `claimed`, the claim sweeper would re-drive it after every lease: the
+/// provider replays, the record is refused again, and a new dead letter is written
+/// on every sweep. So the claim is closed `failed` in a second, smaller statement —
+/// the one final state besides `sent`, and one that every reader (a redelivery, the
+/// sweeper, a replay) takes as "never send this again" — and the message becomes one
+/// `store_rejected` dead letter naming the database's words, that the effect
+/// happened, and its provider key, for the operator to check in the provider's own
+/// records. `claims resolve` does not apply (it finishes open claims only); a
+/// replay of the letter finds the closed claim and is dropped as a duplicate.
+///
+/// A `failed` or a release that is refused leaves the outcome decided at the answer
+/// (`provider_rejected`, or the provider's retry); any other refusal (a bug, a
+/// schema that does not match) is a counted retry.
+async fn finish_alone(
+    deps: &Deps,
+    consumer: &str,
+    r: &ClaimResult,
+    a: &Answer,
+) -> Result<Option<Outcome>, StoreError> {
+    let written = match &r.finish {
+        ClaimFinish::Done { state, detail } => {
+            deps.store
+                .finish_side_effect(consumer, &r.key, *state, detail)
+                .await
+        }
+        ClaimFinish::Release { detail } => deps.store.release_claim(consumer, &r.key, detail).await,
+    };
+    let e = match written {
+        Ok(()) => {
+            return Ok(a
+                .effect
+                .map(|(effect, in_doubt)| record(deps, consumer, effect, in_doubt)))
+        }
+        Err(e) if e.is_infrastructure() => return Err(e),
+        Err(e) => e,
+    };
+    let (sent, effect) = match (&r.finish, a.effect) {
+        (ClaimFinish::Done { detail, .. }, Some((effect, _))) if e.is_content() => (detail, effect),
+        (ClaimFinish::Done { .. }, Some(_)) => return Ok(Some(Outcome::of_store_error(&e))),
+        (ClaimFinish::Done { .. }, None) => {
+            tracing::warn!(consumer, key = %r.key, error = %e,
+                "the database refused to record the claim `failed`: it stays open");
+            return Ok(None);
+        }
+        (ClaimFinish::Release { .. }, _) => return Ok(None),
+    };
+    let refused = format!(
+        "the provider accepted it ({sent}, provider key {}), but the database refused to record `sent` on its claim: {e}",
+        a.provider_key
+    );
+    let closed = deps
+        .store
+        .finish_side_effect(
+            consumer,
+            &r.key,
+            ClaimState::Failed,
+            &format!("{refused}; closed `failed` so that nothing sends it again"),
+        )
+        .await;
+    let after = match closed {
+        Ok(()) => "Its claim was closed `failed` instead, so no sweep or redelivery resends it \
+                   and a replay of this letter is dropped as a duplicate."
+            .to_string(),
+        Err(c) if c.is_infrastructure() => return Err(c),
+        Err(c) => format!(
+            "Closing its claim `failed` was refused too ({c}): it stays open, the claim \
+             sweeper re-drives it after its lease (the provider replays), and \
+             `claims resolve --as sent` finishes it."
+        ),
+    };
+    tracing::warn!(consumer, key = %r.key, provider_key = %a.provider_key, error = %e,
+        "the database refused to record a send that happened: dead-lettered as store_rejected");
+    deps.metrics.side_effect(consumer, effect);
+    Ok(Some(Outcome::Rejected(Rejection::new(
+        RejectReason::StoreRejected,
+        format!("{refused}. The effect DID happen: do not send it again. {after}"),
+    ))))
 }
 
 fn sent_detail(reply: &ProviderReply) -> String {
