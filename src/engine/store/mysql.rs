@@ -17,6 +17,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
 
+use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::*;
 use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
@@ -37,6 +38,29 @@ fn naive(t: DateTime<Utc>) -> NaiveDateTime {
 }
 
 use super::dialect::retrying;
+
+/// The state upsert, one event or a batch's round of them.
+const VEHICLE_UPSERT_INTO: &str = "INSERT INTO vehicle_state
+   (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
+
+/// What a conflicting row keeps: every column conditional on `newer` (the seq guard,
+/// or `TRUE` for naive writes), `last_seq` last because MySQL assigns left to right.
+fn vehicle_upsert_update(newer: &str) -> String {
+    format!(
+        "ON DUPLICATE KEY UPDATE
+           ignition = IF({newer}, COALESCE(VALUES(ignition), ignition), ignition),
+           zone = IF({newer}, CASE VALUES(last_event_type)
+                                WHEN 'zone_enter' THEN VALUES(zone)
+                                WHEN 'zone_exit' THEN NULL
+                                ELSE zone END, zone),
+           lat = IF({newer}, COALESCE(VALUES(lat), lat), lat),
+           lon = IF({newer}, COALESCE(VALUES(lon), lon), lon),
+           occurred_at = IF({newer}, VALUES(occurred_at), occurred_at),
+           updated_at = IF({newer}, VALUES(updated_at), updated_at),
+           last_event_type = IF({newer}, VALUES(last_event_type), last_event_type),
+           last_seq = IF({newer}, VALUES(last_seq), last_seq)"
+    )
+}
 
 impl MysqlStore {
     pub async fn open(url: &str) -> StoreResult<Self> {
@@ -155,6 +179,100 @@ impl MysqlStore {
         Ok(outcomes)
     }
 
+    /// A vehicle batch in one transaction: the devices' state rows read `FOR UPDATE`
+    /// (row locks on the stored ones, and InnoDB's gap locks keep a new device's row
+    /// from being inserted by anyone else until COMMIT), the history rows already
+    /// stored read, the outcomes decided by `vehicle_batch.rs` as one-by-one calls
+    /// would, the new history rows in one multi-row `INSERT IGNORE` and the state
+    /// upserts in rounds (round k: each device's k-th applied event, so no row twice in
+    /// a statement and each device in order). If the history insert wrote fewer rows
+    /// than decided, a writer outside the locks stored one in between: the transaction
+    /// is rolled back and the batch decided one event at a time instead, as
+    /// `record_batch_tx` does. A deadlock between two batches locking new devices'
+    /// gaps is retried whole by [`retrying`].
+    async fn vehicle_batch_tx(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+        let batch = VehicleBatch::new(envs)?;
+        let devices = batch.devices();
+        let distinct: Vec<&VehicleItem> = batch.distinct().collect();
+        let now = naive(Utc::now());
+        let mut tx = self.pool.begin().await?;
+        let mut last_seq = HashMap::new();
+        for chunk in devices.chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<MySql>::new(
+                "SELECT CAST(device_id AS CHAR), last_seq FROM vehicle_state WHERE device_id IN ",
+            );
+            q.push_tuples(chunk, |mut t, device| {
+                t.push_bind(*device);
+            });
+            q.push(" ORDER BY device_id FOR UPDATE");
+            let rows: Vec<(String, i64)> = q.build_query_as().fetch_all(&mut *tx).await?;
+            last_seq.extend(rows);
+        }
+        let mut stored = HashMap::new();
+        for chunk in distinct.chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<MySql>::new(
+                "SELECT CAST(device_id AS CHAR), seq, CAST(event_type AS CHAR), CAST(payload_hash AS CHAR)
+                 FROM vehicle_history WHERE (device_id, seq, event_type) IN ",
+            );
+            q.push_tuples(chunk, |mut t, item| {
+                let (device, seq, event_type) = item.key();
+                t.push_bind(device).push_bind(seq).push_bind(event_type);
+            });
+            let rows: Vec<(String, i64, String, String)> =
+                q.build_query_as().fetch_all(&mut *tx).await?;
+            stored.extend(rows.into_iter().map(|(d, s, t, h)| ((d, s, t), h)));
+        }
+        let (outcomes, writes) = batch.decide(&stored, &last_seq);
+        for chunk in writes.history.chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<MySql>::new(
+                "INSERT IGNORE INTO vehicle_history
+                   (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash) ",
+            );
+            q.push_values(chunk, |mut row, (item, applied)| {
+                row.push_bind(item.env.device_id.as_str())
+                    .push_bind(item.facts.seq)
+                    .push_bind(item.facts.event_type)
+                    .push_bind(naive(item.env.occurred_at))
+                    .push_bind(now)
+                    .push_bind(*applied)
+                    .push_bind(item.facts.payload.as_str())
+                    .push_bind(item.fingerprint.as_str());
+            });
+            let written = q.build().execute(&mut *tx).await?.rows_affected();
+            if written != chunk.len() as u64 {
+                tx.rollback().await?;
+                tracing::debug!("a racing writer stored a history row of this batch: one by one");
+                let mut outcomes = Vec::with_capacity(envs.len());
+                for env in envs {
+                    outcomes.push(self.vehicle_tx(env, &env.fingerprint(), true).await?);
+                }
+                return Ok(outcomes);
+            }
+        }
+        let update = vehicle_upsert_update("VALUES(last_seq) > last_seq");
+        for round in writes.upsert_rounds() {
+            for chunk in round.chunks(ROWS_PER_STATEMENT) {
+                let mut q = QueryBuilder::<MySql>::new(VEHICLE_UPSERT_INTO);
+                q.push(" ");
+                q.push_values(chunk, |mut row, item| {
+                    row.push_bind(item.env.device_id.as_str())
+                        .push_bind(item.facts.seq)
+                        .push_bind(item.facts.event_type)
+                        .push_bind(item.facts.ignition)
+                        .push_bind(item.facts.zone)
+                        .push_bind(item.facts.lat)
+                        .push_bind(item.facts.lon)
+                        .push_bind(naive(item.env.occurred_at))
+                        .push_bind(now);
+                });
+                q.push(" ").push(&update);
+                q.build().execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
     async fn vehicle_tx(
         &self,
         env: &Envelope,
@@ -199,21 +317,8 @@ impl MysqlStore {
             "TRUE"
         };
         let upsert = format!(
-            "INSERT INTO vehicle_state
-               (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON DUPLICATE KEY UPDATE
-               ignition = IF({newer}, COALESCE(VALUES(ignition), ignition), ignition),
-               zone = IF({newer}, CASE VALUES(last_event_type)
-                                    WHEN 'zone_enter' THEN VALUES(zone)
-                                    WHEN 'zone_exit' THEN NULL
-                                    ELSE zone END, zone),
-               lat = IF({newer}, COALESCE(VALUES(lat), lat), lat),
-               lon = IF({newer}, COALESCE(VALUES(lon), lon), lon),
-               occurred_at = IF({newer}, VALUES(occurred_at), occurred_at),
-               updated_at = IF({newer}, VALUES(updated_at), updated_at),
-               last_event_type = IF({newer}, VALUES(last_event_type), last_event_type),
-               last_seq = IF({newer}, VALUES(last_seq), last_seq)"
+            "{VEHICLE_UPSERT_INTO} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) {}",
+            vehicle_upsert_update(newer)
         );
         sqlx::query(&upsert)
             .bind(&env.device_id)
@@ -476,6 +581,10 @@ impl Store for MysqlStore {
         guarded: bool,
     ) -> StoreResult<VehicleOutcome> {
         retrying(|| self.vehicle_tx(env, fingerprint, guarded)).await
+    }
+
+    async fn apply_vehicle_batch(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+        retrying(|| self.vehicle_batch_tx(envs)).await
     }
 
     async fn claim_side_effect(

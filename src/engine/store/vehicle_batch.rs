@@ -50,6 +50,25 @@ pub(crate) struct VehicleWrites<'b, 'a> {
     pub upserts: Vec<&'b VehicleItem<'a>>,
 }
 
+impl<'b, 'a> VehicleWrites<'b, 'a> {
+    /// The applied events in rounds: round k holds each device's k-th applied event,
+    /// in batch order. A backend that upserts a round in one multi-row statement never
+    /// touches a row twice in it, and every device still sees its events in order.
+    pub fn upsert_rounds(&self) -> Vec<Vec<&'b VehicleItem<'a>>> {
+        let mut rounds: Vec<Vec<&'b VehicleItem<'a>>> = Vec::new();
+        let mut next_round: HashMap<&str, usize> = HashMap::new();
+        for item in &self.upserts {
+            let k = next_round.entry(item.env.device_id.as_str()).or_insert(0);
+            if rounds.len() == *k {
+                rounds.push(Vec::new());
+            }
+            rounds[*k].push(item);
+            *k += 1;
+        }
+        rounds
+    }
+}
+
 impl<'a> VehicleBatch<'a> {
     pub fn new(envs: &'a [Envelope]) -> StoreResult<Self> {
         let items = envs
@@ -196,5 +215,16 @@ mod tests {
         );
         let upserts: Vec<i64> = writes.upserts.iter().map(|i| i.facts.seq).collect();
         assert_eq!(upserts, [5, 7, 6]);
+        // D1 twice (5 then 6), D2 once: two rounds, D1's events in their order.
+        let rounds: Vec<Vec<(&str, i64)>> = writes
+            .upsert_rounds()
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .map(|i| (i.env.device_id.as_str(), i.facts.seq))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(rounds, [vec![("D1", 5), ("D2", 7)], vec![("D1", 6)]]);
     }
 }
