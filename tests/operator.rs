@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backends::TestDb;
-use common::{run_cli, zone_exit, TempEnv};
+use common::{counted_since, run_cli, zone_exit, TempEnv};
 use idemwatch::engine::consumers::zone_exit_sms;
 use idemwatch::engine::crash::{CrashPlan, CrashPoint, CrashStyle};
 use idemwatch::engine::envelope::Envelope;
+use idemwatch::engine::metrics::ConsumerCounts;
 use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::store::{self, ClaimState};
 use idemwatch::engine::{Engine, EngineConfig};
@@ -77,6 +78,7 @@ on_every_backend!(
     an_expired_claim_is_redriven_with_its_provider_key_without_a_redelivery,
     serve_finishes_a_claim_left_in_doubt_by_itself,
     purge_from_the_command_line_keeps_a_claim_in_doubt_and_takes_finished_ones,
+    a_refusal_the_sweeper_meets_is_dead_lettered_and_counted_once,
 );
 
 /// An engine of the SMS consumer alone with a short claim lease, and its sandbox.
@@ -137,13 +139,12 @@ async fn an_expired_claim_is_redriven_with_its_provider_key_without_a_redelivery
     // it: its worker died), the resend as a provider replay.
     let after = &engine.summary().consumers[zone_exit_sms::NAME];
     assert_eq!(
-        (
-            after.processed - before.processed,
-            after.side_effects_suppressed - before.side_effects_suppressed,
-            after.dead_lettered - before.dead_lettered
-        ),
-        (1, 1, 0),
-        "{after:?}"
+        counted_since(&before, after),
+        ConsumerCounts {
+            processed: 1,
+            side_effects_suppressed: 1,
+            ..ConsumerCounts::default()
+        }
     );
     assert!(engine.metrics.encode().contains(&format!(
         "idem_messages_processed_total{{consumer=\"{}\"}} {}",
@@ -277,6 +278,55 @@ async fn purge_from_the_command_line_keeps_a_claim_in_doubt_and_takes_finished_o
     assert_eq!(to_it.len(), 2, "{to_it:?}");
     assert!(to_it[1].replayed, "the provider replayed its first answer");
     assert_eq!(sandbox.state().sent_sms().len(), 4, "one SMS per message");
+}
+
+/// The sweeper counts a refusal it dead-letters as the runner would
+/// (`idem_dead_lettered_total{reason}`): its worker died, so nothing else ever counts
+/// that message. The provider refuses the sweep's send for good: one
+/// `provider_rejected` letter, counted once, and the claim closed `failed`, so a
+/// second sweep neither resends nor counts it again.
+async fn a_refusal_the_sweeper_meets_is_dead_lettered_and_counted_once(db: &TestDb) {
+    let lease = Duration::from_millis(300);
+    let (engine, sandbox) = sms_engine(db, lease).await;
+    let sms = zone_exit_sms::NAME;
+    let env = zone_exit("34-SW-3", 1);
+    // Died after the claim, before the provider call: nothing went out.
+    strand(&engine, &env, CrashPoint::AfterClaim).await;
+    sandbox.state().reject_next(1);
+    tokio::time::sleep(lease * 2).await;
+    let counted =
+        format!("idem_dead_lettered_total{{consumer=\"{sms}\",reason=\"provider_rejected\"}}");
+    assert!(engine.metrics.encode().contains(&format!("{counted} 0")));
+    let before = engine.summary().consumers[sms].clone();
+    let swept = engine.sweep_claims().await.unwrap();
+    assert_eq!(
+        (swept.in_doubt, swept.finished, swept.dead_lettered),
+        (1, 0, 1),
+        "{swept:?}"
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            counted_since(&before, &engine.summary().consumers[sms]),
+            ConsumerCounts {
+                dead_lettered: 1,
+                side_effects_failed: 1,
+                ..ConsumerCounts::default()
+            }
+        );
+        assert!(engine.metrics.encode().contains(&format!("{counted} 1")));
+        let dead = engine.store.dead_letters(10).await.unwrap();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(
+            (dead[0].reason.as_str(), &dead[0].raw),
+            ("provider_rejected", &env.to_json_line().into_bytes())
+        );
+        let claim = engine.store.claim(sms, &env.key()).await.unwrap().unwrap();
+        assert_eq!(claim.state, ClaimState::Failed);
+        assert_eq!(sandbox.state().sms_requests().len(), 1);
+        assert!(sandbox.state().sent_sms().is_empty());
+        // Nothing left in doubt: the next sweep finds nothing.
+        assert_eq!(engine.sweep_claims().await.unwrap().in_doubt, 0);
+    }
 }
 
 async fn serve_finishes_a_claim_left_in_doubt_by_itself(db: &TestDb) {

@@ -50,6 +50,24 @@ pub fn run_cli(env: &TempEnv, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+/// What one consumer counted between two summaries (`after` − `before`, field by
+/// field), compared whole so that a count nobody expected to move shows up too.
+pub fn counted_since(
+    before: &idemwatch::engine::metrics::ConsumerCounts,
+    after: &idemwatch::engine::metrics::ConsumerCounts,
+) -> idemwatch::engine::metrics::ConsumerCounts {
+    idemwatch::engine::metrics::ConsumerCounts {
+        processed: after.processed - before.processed,
+        duplicate_dropped: after.duplicate_dropped - before.duplicate_dropped,
+        out_of_order: after.out_of_order - before.out_of_order,
+        dead_lettered: after.dead_lettered - before.dead_lettered,
+        redelivered: after.redelivered - before.redelivered,
+        side_effects_sent: after.side_effects_sent - before.side_effects_sent,
+        side_effects_suppressed: after.side_effects_suppressed - before.side_effects_suppressed,
+        side_effects_failed: after.side_effects_failed - before.side_effects_failed,
+    }
+}
+
 pub mod amqp;
 pub mod backends;
 pub mod services;
