@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backends::{Kind, TestDb};
+use common::outage::Outage;
 use common::proxy::{server_addr, CuttableProxy};
+use common::{stop_and_assert_each_once, wait_for};
 use idemwatch::engine::consumers::{trip_counter, zone_exit_sms};
 use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::envelope::{Envelope, MessageKey};
@@ -19,7 +21,6 @@ use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::store::ClaimState;
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::sandbox_provider;
-use sqlx::Connection;
 
 on_every_backend!(
     poison_in_a_batch_of_16_costs_only_itself,
@@ -61,17 +62,6 @@ async fn drain(engine: &Engine) {
     .await
     .expect("the queue drains")
     .unwrap();
-}
-
-/// Wait (at most `limit`) for `done`, checking every 20 ms.
-async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    tokio::time::timeout(limit, async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what}: not within {limit:?}"));
 }
 
 /// The database refuses one device's counter row for what it holds: a constraint on
@@ -197,73 +187,6 @@ async fn a_nul_in_a_batch_is_refused_alike_on_every_backend(db: &TestDb) {
     );
 }
 
-/// How this test takes its own database away, and gives it back.
-enum Outage {
-    /// SQLite: another connection holds the write lock, longer than the store's busy
-    /// timeout, so the engine's writes fail as SQLITE_BUSY.
-    Locked(sqlx::SqliteConnection),
-    /// PostgreSQL: our database refuses connections and its sessions are terminated.
-    Refused { admin: String, name: String },
-    /// MariaDB: the TCP way to the server is cut.
-    Cut,
-}
-
-impl Outage {
-    async fn start(db: &TestDb, proxy: Option<&CuttableProxy>) -> Outage {
-        match db.kind {
-            Kind::Sqlite => {
-                let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-                sqlx::query("BEGIN IMMEDIATE")
-                    .execute(&mut c)
-                    .await
-                    .unwrap();
-                Outage::Locked(c)
-            }
-            Kind::Postgres => {
-                let (admin, name) = (
-                    db.admin_url().unwrap().to_string(),
-                    db.name().unwrap().to_string(),
-                );
-                let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
-                sqlx::query(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
-                    .execute(&mut c)
-                    .await
-                    .unwrap();
-                // Our own database's sessions only (its name is unique to this test).
-                sqlx::query(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                     WHERE datname = $1 AND pid <> pg_backend_pid()",
-                )
-                .bind(&name)
-                .execute(&mut c)
-                .await
-                .unwrap();
-                Outage::Refused { admin, name }
-            }
-            Kind::Mysql => {
-                proxy.expect("MariaDB goes through the proxy").cut();
-                Outage::Cut
-            }
-        }
-    }
-
-    async fn end(self, proxy: Option<&CuttableProxy>) {
-        match self {
-            Outage::Locked(mut c) => {
-                sqlx::query("ROLLBACK").execute(&mut c).await.unwrap();
-            }
-            Outage::Refused { admin, name } => {
-                let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
-                sqlx::query(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
-                    .execute(&mut c)
-                    .await
-                    .unwrap();
-            }
-            Outage::Cut => proxy.expect("the proxy").restore(),
-        }
-    }
-}
-
 /// With `max_deliveries = 1`, a single delivery spent on the outage would cost a
 /// message: the whole retry budget is one failure. The outage lasts until the
 /// consumer has failed on it at least twice, with messages arriving meanwhile; after
@@ -341,26 +264,7 @@ async fn a_store_outage_longer_than_the_retry_budget_loses_nothing(db: &TestDb) 
         || processed() == 12,
     )
     .await;
-    stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(60), running)
-        .await
-        .expect("the worker stops")
-        .unwrap()
-        .unwrap();
-    let c = &engine.summary().consumers[consumer];
-    assert_eq!(
-        (c.processed, c.duplicate_dropped, c.dead_lettered),
-        (12, 0, 0),
-        "{c:?}"
-    );
-    assert!(engine.store.dead_letters(10).await.unwrap().is_empty());
-    for i in 0..12 {
-        assert_eq!(
-            engine.store.zone_exits(&format!("OUT-{i}")).await.unwrap(),
-            1,
-            "OUT-{i}"
-        );
-    }
+    stop_and_assert_each_once(&engine, consumer, stop, running, "OUT-", 12).await;
     assert!(engine.pause(consumer).is_none(), "resumed by itself");
     assert!(engine.metrics.encode().contains(&format!(
         "idem_consumer_paused{{consumer=\"{consumer}\",cause=\"store\"}} 0"

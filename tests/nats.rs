@@ -8,12 +8,16 @@ mod common;
 use std::time::Duration;
 
 use common::backends::{Kind, TestDb};
+use common::outage::Outage;
 use common::services::nats_url;
-use common::{chaos_short, run_cli, TempEnv};
+use common::{chaos_short, run_cli, stop_and_assert_each_once, wait_for, TempEnv};
 use idemwatch::drills::{self, DrillOptions, Scenario, Verdict};
-use idemwatch::engine::consumers::ConsumerMode;
+use idemwatch::engine::consumers::{trip_counter, ConsumerMode};
+use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::queue::nats::NatsQueue;
 use idemwatch::engine::queue::Queue;
+use idemwatch::engine::runner::RunnerSettings;
+use idemwatch::engine::{Engine, EngineConfig};
 
 fn unique(tag: &str) -> String {
     format!(
@@ -25,7 +29,7 @@ fn unique(tag: &str) -> String {
 
 /// Lease until something comes back (a redelivery after AckWait), at most 30 s.
 async fn lease_again(
-    q: &NatsQueue,
+    q: &dyn Queue,
     queue: &str,
     visibility: Duration,
 ) -> Vec<idemwatch::engine::queue::Delivery> {
@@ -404,4 +408,177 @@ async fn dashboard_charts_jetstream_redeliveries_from_the_monitoring_endpoint() 
     );
     let json = serde_json::to_value(&after).unwrap();
     assert_eq!(json["brokers"][0]["kind"], "jetstream", "{json}");
+}
+
+/// An engine of one consumer on JetStream, in a namespace (its own stream) of its own.
+async fn nats_engine(db_url: &str, url: &str, ns: &str, runner: RunnerSettings) -> Engine {
+    let mut cfg = EngineConfig::new(db_url, url, "http://127.0.0.1:9", "http://127.0.0.1:9");
+    cfg.consumers = vec![trip_counter::NAME.into()];
+    cfg.namespace = Some(ns.to_string());
+    cfg.runner = runner;
+    Engine::open(&cfg).await.unwrap()
+}
+
+fn zone_exit(device: &str) -> Vec<u8> {
+    format!(
+        r#"{{"device_id":"{device}","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"X"}}}}"#
+    )
+    .into_bytes()
+}
+
+/// Issue 14 on JetStream: a PostgreSQL outage (our database refuses connections and
+/// its sessions are killed) with `max_deliveries = 1`, so one delivery spent on the
+/// outage costs a message. JetStream counts every delivery, so before the returned
+/// copies the deliveries the outage handed back came again with `num_delivered` 2 and
+/// were dead-lettered after recovery. Now: every effect once, 0 dead letters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_on_jetstream_burns_no_delivery_budget() {
+    let Some(url) = nats_url() else { return };
+    let Some(db) = TestDb::new(Kind::Postgres).await else {
+        return;
+    };
+    let ns = unique("outage");
+    let engine = std::sync::Arc::new(
+        nats_engine(
+            &db.url,
+            &url,
+            &ns,
+            RunnerSettings {
+                lease_batch: 4,
+                max_deliveries: 1,
+                retry_delay: Duration::from_millis(20),
+                max_pause: Duration::from_millis(300),
+                visibility_timeout: Duration::from_secs(5),
+                idle_poll: Duration::from_millis(10),
+                ..RunnerSettings::default()
+            },
+        )
+        .await,
+    );
+    let consumer = trip_counter::NAME;
+    let processed = || engine.summary().consumers[consumer].processed;
+    let before: Vec<Vec<u8>> = (0..4).map(|i| zone_exit(&format!("NO-{i}"))).collect();
+    engine.publish(&before).await.unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = engine
+        .worker(consumer, std::sync::Arc::new(CrashPlan::none()), None)
+        .unwrap();
+    let running = tokio::spawn(async move { worker.run(stopped).await });
+    wait_for("the first messages", Duration::from_secs(60), || {
+        processed() == 4
+    })
+    .await;
+
+    let outage = Outage::start(&db, None).await;
+    let during: Vec<Vec<u8>> = (4..12).map(|i| zone_exit(&format!("NO-{i}"))).collect();
+    engine.publish(&during).await.unwrap();
+    // Failed deliveries given back, then failed probes: well past the budget of one.
+    wait_for("failures on the outage", Duration::from_secs(120), || {
+        engine.pause(consumer).is_some_and(|p| p.failures >= 4)
+    })
+    .await;
+    outage.end(None).await;
+
+    wait_for(
+        "every message after recovery",
+        Duration::from_secs(120),
+        || {
+            let c = &engine.summary().consumers[consumer];
+            c.processed + c.dead_lettered >= 12
+        },
+    )
+    .await;
+    stop_and_assert_each_once(&engine, consumer, stop, running, "NO-", 12).await;
+    let queue = engine.queue_name(consumer);
+    assert!(engine.queue.depth(&queue).await.unwrap().is_empty());
+    engine.queue.close().await;
+    let q = NatsQueue::open(&url).await.unwrap();
+    q.delete_namespace(&ns).await.unwrap();
+    db.cleanup().await;
+}
+
+/// Uncounted returns keep a message's attempts (its delivery count still rises);
+/// counted nacks and a run-out `AckWait` raise them, across the returned copies; a
+/// poison message still ends as a `max_deliveries` dead letter, and one returned
+/// uncounted more often than the limit is still processed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncounted_returns_on_jetstream_keep_attempts_and_poison_still_reaches_max_deliveries() {
+    let Some(url) = nats_url() else { return };
+    let env = TempEnv::new();
+    let ns = unique("budget");
+    let engine = nats_engine(
+        &env.db_url(),
+        &url,
+        &ns,
+        RunnerSettings {
+            max_deliveries: 3,
+            idle_poll: Duration::from_millis(10),
+            ..RunnerSettings::default()
+        },
+    )
+    .await;
+    let queue = engine.queue_name(trip_counter::NAME);
+    let q: &dyn Queue = engine.queue.as_ref();
+    let visibility = Duration::from_millis(400);
+    let counts = |d: &idemwatch::engine::queue::Delivery| (d.attempts, d.delivery_count);
+
+    engine.publish(&[zone_exit("POISON")]).await.unwrap();
+    let d = q.lease(&queue, 10, visibility).await.unwrap();
+    assert_eq!(d.iter().map(counts).collect::<Vec<_>>(), vec![(1, 1)]);
+    q.nack_uncounted(&d[0], Duration::ZERO).await.unwrap();
+    let d = lease_again(q, &queue, visibility).await;
+    assert_eq!(d.iter().map(counts).collect::<Vec<_>>(), vec![(1, 2)]);
+    // A delayed uncounted return is held for its delay, then comes back uncounted.
+    q.nack_uncounted(&d[0], Duration::from_millis(700))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(q.lease(&queue, 10, visibility).await.unwrap().is_empty());
+    let d = lease_again(q, &queue, visibility).await;
+    assert_eq!(d.iter().map(counts).collect::<Vec<_>>(), vec![(1, 3)]);
+    // Counted: a nack, then a lease left to run out.
+    q.nack(&d[0], Duration::ZERO).await.unwrap();
+    let d = lease_again(q, &queue, visibility).await;
+    assert_eq!(d.iter().map(counts).collect::<Vec<_>>(), vec![(2, 4)]);
+    let d = lease_again(q, &queue, visibility).await;
+    assert_eq!(d.iter().map(counts).collect::<Vec<_>>(), vec![(3, 5)]);
+    q.nack_uncounted(&d[0], Duration::ZERO).await.unwrap();
+    let d = lease_again(q, &queue, visibility).await;
+    assert_eq!(d.iter().map(counts).collect::<Vec<_>>(), vec![(3, 6)]);
+    // Its lease runs out once more: a fourth counted delivery of three allowed.
+    tokio::time::sleep(visibility + Duration::from_millis(200)).await;
+
+    // A good message given back uncounted five times (more than the limit).
+    engine.publish(&[zone_exit("GOOD")]).await.unwrap();
+    let mut good = None;
+    for _ in 0..5 {
+        let d = lease_again(q, &queue, visibility).await;
+        for d in d {
+            if d.body == zone_exit("GOOD") {
+                good = Some(counts(&d));
+            }
+            q.nack_uncounted(&d, Duration::ZERO).await.unwrap();
+        }
+    }
+    assert!(good.is_some_and(|(attempts, _)| attempts == 1), "{good:?}");
+
+    let worker = engine
+        .worker(
+            trip_counter::NAME,
+            std::sync::Arc::new(CrashPlan::none()),
+            None,
+        )
+        .unwrap();
+    worker.run_until_idle().await.unwrap();
+    let c = &engine.summary().consumers[trip_counter::NAME];
+    assert_eq!((c.processed, c.dead_lettered), (1, 1), "{c:?}");
+    let dead = engine.store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].reason, "max_deliveries");
+    assert_eq!(dead[0].raw, zone_exit("POISON"));
+    assert_eq!(engine.store.zone_exits("GOOD").await.unwrap(), 1);
+    assert!(q.depth(&queue).await.unwrap().is_empty());
+    engine.queue.close().await;
+    let nq = NatsQueue::open(&url).await.unwrap();
+    nq.delete_namespace(&ns).await.unwrap();
 }

@@ -83,6 +83,7 @@ pub fn zone_exit(device: &str, seq: u64) -> idemwatch::engine::envelope::Envelop
     )
     .expect("a valid zone_exit")
 }
+pub mod outage;
 pub mod proxy;
 
 /// A child process killed (and reaped) when the test ends, pass or fail.
@@ -151,4 +152,48 @@ pub fn chaos_short(
     let report = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("chaos printed no JSON report ({e}): {stdout}\n{stderr}"));
     (code, report)
+}
+
+/// Wait (at most `limit`) for `done`, checking every 20 ms.
+pub async fn wait_for(what: &str, limit: std::time::Duration, mut done: impl FnMut() -> bool) {
+    tokio::time::timeout(limit, async {
+        while !done() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within {limit:?}"));
+}
+
+/// The end of a store-outage test: stop the worker, then `n` zone exits of the devices
+/// `{prefix}0…` each counted once, none dropped as a duplicate, none dead-lettered.
+pub async fn stop_and_assert_each_once(
+    engine: &idemwatch::engine::Engine,
+    consumer: &str,
+    stop: tokio::sync::watch::Sender<bool>,
+    running: tokio::task::JoinHandle<Result<(), idemwatch::engine::crash::Crashed>>,
+    prefix: &str,
+    n: u64,
+) {
+    stop.send(true).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(60), running)
+        .await
+        .expect("the worker stops")
+        .unwrap()
+        .unwrap();
+    let c = &engine.summary().consumers[consumer];
+    assert_eq!(
+        (c.processed, c.duplicate_dropped, c.dead_lettered),
+        (n, 0, 0),
+        "{c:?}"
+    );
+    assert!(engine.store.dead_letters(10).await.unwrap().is_empty());
+    for i in 0..n {
+        let device = format!("{prefix}{i}");
+        assert_eq!(
+            engine.store.zone_exits(&device).await.unwrap(),
+            1,
+            "{device}"
+        );
+    }
 }

@@ -17,6 +17,26 @@
 //! is a request to it that the server confirms (JetStream's *double ack*), sent only
 //! after the business commit; a nack is `-NAK` with the retry delay.
 //!
+//! Uncounted returns (an outage, throttling, a lease given back unhandled) must not
+//! spend `max_deliveries`, but JetStream counts every delivery and has no way to give
+//! a message back without counting it: `-NAK` and a run-out `AckWait` both raise
+//! `num_delivered`, and `+WPI` only holds a message, it never makes it deliverable
+//! again. So an uncounted return is a **copy with our own counts** (as the classic
+//! AMQP path does, `amqp.rs`): the delivery is held for the return's delay (`+WPI`
+//! keeps its lease alive past `AckWait`), then its body is published again with the
+//! headers `Idemwatch-Attempts` / `Idemwatch-Deliveries` (what counted and what
+//! happened before the copy) under `Nats-Msg-Id` `{id}:u{stream sequence}` — a fresh
+//! id, else the duplicate window would drop the copy as a producer retry — and only
+//! once the stream has stored it is the original acked. A delivery's attempts are the
+//! header's plus this copy's `num_delivered`, its delivery count likewise. A crash
+//! between the copy and the ack leaves both: the original comes back counted (a crash
+//! is counted on every queue) and the dedup table drops whichever is second; a second
+//! return of the same stored message reuses its copy's id, so the window keeps one.
+//! Chosen over holding with `+WPI` alone, which would keep the message in one
+//! process's memory for the whole outage (lost, and counted, when that process stops)
+//! and in the consumer's `max_ack_pending` the while. The copy goes to the end of its
+//! subject, as a requeued message does on the other queues.
+//!
 //! Publishing: one copy per target subject (the engine decides the fan-out), each with
 //! `Nats-Msg-Id` = `{queue}:{message_id}` (the producer's id, else a hash of the body)
 //! and every publish acknowledgement awaited, in windows of at most
@@ -27,6 +47,7 @@
 //! (`tests/nats.rs` shows both).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream, AckKind};
@@ -50,6 +71,11 @@ pub const STREAM_MAX_BYTES: i64 = 1 << 30;
 pub const MAX_MESSAGE_BYTES: i32 = 1 << 20;
 /// Longest wait for one request to the server (publish ack, fetch, ack, info).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Header of a returned copy: the deliveries before it that counted toward
+/// `max_deliveries`.
+pub const ATTEMPTS_HEADER: &str = "Idemwatch-Attempts";
+/// Header of a returned copy: all deliveries before it.
+pub const DELIVERIES_HEADER: &str = "Idemwatch-Deliveries";
 /// Publishes of this queue whose acknowledgement is not in yet, at most.
 ///
 /// `async-nats` gives every JetStream publish a permit of a semaphore (5,000 by
@@ -100,7 +126,11 @@ pub struct NatsQueue {
     /// Streams already created, by name.
     streams: Mutex<HashMap<String, stream::Stream>>,
     /// Room for unacknowledged publishes ([`PUBLISH_WINDOW`]).
-    publish_slots: tokio::sync::Semaphore,
+    publish_slots: Arc<tokio::sync::Semaphore>,
+    /// Uncounted returns waiting out their delay (see the module doc).
+    returns: std::sync::Mutex<tokio::task::JoinSet<()>>,
+    /// Set by [`Queue::close`]: the waiting returns are made at once.
+    flush: tokio::sync::watch::Sender<bool>,
 }
 
 /// What one publish call did: how many copies the stream stored, and how many it
@@ -142,7 +172,9 @@ impl NatsQueue {
             redacted,
             consumers: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
-            publish_slots: tokio::sync::Semaphore::new(PUBLISH_WINDOW),
+            publish_slots: Arc::new(tokio::sync::Semaphore::new(PUBLISH_WINDOW)),
+            returns: std::sync::Mutex::new(tokio::task::JoinSet::new()),
+            flush: tokio::sync::watch::channel(false).0,
         })
     }
 
@@ -357,10 +389,21 @@ impl NatsQueue {
     }
 }
 
-/// The delivery count from a JetStream message's metadata (1 on the first delivery).
+/// A count from one of our headers (0 when absent or not a number).
+fn header_count(m: &jetstream::Message, name: &str) -> u32 {
+    m.headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .and_then(|v| v.as_str().trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A delivery from a JetStream message: the server's `num_delivered` (1 on the first
+/// delivery of this stored message) on top of the counts a returned copy carries.
 fn delivery_of(queue: &str, m: &jetstream::Message) -> QueueResult<Delivery> {
     let info = m.info().map_err(nats_err)?;
-    let count = u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX);
+    let here = u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX);
+    let count = header_count(m, DELIVERIES_HEADER).saturating_add(here);
     let token = m
         .reply
         .as_ref()
@@ -371,13 +414,87 @@ fn delivery_of(queue: &str, m: &jetstream::Message) -> QueueResult<Delivery> {
         queue: queue.to_string(),
         body: m.payload.to_vec(),
         delivery_count: count,
-        // JetStream counts every delivery and cannot be told otherwise: an uncounted
-        // return is counted here (the consumer's pause still keeps an outage short
-        // of the limit; a header of our own, as on AMQP, is not done yet).
-        attempts: count,
+        attempts: header_count(m, ATTEMPTS_HEADER).saturating_add(here),
         redelivered: count > 1,
         lease_token: token,
     })
+}
+
+/// One uncounted return: what the copy carries and where it goes.
+struct Return {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    slots: Arc<tokio::sync::Semaphore>,
+    subject: String,
+    /// The original's ack subject.
+    token: String,
+    body: Bytes,
+    headers: async_nats::HeaderMap,
+    delay: Duration,
+    /// How often the held original's lease is renewed (`+WPI`): within its `AckWait`.
+    keep_alive: Duration,
+}
+
+impl Return {
+    /// Hold the original for the delay (sooner when the queue closes), then copy and
+    /// ack it. A copy the stream does not take falls back to `-NAK`: counted, but
+    /// never lost.
+    async fn make(self, mut flush: tokio::sync::watch::Receiver<bool>) {
+        let until = tokio::time::Instant::now() + self.delay;
+        loop {
+            if *flush.borrow() || tokio::time::Instant::now() >= until {
+                break;
+            }
+            let step = until
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(self.keep_alive);
+            tokio::select! {
+                _ = tokio::time::sleep(step) => {}
+                changed = flush.changed() => if changed.is_err() { break },
+            }
+            if tokio::time::Instant::now() < until && !*flush.borrow() {
+                let _ = self
+                    .client
+                    .publish(self.token.clone(), Bytes::from(AckKind::Progress))
+                    .await;
+            }
+        }
+        if let Err(e) = self.copy_then_ack().await {
+            tracing::warn!(error = %e, "an uncounted return failed: given back counted instead");
+            let _ = self
+                .client
+                .publish(self.token.clone(), Bytes::from(AckKind::Nak(None)))
+                .await;
+        }
+    }
+
+    async fn copy_then_ack(&self) -> QueueResult<()> {
+        let _slot = self.slots.acquire().await.map_err(nats_err)?;
+        let ack = self
+            .js
+            .publish_with_headers(
+                self.subject.clone(),
+                self.headers.clone(),
+                self.body.clone(),
+            )
+            .await
+            .map_err(nats_err)?;
+        ack.await.map_err(nats_err)?;
+        // The copy is stored: the original goes (confirmed, as any ack).
+        ack_confirmed(&self.client, &self.token).await
+    }
+}
+
+/// The double ack: `+ACK` as a request the server answers once it has applied it.
+async fn ack_confirmed(client: &async_nats::Client, token: &str) -> QueueResult<()> {
+    tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        client.request(token.to_string(), Bytes::from(AckKind::Ack)),
+    )
+    .await
+    .map_err(|_| QueueError::Nats("ack not confirmed in time".into()))?
+    .map_err(nats_err)?;
+    Ok(())
 }
 
 #[async_trait]
@@ -407,17 +524,9 @@ impl Queue for NatsQueue {
         Ok(out)
     }
 
-    /// The double ack: `+ACK` as a request the server answers once it has applied it.
+    /// The double ack ([`ack_confirmed`]).
     async fn ack(&self, delivery: &Delivery) -> QueueResult<bool> {
-        let reply = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            self.client
-                .request(delivery.lease_token.clone(), Bytes::from(AckKind::Ack)),
-        )
-        .await
-        .map_err(|_| QueueError::Nats("ack not confirmed in time".into()))?
-        .map_err(nats_err)?;
-        drop(reply);
+        ack_confirmed(&self.client, &delivery.lease_token).await?;
         Ok(true)
     }
 
@@ -441,8 +550,55 @@ impl Queue for NatsQueue {
         self.client.flush().await.map_err(nats_err)
     }
 
+    /// A copy with our own counts, then the original acked (see the module doc):
+    /// after `delay`, holding the original meanwhile.
     async fn nack_uncounted(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
-        self.nack(delivery, delay).await
+        let keep_alive = self
+            .consumers
+            .lock()
+            .await
+            .get(&delivery.queue)
+            .map_or(Duration::from_secs(1), |c| {
+                c.cached_info().config.ack_wait / 2
+            })
+            .max(Duration::from_millis(50));
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            format!(
+                "{}:u{}",
+                Self::message_id(&delivery.queue, &delivery.body),
+                delivery.id
+            )
+            .as_str(),
+        );
+        headers.insert(
+            ATTEMPTS_HEADER,
+            delivery.attempts.saturating_sub(1).to_string().as_str(),
+        );
+        headers.insert(
+            DELIVERIES_HEADER,
+            delivery.delivery_count.to_string().as_str(),
+        );
+        let ret = Return {
+            client: self.client.clone(),
+            js: self.js.clone(),
+            slots: self.publish_slots.clone(),
+            subject: self.location(&delivery.queue).subject,
+            token: delivery.lease_token.clone(),
+            body: Bytes::from(delivery.body.clone()),
+            headers,
+            delay,
+            keep_alive,
+        };
+        if delay.is_zero() {
+            return ret.copy_then_ack().await;
+        }
+        let flush = self.flush.subscribe();
+        let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
+        while returns.try_join_next().is_some() {}
+        returns.spawn(ret.make(flush));
+        Ok(())
     }
 
     async fn depth(&self, queue: &str) -> QueueResult<QueueDepth> {
@@ -490,7 +646,16 @@ impl Queue for NatsQueue {
         Ok(purged)
     }
 
+    /// Make the waiting uncounted returns now (a stopping process would otherwise
+    /// leave their originals to run out of `AckWait`, counted), then flush.
     async fn close(&self) {
+        self.flush.send_replace(true);
+        let mut returns =
+            std::mem::take(&mut *self.returns.lock().unwrap_or_else(|p| p.into_inner()));
+        let _ = tokio::time::timeout(2 * REQUEST_TIMEOUT, async {
+            while returns.join_next().await.is_some() {}
+        })
+        .await;
         let _ = tokio::time::timeout(REQUEST_TIMEOUT, self.client.flush()).await;
     }
 
