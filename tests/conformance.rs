@@ -39,6 +39,7 @@ on_every_backend!(
     a_vehicle_batch_is_decided_as_if_one_by_one,
     racing_vehicle_batches_store_each_event_once,
     a_claim_batch_is_decided_as_if_one_by_one,
+    a_finish_batch_is_recorded_as_if_one_by_one,
     racing_batches_never_double_an_effect,
     a_pipelined_worker_that_dies_loses_and_doubles_nothing,
     a_prefetching_worker_that_dies_loses_and_doubles_nothing,
@@ -826,6 +827,109 @@ async fn racing_vehicle_batches_store_each_event_once(db: &TestDb) {
             );
         }
     }
+}
+
+/// Phase 3 of a batch (`finish_batch`) leaves every claim as the one-by-one calls in
+/// order would: sent, failed, released (kept, due at once), a release of a claim
+/// already finished left alone, and a key answered twice in one batch (done, then a
+/// release that must not reopen it).
+async fn a_finish_batch_is_recorded_as_if_one_by_one(db: &TestDb) {
+    use store::{ClaimFinish, ClaimResult, ClaimState};
+    let store = store::open(&db.url).await.unwrap();
+    let c = "zone-exit-sms";
+    let lease = Duration::from_secs(60);
+    let keys = ["sent", "failed", "released", "finished-then-released"];
+    for prefix in ["B", "S", "T"] {
+        for key in keys {
+            let env = vehicle_event("34-FB", 1, "zone_exit", 0);
+            let key = MessageKey::from_stored(format!("{prefix}-{key}"));
+            store
+                .claim_side_effect(c, &key, &env.fingerprint(), &format!("pk-{key}"), lease)
+                .await
+                .unwrap();
+        }
+        let done = MessageKey::from_stored(format!("{prefix}-finished-then-released"));
+        store
+            .finish_side_effect(c, &done, ClaimState::Sent, "sent earlier")
+            .await
+            .unwrap();
+    }
+    let done = |state, detail: &str| ClaimFinish::Done {
+        state,
+        detail: detail.into(),
+    };
+    let release = |detail: &str| ClaimFinish::Release {
+        detail: detail.into(),
+    };
+    let plan = |prefix: &str| -> Vec<ClaimResult> {
+        [
+            ("sent", done(ClaimState::Sent, "sent (200)")),
+            ("failed", done(ClaimState::Failed, "rejected (400)")),
+            ("released", release("503 from the provider")),
+            ("finished-then-released", release("late timeout")),
+        ]
+        .into_iter()
+        .map(|(k, finish)| ClaimResult {
+            key: MessageKey::from_stored(format!("{prefix}-{k}")),
+            finish,
+        })
+        .collect()
+    };
+    store.finish_batch(c, &plan("B")).await.unwrap();
+    for r in plan("S") {
+        match &r.finish {
+            ClaimFinish::Done { state, detail } => store
+                .finish_side_effect(c, &r.key, *state, detail)
+                .await
+                .unwrap(),
+            ClaimFinish::Release { detail } => {
+                store.release_claim(c, &r.key, detail).await.unwrap()
+            }
+        }
+    }
+    // The same key twice in one batch: sent, then a release that finds it finished.
+    let twice = MessageKey::from_stored("T-released".to_string());
+    store
+        .finish_batch(
+            c,
+            &[
+                ClaimResult {
+                    key: twice.clone(),
+                    finish: done(ClaimState::Sent, "sent (200)"),
+                },
+                ClaimResult {
+                    key: twice.clone(),
+                    finish: release("a stale timeout"),
+                },
+            ],
+        )
+        .await
+        .unwrap();
+    let view = |claim: store::Claim| {
+        format!(
+            "{} {:?} due_now={} finished={}",
+            claim.state.as_str(),
+            claim.detail,
+            claim.claimed_at == chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
+            claim.finished_at.is_some()
+        )
+    };
+    for key in keys {
+        let b = store
+            .claim(c, &MessageKey::from_stored(format!("B-{key}")))
+            .await
+            .unwrap();
+        let s = store
+            .claim(c, &MessageKey::from_stored(format!("S-{key}")))
+            .await
+            .unwrap();
+        assert_eq!(b.map(view), s.map(view), "claim {key}");
+    }
+    let t = store.claim(c, &twice).await.unwrap().unwrap();
+    assert_eq!(
+        view(t),
+        "sent Some(\"sent (200)\") due_now=false finished=true"
+    );
 }
 
 async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {

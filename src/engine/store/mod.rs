@@ -305,6 +305,28 @@ pub enum Backend {
 /// Everything the engine, the drills and the dashboard need from the business
 /// database. One implementation per backend; the operator's statements are in
 /// [`RepairStore`].
+/// [`Store::finish_batch`] one result at a time, in order: the trait's default, and
+/// what a backend's batched form falls back to where order between results matters.
+pub(crate) async fn finish_one_by_one<S: Store + ?Sized>(
+    store: &S,
+    consumer: &str,
+    results: &[ClaimResult],
+) -> StoreResult<()> {
+    for r in results {
+        match &r.finish {
+            ClaimFinish::Done { state, detail } => {
+                store
+                    .finish_side_effect(consumer, &r.key, *state, detail)
+                    .await?
+            }
+            ClaimFinish::Release { detail } => {
+                store.release_claim(consumer, &r.key, detail).await?
+            }
+        }
+    }
+    Ok(())
+}
+
 #[async_trait]
 pub trait Store: RepairStore + Send + Sync + 'static {
     fn backend(&self) -> Backend;
@@ -483,18 +505,7 @@ pub trait Store: RepairStore + Send + Sync + 'static {
     /// Phase 3 for a batch, in ONE transaction: [`Store::finish_side_effect`] or
     /// [`Store::release_claim`] per result. The default records them one by one.
     async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
-        for r in results {
-            match &r.finish {
-                ClaimFinish::Done { state, detail } => {
-                    self.finish_side_effect(consumer, &r.key, *state, detail)
-                        .await?
-                }
-                ClaimFinish::Release { detail } => {
-                    self.release_claim(consumer, &r.key, detail).await?
-                }
-            }
-        }
-        Ok(())
+        finish_one_by_one(self, consumer, results).await
     }
 
     // ---- bad input, markers, drills ------------------------------------------

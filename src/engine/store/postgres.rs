@@ -537,6 +537,61 @@ impl Store for PostgresStore {
         Ok(outcome)
     }
 
+    /// Phase 3 of a batch in one transaction and at most two statements: the final
+    /// answers in one `UPDATE … FROM UNNEST`, the releases (transient failures, the
+    /// claim kept and due at once) in another, instead of a statement and a commit per
+    /// claim. A key answered twice in one batch keeps the trait's one-by-one order.
+    async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
+        let distinct: HashSet<&str> = results.iter().map(|r| r.key.as_str()).collect();
+        if distinct.len() != results.len() {
+            return finish_one_by_one(self, consumer, results).await;
+        }
+        let (mut done_keys, mut done_states, mut done_details) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let (mut released_keys, mut released_details) = (Vec::new(), Vec::new());
+        for r in results {
+            match &r.finish {
+                ClaimFinish::Done { state, detail } => {
+                    done_keys.push(r.key.as_str());
+                    done_states.push(state.as_str());
+                    done_details.push(detail.as_str());
+                }
+                ClaimFinish::Release { detail } => {
+                    released_keys.push(r.key.as_str());
+                    released_details.push(detail.as_str());
+                }
+            }
+        }
+        let mut tx = self.pool.begin().await?;
+        if !done_keys.is_empty() {
+            sqlx::query(
+                "UPDATE side_effect_claims c SET state = v.s, finished_at = now(), detail = v.d
+                 FROM UNNEST($2::text[], $3::text[], $4::text[]) AS v (k, s, d)
+                 WHERE c.consumer = $1 AND c.message_key = v.k",
+            )
+            .bind(consumer)
+            .bind(&done_keys)
+            .bind(&done_states)
+            .bind(&done_details)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !released_keys.is_empty() {
+            sqlx::query(
+                "UPDATE side_effect_claims c SET claimed_at = 'epoch', detail = v.d
+                 FROM UNNEST($2::text[], $3::text[]) AS v (k, d)
+                 WHERE c.consumer = $1 AND c.message_key = v.k AND c.state = 'claimed'",
+            )
+            .bind(consumer)
+            .bind(&released_keys)
+            .bind(&released_details)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn finish_side_effect(
         &self,
         consumer: &str,
