@@ -120,6 +120,21 @@ impl Fleet {
         tmux::one_target_config(&self.env, "fleet-sms", self.serve_port, false)
     }
 
+    /// `report --prometheus` with this config over `window` (`--from …` and maybe
+    /// `--to …`) in `format`: the file it wrote.
+    fn report(&self, window: &[&str], format: &str) -> String {
+        let config = self.env.path("report.toml");
+        std::fs::write(&config, self.config()).unwrap();
+        let out = self.env.path(&format!("report.{format}"));
+        let mut args = vec!["--config", config.to_str().unwrap(), "report"];
+        args.extend_from_slice(window);
+        args.extend(["--format", format, "--out", out.to_str().unwrap()]);
+        args.extend(["--prometheus", &self.url]);
+        let (code, _, err) = run_cli(&self.env, &args);
+        assert_eq!(code, 0, "{err}");
+        std::fs::read_to_string(&out).unwrap()
+    }
+
     /// A restart marker found in the history, at the new process's start time.
     fn assert_restart_from_prometheus(&self, markers: &serde_json::Value) {
         let restart = markers
@@ -306,30 +321,9 @@ fn a_report_from_the_history_shows_the_duplicates_and_the_restart() {
     let Some(fleet) = fleet_with_history() else {
         return;
     };
-    let env = &fleet.env;
-    let config = env.path("report.toml");
-    std::fs::write(&config, fleet.config()).unwrap();
-    let out = env.path("report.json");
     let asked_at = chrono::Utc::now().timestamp();
-    let (code, _, err) = run_cli(
-        env,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "report",
-            "--from",
-            "10m",
-            "--format",
-            "json",
-            "--out",
-            out.to_str().unwrap(),
-            "--prometheus",
-            &fleet.url,
-        ],
-    );
-    assert_eq!(code, 0, "{err}");
     let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        serde_json::from_str(&fleet.report(&["--from", "10m"], "json")).unwrap();
     assert_eq!(report["source"], "prometheus", "{report:#}");
     assert!(
         report["notes"].as_array().unwrap().is_empty(),
@@ -431,4 +425,109 @@ fn the_dashboard_started_afterwards_draws_the_history_and_its_restart() {
         "the marker list names the restart:\n{s}"
     );
     t.keys(&["q"]);
+}
+
+/// The first `zone_exit` of the fleet's trace again with another zone: same key,
+/// different payload, a `key_conflict` for every consumer that dedups on it.
+fn publish_a_key_conflict(env: &TempEnv) {
+    let trace = std::fs::read_to_string(env.path("trace.jsonl")).unwrap();
+    let line = trace
+        .lines()
+        .find(|l| l.contains("\"zone_exit\""))
+        .expect("a zone_exit in the trace");
+    let mut conflict: serde_json::Value = serde_json::from_str(line).unwrap();
+    conflict["payload"]["zone"] = "NOT-THE-SAME".into();
+    let file = env.path("conflict.jsonl");
+    std::fs::write(&file, format!("{conflict}\n")).unwrap();
+    assert_eq!(run_cli(env, &["publish", file.to_str().unwrap()]).0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, out, err) = run_cli(
+            env,
+            &["dead-letters", "list", "--reason", "key_conflict", "--json"],
+        );
+        assert_eq!(code, 0, "{err}");
+        let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+        if listed["count"].as_u64().unwrap_or(0) > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no key_conflict dead letter");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A post-mortem of a window that ended before the report was asked (issue 19): the
+/// dashboard's alert rules replayed over it list the trace's duplicate spike (from
+/// the history) and the key conflict that came after the restart (from the
+/// database's dead letters), each with when it started and ended, in JSON and in the
+/// HTML page. Before, a headless report listed only the alerts of its own poll,
+/// which a past window never contains.
+#[test]
+fn a_report_of_a_past_window_lists_the_alerts_that_fired_in_it() {
+    let started = chrono::Utc::now();
+    let Some(fleet) = fleet_with_history() else {
+        return;
+    };
+    let env = &fleet.env;
+    let conflict_at = chrono::Utc::now();
+    publish_a_key_conflict(env);
+    // Prometheus scrapes every second: let it see the dead letter, then close the
+    // window, and ask only once it lies in the past.
+    std::thread::sleep(Duration::from_secs(3));
+    let to = chrono::Utc::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let (from, to_arg) = (
+        (started - chrono::Duration::seconds(30)).to_rfc3339(),
+        to.to_rfc3339(),
+    );
+    let report = |format: &str| fleet.report(&["--from", &from, "--to", &to_arg], format);
+    let doc: serde_json::Value = serde_json::from_str(&report("json")).unwrap();
+    let alerts = doc["alerts"].as_array().unwrap();
+    let time = |v: &serde_json::Value| {
+        chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap_or_else(|| panic!("{v}")))
+            .unwrap()
+            .with_timezone(&chrono::Utc)
+    };
+    let restarted = chrono::DateTime::from_timestamp(fleet.restarted_at as i64, 0).unwrap();
+    let spike = alerts
+        .iter()
+        .find(|a| a["alert"]["kind"] == "duplicate_rate_high")
+        .unwrap_or_else(|| panic!("no duplicate spike in {alerts:#?}"));
+    let spike_started = time(&spike["started"]);
+    assert!(
+        started <= spike_started && spike_started <= restarted,
+        "the spike started while the trace was consumed: {spike:#}"
+    );
+    let conflict = alerts
+        .iter()
+        .find(|a| {
+            a["alert"]["kind"] == "dead_letter_burst" && a["alert"]["reason"] == "key_conflict"
+        })
+        .unwrap_or_else(|| panic!("no key_conflict alert in {alerts:#?}"));
+    assert_eq!(conflict["alert"]["severity"], "critical", "{conflict:#}");
+    let conflict_started = time(&conflict["started"]);
+    assert!(
+        conflict_at - chrono::Duration::seconds(5) <= conflict_started && conflict_started <= to,
+        "the key conflict's alert starts when it arrived ({conflict_at}…{to}): {conflict:#}"
+    );
+    for a in [spike, conflict] {
+        if !a["ended"].is_null() {
+            assert!(time(&a["ended"]) >= time(&a["started"]), "{a:#}");
+        }
+    }
+
+    let page = report("html");
+    let section = page
+        .split("Alerts in the window")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no alerts section:\n{page}"));
+    let section = section.split("</table>").next().unwrap();
+    for needle in [
+        "key_conflict".to_string(),
+        "duplicates over".to_string(),
+        spike_started.format("%H:%M:%S").to_string(),
+        conflict_started.format("%H:%M:%S").to_string(),
+    ] {
+        assert!(section.contains(&needle), "{needle} not in:\n{section}");
+    }
 }

@@ -88,6 +88,9 @@ pub async fn run(args: ReportArgs, config_path: Option<PathBuf>) -> CliResult {
         "database"
     };
     let mut report = Report::for_window(&snapshot, args.from, args.to, source);
+    let (alerts, notes) = monitor.past_alerts(&snapshot, args.from, args.to).await;
+    report.set_past_alerts(alerts, &snapshot);
+    report.notes.extend(notes);
     match (&config.prometheus, &snapshot.history_source) {
         (None, _) => report.notes.push("no Prometheus configured ([prometheus] url or --prometheus): the database keeps no duplicates, so the chart shows the markers only".into()),
         (Some(_), Some(HistoryStatus { url, state: HistoryState::Down { error } })) => report

@@ -428,7 +428,7 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
             let during = deploy
                 .map(|m| {
                     format!(
-                        ", {} beyond the {} redeliveries a restart explains (deploy window of \"{}\")",
+                        ", {:.0} beyond the {:.0} redeliveries a restart explains (deploy window of \"{}\")",
                         beyond.unwrap_or(0.0),
                         c.window_5m.redelivered,
                         m.label

@@ -29,6 +29,7 @@ pub mod promql;
 /// exposition (the monitor here, the live drill): one parser, no backwards arrow.
 pub use crate::exposition as prometheus;
 pub mod rates;
+pub mod replay;
 pub mod series;
 pub mod targets;
 pub mod vehicles;
@@ -356,6 +357,56 @@ impl Monitor {
     /// The config it runs with.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The alerts a dashboard watching at the time would have listed over
+    /// `from..=to` ([`replay::replay`]): the rules run again over the snapshot's
+    /// history and markers and the database's dead letters. The notes say what the
+    /// replay could not read.
+    pub async fn past_alerts(
+        &self,
+        snapshot: &Snapshot,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> (Vec<AlertRecord>, Vec<String>) {
+        let mut notes = Vec::new();
+        let lookback = chrono::Duration::from_std(replay::DEAD_LETTER_LOOKBACK).unwrap_or_default();
+        let (arrivals, url) = match &self.database {
+            Some(db) => match db.dead_letter_arrivals(from - lookback, to).await {
+                Ok((rows, capped)) => {
+                    if capped {
+                        notes.push(format!(
+                            "more than {} dead letters in the window: the alerts replayed only the first ones",
+                            db::ARRIVALS_CAP
+                        ));
+                    }
+                    (rows, db.redacted_url().to_string())
+                }
+                Err(e) => {
+                    notes.push(format!(
+                        "the dead letters of the window could not be read ({e}): no dead-letter alert replayed"
+                    ));
+                    (Vec::new(), db.redacted_url().to_string())
+                }
+            },
+            None => (Vec::new(), String::new()),
+        };
+        let drill_runs = snapshot
+            .database
+            .as_ref()
+            .map(|d| d.drill_runs.clone())
+            .unwrap_or_default();
+        let records = replay::replay(&replay::ReplayInputs {
+            from,
+            to,
+            history: snapshot.history.as_ref(),
+            dead_letters: &arrivals,
+            markers: &snapshot.markers,
+            drill_runs: &drill_runs,
+            rules: &self.config.alerts,
+            database_url: &url,
+        });
+        (records, notes)
     }
 
     /// Poll every source once (scrapes and database concurrently) and build the

@@ -147,6 +147,36 @@ pub struct ConsumerStatus {
     pub duplicates_quiet_seconds: Option<i64>,
 }
 
+impl ConsumerStatus {
+    /// A consumer seen for the first time: up, nothing counted, no data yet. The
+    /// tracker fills it from scrapes; the alert replay of a past window from the
+    /// Prometheus history and the dead letters (`super::replay`).
+    pub fn new(target: &str, consumer: &str) -> ConsumerStatus {
+        ConsumerStatus {
+            target: target.to_string(),
+            consumer: consumer.to_string(),
+            up: true,
+            processed: CounterReading::default(),
+            duplicate_dropped: CounterReading::default(),
+            duplicate_ratio: None,
+            duplicate_ratio_1m: None,
+            window_1m: WindowCounts::default(),
+            window_5m: WindowCounts::default(),
+            totals: Totals::default(),
+            flow: Flow::NoDataYet,
+            redelivered: CounterReading::default(),
+            out_of_order: CounterReading::default(),
+            dead_lettered: CounterReading::default(),
+            dead_lettered_by_reason: BTreeMap::new(),
+            side_effects: BTreeMap::new(),
+            claims_in_doubt: None,
+            paused: None,
+            last_restart: None,
+            duplicates_quiet_seconds: None,
+        }
+    }
+}
+
 /// A paused consumer as its engine reports it (`idem_consumer_paused` and kin):
 /// messages wait in the queue, none is lost, and it resumes by itself.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -221,6 +251,15 @@ impl WindowCounts {
     /// A count of this window per second; None before the window has any length.
     pub fn per_second(&self, count: f64) -> Option<f64> {
         (self.seconds > 0.0).then(|| count / self.seconds)
+    }
+
+    /// Fill the mean rates and the duplicate ratio from the counts (the one place
+    /// they are derived, for the live windows and the replayed ones alike).
+    pub fn with_rates(mut self) -> WindowCounts {
+        self.processed_per_second = self.per_second(self.processed);
+        self.duplicate_dropped_per_second = self.per_second(self.duplicate_dropped);
+        self.duplicate_ratio = duplicate_ratio(self.processed, self.duplicate_dropped);
+        self
     }
 }
 
@@ -742,7 +781,7 @@ impl ConsumerWindows {
     fn counts(&self, now: DateTime<Utc>, span: Duration) -> WindowCounts {
         let processed = &self.roles[PROCESSED];
         let count = |role: usize| self.roles[role].count(span);
-        let mut w = WindowCounts {
+        let w = WindowCounts {
             seconds: processed.covered(now, span).as_secs_f64(),
             processed: count(PROCESSED),
             duplicate_dropped: count(DUPLICATE_DROPPED),
@@ -757,10 +796,7 @@ impl ConsumerWindows {
                 .collect(),
             ..WindowCounts::default()
         };
-        w.processed_per_second = w.per_second(w.processed);
-        w.duplicate_dropped_per_second = w.per_second(w.duplicate_dropped);
-        w.duplicate_ratio = duplicate_ratio(w.processed, w.duplicate_dropped);
-        w
+        w.with_rates()
     }
 }
 
@@ -846,28 +882,7 @@ fn add_reading(slot: &mut CounterReading, reading: CounterReading) {
 
 fn new_track(target: &str, consumer: &str, at: DateTime<Utc>) -> ConsumerTrack {
     ConsumerTrack {
-        status: ConsumerStatus {
-            target: target.to_string(),
-            consumer: consumer.to_string(),
-            up: true,
-            processed: CounterReading::default(),
-            duplicate_dropped: CounterReading::default(),
-            duplicate_ratio: None,
-            duplicate_ratio_1m: None,
-            window_1m: WindowCounts::default(),
-            window_5m: WindowCounts::default(),
-            totals: Totals::default(),
-            flow: Flow::NoDataYet,
-            redelivered: CounterReading::default(),
-            out_of_order: CounterReading::default(),
-            dead_lettered: CounterReading::default(),
-            dead_lettered_by_reason: BTreeMap::new(),
-            side_effects: BTreeMap::new(),
-            claims_in_doubt: None,
-            paused: None,
-            last_restart: None,
-            duplicates_quiet_seconds: None,
-        },
+        status: ConsumerStatus::new(target, consumer),
         series: ConsumerSeries::default(),
         windows: ConsumerWindows::default(),
         first_seen: at,

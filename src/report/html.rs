@@ -288,15 +288,28 @@ pub fn page(r: &Report) -> String {
     table(
         &mut out,
         "Alerts in the window",
-        &["severity", "started", "ended", "alert", "object", "cause"],
+        &[
+            "severity", "started", "ended", "held", "alert", "object", "cause",
+        ],
         r.alerts
             .iter()
             .map(|a| {
+                // Held until it ended, or (still holding) at least to the window's end.
+                let until = a.ended.unwrap_or(r.to.max(a.started));
+                let held = (until - a.started).to_std().unwrap_or_default();
+                let held =
+                    humantime::format_duration(std::time::Duration::from_secs(held.as_secs()));
                 vec![
                     a.alert.severity.tag().to_string(),
                     a.started.format("%H:%M:%S").to_string(),
-                    a.ended
-                        .map_or("still holds".into(), |e| e.format("%H:%M:%S").to_string()),
+                    a.ended.map_or("held at the window's end".into(), |e| {
+                        e.format("%H:%M:%S").to_string()
+                    }),
+                    if a.ended.is_some() {
+                        held.to_string()
+                    } else {
+                        format!("≥ {held}")
+                    },
                     a.alert.message.clone(),
                     a.alert.object.label(),
                     match &a.alert.cause {

@@ -210,6 +210,30 @@ impl Report {
         report
     }
 
+    /// The alerts of a past window: those replayed over it
+    /// ([`crate::monitor::Monitor::past_alerts`]), and of the poll's own alerts those
+    /// the replay cannot see (a database down, claims in doubt…) when the window
+    /// reaches the poll (they are about now).
+    pub fn set_past_alerts(&mut self, replayed: Vec<AlertRecord>, snapshot: &Snapshot) {
+        let reaches_poll = snapshot.taken_at - self.to <= chrono::Duration::minutes(1);
+        let mut alerts = replayed;
+        if reaches_poll {
+            alerts.extend(
+                snapshot
+                    .alerts
+                    .iter()
+                    .filter(|a| !crate::monitor::replay::REPLAYED_KINDS.contains(&a.kind.name()))
+                    .map(|a| AlertRecord {
+                        alert: a.clone(),
+                        started: a.since.unwrap_or(snapshot.taken_at),
+                        ended: None,
+                    }),
+            );
+        }
+        alerts.sort_by_key(|r| r.started);
+        self.alerts = alerts;
+    }
+
     /// Keep the markers of the window, oldest first.
     pub fn set_markers(&mut self, markers: &[TimelineMarker]) {
         let mut m: Vec<TimelineMarker> = markers

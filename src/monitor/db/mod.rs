@@ -125,6 +125,19 @@ pub struct DeadLetterGroup {
     pub newest_at: Option<DateTime<Utc>>,
 }
 
+/// One dead letter's arrival, without its bytes: what the alert replay of a past
+/// window counts (`monitor::replay`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetterArrival {
+    pub consumer: String,
+    pub reason: String,
+    pub received_at: DateTime<Utc>,
+}
+
+/// The most dead-letter arrivals one replay reads; beyond it the report says the
+/// replay saw only the first ones.
+pub const ARRIVALS_CAP: i64 = 200_000;
+
 /// How much of each listed dead letter's bytes a poll reads (for its preview and
 /// its message key); the whole message is read only when one is opened.
 pub const DEAD_LETTER_PREFIX: i64 = 1024;
@@ -245,6 +258,28 @@ pub struct DbStats {
     pub failures: Vec<QueryFailure>,
 }
 
+impl DbStats {
+    /// An answered poll that found nothing yet: what a poll fills, and what the
+    /// alert replay of a past window fills from the dead letters it read.
+    pub fn empty(url: &str, polled_at: DateTime<Utc>) -> DbStats {
+        DbStats {
+            url: url.to_string(),
+            status: SourceStatus::Up,
+            polled_at,
+            duration_ms: 0,
+            dedup: None,
+            claims_in_doubt_total: 0,
+            claims_in_doubt: Vec::new(),
+            dead_letters: Vec::new(),
+            recent_dead_letters: Vec::new(),
+            markers: Vec::new(),
+            drill_runs: Vec::new(),
+            vehicles: None,
+            failures: Vec::new(),
+        }
+    }
+}
+
 /// The most rows an exact count touches per poll; above it the catalog's estimate.
 pub const COUNT_CAP: i64 = 100_000;
 /// The most history rows the anomaly scan reads per poll.
@@ -312,21 +347,7 @@ impl DbPoller {
     /// `status: Down` and empty sections; it never returns an error.
     pub async fn poll(&self, now: DateTime<Utc>) -> DbStats {
         let started = Instant::now();
-        let mut stats = DbStats {
-            url: self.redacted_url.clone(),
-            status: SourceStatus::Up,
-            polled_at: now,
-            duration_ms: 0,
-            dedup: None,
-            claims_in_doubt_total: 0,
-            claims_in_doubt: Vec::new(),
-            dead_letters: Vec::new(),
-            recent_dead_letters: Vec::new(),
-            markers: Vec::new(),
-            drill_runs: Vec::new(),
-            vehicles: None,
-            failures: Vec::new(),
-        };
+        let mut stats = DbStats::empty(&self.redacted_url, now);
         self.poll_into(now, &mut stats).await;
         stats.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         stats
@@ -453,6 +474,21 @@ impl DbPoller {
             late_events_in_window,
             anomalies,
         })
+    }
+
+    /// The dead letters that arrived in `from..=to`, oldest first, at most
+    /// [`ARRIVALS_CAP`] (the bool says the cap was hit).
+    pub async fn dead_letter_arrivals(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<(Vec<DeadLetterArrival>, bool), DbError> {
+        let rows = self
+            .sql
+            .dead_letters_between(from, to, ARRIVALS_CAP)
+            .await?;
+        let capped = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= ARRIVALS_CAP;
+        Ok((rows, capped))
     }
 
     /// One dead letter with all its raw bytes (None: no such id).

@@ -42,6 +42,7 @@ struct Queries {
     in_doubt_list: String,
     dead_letters: String,
     recent_dead_letters: String,
+    dead_letters_between: String,
     dead_letter: String,
     markers: String,
     drill_runs: String,
@@ -181,6 +182,16 @@ impl Queries {
                 raw_prefix.replace("{}", &q(&dl.raw)),
                 q(&dl.table),
                 q(&dl.id)
+            )),
+            dead_letters_between: n(format!(
+                "SELECT {} FROM {t} WHERE {at} >= ? AND {at} <= ? ORDER BY {at} LIMIT ?",
+                columns(&[
+                    (&dl.consumer, Text),
+                    (&dl.reason, Text),
+                    (&dl.received_at, Time)
+                ]),
+                t = q(&dl.table),
+                at = q(&dl.received_at)
             )),
             dead_letter: n(format!(
                 "SELECT {}, {} FROM {} WHERE {} = ?",
@@ -466,6 +477,33 @@ impl Dashboard {
                 )))
             })
             .collect()
+    }
+
+    /// When each dead letter of `from..=to` arrived, by consumer and reason, oldest
+    /// first, at most `limit` (a range of the `received_at` index).
+    pub(super) async fn dead_letters_between(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        limit: i64,
+    ) -> SqlResult<Vec<DeadLetterArrival>> {
+        let binds = binds![from, to, limit];
+        let rows = self.rows(
+            &self.queries.dead_letters_between,
+            &binds,
+            &[Text, Text, Time],
+        );
+        Ok(rows
+            .await?
+            .iter()
+            .filter_map(|r| {
+                Some(DeadLetterArrival {
+                    consumer: r.text(0).ok()?,
+                    reason: r.text(1).ok()?,
+                    received_at: r.time(2)?,
+                })
+            })
+            .collect())
     }
 
     /// One dead letter with all its bytes.
