@@ -64,11 +64,48 @@ pub const EXPLAINED_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(120);
 /// 3×"): a crash loop is one event on the chart, not a wall of ticks.
 pub const RESTART_DEBOUNCE: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
 
+/// How long after a restart the Prometheus history found (at the new start time)
+/// the dashboard's scrapes may see that same restart (at the first scrape after it:
+/// later by a poll interval, more when the target took a while to come back).
+pub const SEEN_TWICE_WITHIN: chrono::TimeDelta = RESTART_DEBOUNCE;
+
+/// The restarts without those found twice: a restart of the history that a scrape
+/// saw too (same target, the scrape at most [`SEEN_TWICE_WITHIN`] after it, or up to
+/// 5 s before it for clock skew) is the scrape's marker only. One to one, nearest
+/// first, so a crash loop that both saw still counts each restart once.
+fn seen_once(restarts: &[TimelineMarker]) -> Vec<&TimelineMarker> {
+    let mut doubles = vec![false; restarts.len()];
+    for s in restarts.iter().filter(|m| m.source == MarkerSource::Scrape) {
+        let twin = restarts
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| {
+                !doubles[*i]
+                    && p.source == MarkerSource::Prometheus
+                    && p.label == s.label
+                    && s.at - p.at <= SEEN_TWICE_WITHIN
+                    && p.at - s.at <= chrono::TimeDelta::seconds(5)
+            })
+            .min_by_key(|(_, p)| (s.at - p.at).abs())
+            .map(|(i, _)| i);
+        if let Some(i) = twin {
+            doubles[i] = true;
+        }
+    }
+    restarts
+        .iter()
+        .zip(doubles)
+        .filter(|(_, double)| !double)
+        .map(|(m, _)| m)
+        .collect()
+}
+
 /// Merge both sources newest first, keeping at most `limit`. A restart the
 /// database explains is not shown twice: a deploy or restart row up to 5 s after it
 /// or up to [`EXPLAINED_AFTER`] before it wins, it carries the operator's label (its
 /// detail then says the scrapes saw the restart). Scraped restarts of one target
-/// within [`RESTART_DEBOUNCE`] of each other are one marker.
+/// within [`RESTART_DEBOUNCE`] of each other are one marker; a restart both the
+/// history and the scrapes found counts once ([`seen_once`]).
 pub fn merge(
     database: &[TimelineMarker],
     scraped: &[TimelineMarker],
@@ -80,7 +117,7 @@ pub fn merge(
             && d.at - s.at <= chrono::TimeDelta::seconds(5)
     };
     let mut all: Vec<TimelineMarker> = database.to_vec();
-    let mut restarts: Vec<&TimelineMarker> = scraped.iter().collect();
+    let mut restarts = seen_once(scraped);
     restarts.sort_by_key(|m| m.at);
     // (the group's first restart, how many, its last)
     let mut kept: Vec<(TimelineMarker, u32, DateTime<Utc>)> = Vec::new();
@@ -190,6 +227,44 @@ mod tests {
                 (30, "erp restarted"),
                 (0, "sms restarted 4×")
             ]
+        );
+    }
+
+    /// One restart that both the Prometheus history (at the new start time) and the
+    /// dashboard's own scrapes (at the scrape that saw it, seconds later) found is one
+    /// marker, not "restarted 2×"; a second real restart a minute later is still
+    /// counted.
+    #[test]
+    fn a_restart_in_the_history_and_in_the_scrapes_is_one_marker() {
+        let from_history = |s: i64| TimelineMarker {
+            source: MarkerSource::Prometheus,
+            detail: Some("process_start_time_seconds changed (Prometheus history)".into()),
+            ..restart_marker("sms", at(s), "")
+        };
+        let merged = merge(
+            &[],
+            &[
+                from_history(0),
+                restart_marker("sms", at(2), "new start time"),
+            ],
+            10,
+        );
+        assert_eq!(merged.len(), 1, "{merged:?}");
+        assert_eq!(merged[0].label, "sms restarted");
+        let merged = merge(
+            &[],
+            &[
+                from_history(0),
+                restart_marker("sms", at(2), "new start time"),
+                from_history(40),
+                restart_marker("sms", at(41), "new start time"),
+            ],
+            10,
+        );
+        assert_eq!(merged.len(), 1, "{merged:?}");
+        assert_eq!(
+            merged[0].label, "sms restarted 2×",
+            "two restarts, each seen twice"
         );
     }
 
