@@ -133,6 +133,17 @@ async fn dedup_claims_dead_letters_markers_and_drills_are_polled(db: &TestDb) {
             ("zone-exit-sms", "key_conflict", 1, 1)
         ]
     );
+    // Each group names its newest dead letter by id (an alert opens it even when it
+    // is older than the listed ones), and the listed rows agree.
+    for g in &stats.dead_letters {
+        let newest = stats
+            .recent_dead_letters
+            .iter()
+            .filter(|d| d.consumer == g.consumer && d.reason == g.reason)
+            .map(|d| d.id)
+            .max();
+        assert_eq!(g.newest_id, newest, "{g:?}");
+    }
     assert!(stats
         .markers
         .iter()

@@ -91,6 +91,7 @@ impl Arrivals {
                     last_hour: i64::try_from(Self::count(times, t, DEAD_LETTER_LOOKBACK))
                         .unwrap_or(i64::MAX),
                     newest_at: times.get(seen - 1).copied(),
+                    newest_id: None,
                 })
             })
             .collect()

@@ -687,14 +687,40 @@ impl App {
                 self.switch(Tab::Tables);
                 self.raw = None;
                 self.focus.insert(Tab::Tables, ListId::DeadLetters);
-                let newest = lists::dead_letters(self)
+                let listed = lists::dead_letters(self)
                     .rows
                     .iter()
                     .filter(|(_, d)| d.consumer == consumer && d.reason == reason)
                     .max_by_key(|(_, d)| d.id)
                     .map(|(k, _)| k.clone());
-                self.list_mut(ListId::DeadLetters).selected = newest;
-                Vec::new()
+                if listed.is_some() {
+                    self.list_mut(ListId::DeadLetters).selected = listed;
+                    return Vec::new();
+                }
+                // Older than the newest ones listed (a burst of other dead letters
+                // came after it): its group knows its id, and it opens by id.
+                let newest_id = self
+                    .snapshot
+                    .as_ref()
+                    .and_then(|s| s.database.as_ref())
+                    .and_then(|d| {
+                        d.dead_letters
+                            .iter()
+                            .find(|g| g.consumer == consumer && g.reason == reason)
+                    })
+                    .and_then(|g| g.newest_id);
+                let Some(id) = newest_id else {
+                    return Vec::new();
+                };
+                self.list_mut(ListId::DeadLetters).selected = Some(id.to_string());
+                self.status = Some(format!(
+                    "from alert: dead letter #{id} ({consumer} {reason}) is older than the listed ones: opened by id"
+                ));
+                self.raw = Some(RawView {
+                    id,
+                    ..RawView::default()
+                });
+                vec![Effect::Monitor(MonitorCommand::OpenDeadLetter(Some(id)))]
             }
             AlertObject::Device { device_id } => {
                 self.switch(Tab::Vehicles);
@@ -848,6 +874,7 @@ pub fn chart_columns(width: u16) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::monitor::db::DeadLetterRow;
     use crate::tui::fixtures;
 
     fn app() -> App {
@@ -993,6 +1020,39 @@ mod tests {
             a.list(ListId::Claims).selected.as_deref(),
             Some("zone-exit-sms|34-SIM-0003:311:zone_exit")
         );
+    }
+
+    /// A key conflict older than the newest dead letters listed (here every listed
+    /// one is another reason's, as after a burst of 60 newer ones): Enter on its
+    /// alert opens it by the id its group carries.
+    #[test]
+    fn an_alert_opens_a_dead_letter_older_than_the_listed_ones() {
+        let mut snap = fixtures::snapshot(fixtures::now());
+        let db = snap.database.as_mut().expect("the fixture's database");
+        let template = db.recent_dead_letters[0].clone();
+        db.recent_dead_letters = (100..160)
+            .rev()
+            .map(|id| DeadLetterRow {
+                id,
+                ..template.clone()
+            })
+            .collect();
+        snap.alerts.retain(|a| {
+            matches!(&a.object, AlertObject::DeadLetters { reason, .. } if reason == "key_conflict")
+        });
+        assert_eq!(snap.alerts.len(), 1, "the fixture's key_conflict alert");
+        let mut a = App::new(fixtures::now(), true, None);
+        a.update(Action::Snapshot(Arc::new(snap)));
+        a.update(Action::Right); // focus the alerts
+        a.update(Action::Down);
+        let effects = a.update(Action::Enter);
+        assert_eq!(a.tab, Tab::Tables);
+        assert_eq!(
+            effects,
+            vec![Effect::Monitor(MonitorCommand::OpenDeadLetter(Some(7)))]
+        );
+        assert_eq!(a.raw.as_ref().map(|r| r.id), Some(7));
+        assert_eq!(a.list(ListId::DeadLetters).selected.as_deref(), Some("7"));
     }
 
     #[test]

@@ -275,6 +275,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                     total: 2,
                     last_hour: 2,
                     newest_at: Some(now() - Duration::seconds(30)),
+                    newest_id: Some(8),
                 },
                 DeadLetterGroup {
                     consumer: "trip-counter".into(),
@@ -282,6 +283,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
                     total: 1,
                     last_hour: 1,
                     newest_at: Some(now() - Duration::seconds(50)),
+                    newest_id: Some(7),
                 },
             ],
             recent_dead_letters: vec![

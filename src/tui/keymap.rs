@@ -5,6 +5,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::action::{Action, PromptKind};
 use super::app::App;
+use super::lists::ListId;
 use super::tab::Tab;
 
 /// Where a binding applies.
@@ -14,6 +15,9 @@ pub enum Scope {
     Tab(Tab),
     /// Only in the live demo.
     Demo,
+    /// On a tab, while one of its lists has the focus (Tables: Enter opens a dead
+    /// letter, so the hint shows only with the dead letters focused).
+    List(Tab, ListId),
 }
 
 /// One key binding: the keys, what they do, and how it is shown.
@@ -420,7 +424,7 @@ pub const BINDINGS: &[Binding] = &[
         &[KeyCode::Enter],
         "Enter",
         "open the dead letter: raw bytes, reason, detail",
-        Scope::Tab(Tab::Tables),
+        Scope::List(Tab::Tables, ListId::DeadLetters),
         true,
         || Action::Enter,
     ),
@@ -440,6 +444,7 @@ pub fn active(binding: &Binding, app: &App) -> bool {
         Scope::Global => true,
         Scope::Tab(t) => t == app.tab,
         Scope::Demo => app.demo,
+        Scope::List(t, list) => t == app.tab && app.focused() == Some(list),
     }
 }
 
@@ -510,7 +515,10 @@ pub fn help_sections(app: &App) -> Vec<(String, Vec<(&'static str, &'static str)
     let tab_rows = |tab: Tab| -> Vec<(&'static str, &'static str)> {
         BINDINGS
             .iter()
-            .filter(|b| b.scope == Scope::Tab(tab))
+            .filter(|b| match b.scope {
+                Scope::Tab(t) | Scope::List(t, _) => t == tab,
+                _ => false,
+            })
             .map(|b| (b.label, b.help))
             .collect()
     };

@@ -41,6 +41,17 @@ pub fn waiting(frame: &mut Frame, area: Rect, what: &str, theme: &Theme) {
 }
 
 /// A panel title marked when its list has the keys (↑↓, Enter, s act on it).
+/// A panel title that fits `width` (borders and the focus mark included): the
+/// explanation after " — " goes when there is no room for it, so the count and the
+/// sort stay whole.
+pub fn fit_title(title: String, width: u16) -> String {
+    let room = usize::from(width.saturating_sub(3));
+    match title.split_once(" — ") {
+        Some((main, _)) if title.chars().count() > room => format!("{main} "),
+        _ => title,
+    }
+}
+
 pub fn focus_title<'a>(title: String, focused: bool) -> Line<'a> {
     if focused {
         Line::from(format!("▶{title}"))

@@ -123,6 +123,9 @@ pub struct DeadLetterGroup {
     /// Received within the last hour.
     pub last_hour: i64,
     pub newest_at: Option<DateTime<Utc>>,
+    /// The newest one's id: an alert about the group opens it even when it is older
+    /// than the [`LIST_LIMIT`] newest dead letters listed one by one.
+    pub newest_id: Option<i64>,
 }
 
 /// One dead letter's arrival, without its bytes: what the alert replay of a past

@@ -160,10 +160,11 @@ impl Queries {
                 q(&c.claimed_at)
             )),
             dead_letters: n(format!(
-                "SELECT {}, {}, COUNT(*), COUNT(CASE WHEN {at} >= ? THEN 1 END), MAX({at})
+                "SELECT {}, {}, COUNT(*), COUNT(CASE WHEN {at} >= ? THEN 1 END), MAX({at}), MAX({id})
                  FROM {t} GROUP BY {c}, {r} ORDER BY COUNT(*) DESC, {c}, {r} LIMIT ?",
                 cast(&dl.consumer, Text),
                 cast(&dl.reason, Text),
+                id = cast(&dl.id, Int),
                 c = q(&dl.consumer),
                 r = q(&dl.reason),
                 at = q(&dl.received_at),
@@ -442,7 +443,7 @@ impl Dashboard {
             .rows(
                 &self.queries.dead_letters,
                 &binds![since, LIST_LIMIT],
-                &[Text, Text, Int, Int, Time],
+                &[Text, Text, Int, Int, Time, Int],
             )
             .await?;
         rows.iter()
@@ -453,6 +454,7 @@ impl Dashboard {
                     total: r.int(2)?,
                     last_hour: r.opt_int(3).unwrap_or(0),
                     newest_at: r.time(4),
+                    newest_id: r.opt_int(5),
                 })
             })
             .collect()

@@ -97,11 +97,12 @@ fn verdict_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             None => vec![
                 Line::styled("no drill run in this session yet", theme.dim),
                 Line::raw(""),
-                Line::raw("A drill runs against the watched database and queue in its own corner"),
-                Line::raw("(its own queue namespace and device id): live rows are never touched."),
-                Line::raw("Except live-redelivery: it re-publishes to the watched system itself,"),
+                // One line, wrapped to the panel's width by the paragraph.
                 Line::raw(
-                    "only with [drills] allow_live (or in the demo) and after a confirmation.",
+                    "A drill runs against the watched database and queue in its own corner \
+                     (its own queue namespace and device id): live rows are never touched. \
+                     Except live-redelivery: it re-publishes to the watched system itself, \
+                     only with [drills] allow_live (or in the demo) and after a confirmation.",
                 ),
             ],
             Some(Err(e)) => vec![Line::styled(
@@ -225,11 +226,11 @@ fn confirm_popup(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 theme.crit.add_modifier(Modifier::BOLD),
             ),
             Line::raw(format!(
-                "Re-publish {} already-processed messages to its own queues",
+                "Re-publish {} already-processed messages to its own queues \
+                 and watch its /metrics: duplicate_dropped must rise by \
+                 exactly that, and no counter, state or SMS may move.",
                 Scenario::LiveRedelivery.default_times()
             )),
-            Line::raw("and watch its /metrics: duplicate_dropped must rise by"),
-            Line::raw("exactly that, and no counter, state or SMS may move."),
         ]
     } else {
         vec![

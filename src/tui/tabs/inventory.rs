@@ -8,6 +8,9 @@
 //! ├ How ──────────────────────────────────────────────────────────────┤
 //! └───────────────────────────────────────────────────────────────────┘
 //! ```
+//! Cells wrap (a row grows) instead of being cut; under 100 columns the mode and
+//! the detail go under the verdict, and the note gives way when the table needs
+//! its rows.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
@@ -17,6 +20,7 @@ use ratatui::Frame;
 use crate::drills::Verdict;
 use crate::engine::consumers::{self, RiskClass};
 use crate::tui::app::App;
+use crate::tui::format;
 use crate::tui::theme::Theme;
 use crate::tui::widgets::panel;
 
@@ -28,10 +32,69 @@ fn mechanism(risk: RiskClass) -> &'static str {
     }
 }
 
+/// The most lines a cell may take (the detail of a failed check is the longest).
+const CELL_LINES: usize = 3;
+
+/// Text wrapped to a column, as lines.
+fn wrapped(text: &str, width: u16) -> Vec<Line<'static>> {
+    format::wrap(text, usize::from(width), CELL_LINES)
+        .into_iter()
+        .map(Line::raw)
+        .collect()
+}
+
+/// The header and column widths inside the panel. Wide: consumer, risk class, mode,
+/// mechanism, twice?, detail (the rest). Under
+/// [`COMPACT_WIDTH`](crate::tui::tab::COMPACT_WIDTH): consumer, risk class,
+/// mechanism, and the verdict followed by its detail (the rest); the risk
+/// class and the mechanism wrap instead of being cut.
+fn columns<'a>(inner: u16, compact: bool) -> (Vec<&'a str>, Vec<u16>) {
+    let (header, fixed): (Vec<&str>, Vec<u16>) = if compact {
+        (
+            vec![
+                "consumer",
+                "risk class",
+                "mechanism",
+                "twice? · mode · detail",
+            ],
+            vec![13, 12, 24],
+        )
+    } else {
+        (
+            vec![
+                "consumer",
+                "risk class",
+                "mode",
+                "mechanism",
+                "twice?",
+                "detail",
+            ],
+            vec![14, 21, 11, 44, 12],
+        )
+    };
+    let used: u16 = fixed.iter().sum::<u16>() + u16::try_from(fixed.len()).unwrap_or(0);
+    let mut widths = fixed;
+    widths.push(inner.saturating_sub(used).max(10));
+    (header, widths)
+}
+
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let [table_area, note_area] =
-        Layout::vertical([Constraint::Length(8), Constraint::Min(3)]).areas(area);
-    let rows = consumers::FLEET_CONSUMERS
+    let compact = app.compact();
+    let (mut header, w) = columns(area.width.saturating_sub(2), compact);
+    let run_mode = app
+        .inventory
+        .as_ref()
+        .and_then(|all| all.first())
+        .map_or("idempotent", |c| c.mode.as_str());
+    let compact_header = format!("twice? ({run_mode})");
+    if compact {
+        if let Some(last) = header.last_mut() {
+            *last = &compact_header;
+        }
+    }
+    let detail_width = w[w.len() - 1];
+    let mut height = 3u16;
+    let rows: Vec<Row> = consumers::FLEET_CONSUMERS
         .iter()
         .filter(|c| app.matches(c))
         .map(|name| {
@@ -40,52 +103,63 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 .inventory
                 .as_ref()
                 .and_then(|all| all.iter().find(|c| c.consumer == *name));
-            let (verdict, detail) = match (check, &app.inventory) {
-                (Some(c), _) if c.verdict == Verdict::Pass => {
-                    (Cell::from("same result").style(theme.ok), c.detail.clone())
-                }
-                (Some(c), _) => (Cell::from("DIFFERS").style(theme.crit), c.detail.clone()),
-                (None, None) => (Cell::from("checking…").style(theme.dim), String::new()),
-                (None, Some(_)) => (Cell::from("not run").style(theme.warn), String::new()),
+            let (verdict, style) = match (check, &app.inventory) {
+                (Some(c), _) if c.verdict == Verdict::Pass => ("same result", theme.ok),
+                (Some(_), _) => ("DIFFERS", theme.crit),
+                (None, None) => ("checking…", theme.dim),
+                (None, Some(_)) => ("not run", theme.warn),
             };
-            Row::new([
-                Cell::from(name.to_string()),
-                Cell::from(risk.as_str()),
-                Cell::from(check.map(|c| c.mode.as_str()).unwrap_or("idempotent")),
-                Cell::from(mechanism(risk)),
-                verdict,
-                Cell::from(detail),
-            ])
-        });
+            let mode = check.map(|c| c.mode.as_str()).unwrap_or("idempotent");
+            let detail = check.map(|c| c.detail.as_str()).unwrap_or("");
+            let cells: Vec<Vec<Line<'static>>> = if compact {
+                // The verdict heads its detail (a passing detail starts with it); the
+                // mode is the header's (one run checks every consumer in one mode).
+                let text = if detail.starts_with(verdict) {
+                    detail.to_string()
+                } else {
+                    format!("{verdict}: {detail}")
+                };
+                let mut last = wrapped(text.trim_end_matches([':', ' ']), detail_width);
+                if let Some(first) = last.first_mut() {
+                    *first = first.clone().style(style);
+                }
+                vec![
+                    wrapped(name, w[0]),
+                    wrapped(risk.as_str(), w[1]),
+                    wrapped(mechanism(risk), w[2]),
+                    last,
+                ]
+            } else {
+                vec![
+                    wrapped(name, w[0]),
+                    wrapped(risk.as_str(), w[1]),
+                    wrapped(mode, w[2]),
+                    wrapped(mechanism(risk), w[3]),
+                    vec![Line::styled(verdict, style)],
+                    wrapped(detail, detail_width),
+                ]
+            };
+            let lines = cells.iter().map(Vec::len).max().unwrap_or(1);
+            let lines = u16::try_from(lines).unwrap_or(1);
+            height += lines;
+            Row::new(cells.into_iter().map(Cell::from)).height(lines)
+        })
+        .collect();
+    // The table first: the note below it only where three lines of it fit.
+    let [table_area, note_area] =
+        Layout::vertical([Constraint::Length(height.max(8)), Constraint::Min(0)]).areas(area);
     frame.render_widget(
-        Table::new(
-            rows,
-            [
-                Constraint::Length(14),
-                Constraint::Length(21),
-                Constraint::Length(11),
-                Constraint::Length(44),
-                Constraint::Length(12),
-                Constraint::Min(10),
-            ],
-        )
-        .header(
-            Row::new([
-                "consumer",
-                "risk class",
-                "mode",
-                "mechanism",
-                "twice?",
-                "detail",
-            ])
-            .style(theme.title),
-        )
-        .block(panel(
-            " Consumer inventory — \"what if this handler runs twice?\" ",
-            theme,
-        )),
+        Table::new(rows, w.into_iter().map(Constraint::Length))
+            .header(Row::new(header).style(theme.title))
+            .block(panel(
+                " Consumer inventory — \"what if this handler runs twice?\" ",
+                theme,
+            )),
         table_area,
     );
+    if note_area.height < 3 {
+        return;
+    }
     frame.render_widget(
         Paragraph::new(vec![
             Line::raw("The twice check delivers a fleet trace once, then every message twice in a row, on a scratch SQLite database with its own sandbox provider, and compares rows, SMS, webhooks and counters."),

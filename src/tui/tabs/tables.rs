@@ -26,7 +26,7 @@ use crate::tui::app::App;
 use crate::tui::format;
 use crate::tui::lists::{self, ListId};
 use crate::tui::theme::Theme;
-use crate::tui::widgets::{focus_title, panel, waiting};
+use crate::tui::widgets::{fit_title, focus_title, panel, waiting};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
@@ -297,7 +297,10 @@ fn list_panel(frame: &mut Frame, area: Rect, app: &App, id: ListId, theme: &Them
             } else {
                 theme.base.add_modifier(Modifier::UNDERLINED)
             })
-            .block(panel(focus_title(title, focused), theme)),
+            .block(panel(
+                focus_title(fit_title(title, area.width), focused),
+                theme,
+            )),
         area,
         &mut state,
     );
