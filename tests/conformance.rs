@@ -1152,14 +1152,10 @@ async fn pipelined_engine(db: &TestDb, lease_batch: usize, prefetch: usize) -> E
     Engine::open(&cfg).await.unwrap()
 }
 
-/// After a worker died: a new one drains the queue. Returns the device's zone exits
-/// and the consumer's (processed, duplicate_dropped, redelivered).
-async fn restart_and_drain(engine: &Engine, device: &str) -> (i64, (u64, u64, u64)) {
-    restart_and_drain_seen(engine, device, None).await
-}
-
-/// [`restart_and_drain`], the new worker's deliveries told to `sink`.
-async fn restart_and_drain_seen(
+/// After a worker died: a new one drains the queue, its deliveries told to `sink`.
+/// Returns the device's zone exits and the consumer's (processed, duplicate_dropped,
+/// redelivered).
+async fn restart_and_drain(
     engine: &Engine,
     device: &str,
     sink: Option<EventSink>,
@@ -1181,36 +1177,6 @@ async fn restart_and_drain_seen(
     )
 }
 
-async fn a_pipelined_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
-    // One batch leased ahead, no more (the prefetch has its own test).
-    let engine = pipelined_engine(db, 5, 1).await;
-    // 20 deliveries of 15 keys: the last 5 repeat the first 5.
-    let bodies: Vec<Vec<u8>> = (0..20u64)
-        .map(|i| zone_exit("34-PL-1", i % 15).to_json_line().into_bytes())
-        .collect();
-    engine.publish(&bodies).await.unwrap();
-    // The first incarnation commits its first batch and dies before acking it, with
-    // the second batch already leased ahead.
-    let dies = engine
-        .worker(
-            trip_counter::NAME,
-            Arc::new(CrashPlan::at(
-                idemwatch::engine::crash::CrashPoint::AfterCommitBeforeAck,
-                1,
-                idemwatch::engine::crash::CrashStyle::Unwind,
-            )),
-            None,
-        )
-        .unwrap();
-    assert!(dies.run_until_idle().await.is_err());
-    assert_eq!(engine.store.zone_exits("34-PL-1").await.unwrap(), 5);
-    // Both batches in hand come back: the committed one as duplicates.
-    assert_eq!(
-        restart_and_drain(&engine, "34-PL-1").await,
-        (15, (15, 10, 10))
-    );
-}
-
 /// What a worker saw of each delivery: (incarnation, key, outcome, redelivered).
 type Seen = Arc<std::sync::Mutex<Vec<(u8, String, String, bool)>>>;
 
@@ -1226,15 +1192,97 @@ fn seeing(seen: &Seen, incarnation: u8) -> impl Fn(&DeliveryEvent) {
     }
 }
 
+/// Judges a worker's death and the drain after it per key, not by how many
+/// redeliveries there were: with a 400 ms visibility a loaded machine gives back
+/// deliveries held past half their lease, or lets a lease run out, and each such
+/// return is one more redelivery — harmless, and not what these tests are about.
+/// `published` is every publication's key (a key published twice appears twice),
+/// `seen` what both lives saw, `unacked` the keys the dead worker committed but never
+/// acked, `counted` the consumer's (processed, duplicate_dropped) across both lives.
+/// Nothing lost, nothing doubled: every key processed exactly once; the unacked
+/// commits come back to the second life as redelivered duplicates; a duplicate that
+/// is not a redelivery is only ever a key's repeated publication; every delivery
+/// processed or a duplicate, as the counters say.
+fn judge_per_key(published: &[String], seen: &Seen, unacked: &[String], counted: (u64, u64)) {
+    let seen = seen.lock().unwrap().clone();
+    let (processed, duplicates) = counted;
+    let mut keys = published.to_vec();
+    keys.sort();
+    keys.dedup();
+    for key in &keys {
+        let of_key = |outcome: &str, redelivered: Option<bool>| {
+            seen.iter()
+                .filter(|e| &e.1 == key && e.2 == outcome && redelivered.is_none_or(|r| e.3 == r))
+                .count()
+        };
+        assert_eq!(of_key("processed", None), 1, "{key}: {seen:?}");
+        let repeats = published.iter().filter(|k| *k == key).count() - 1;
+        assert!(
+            of_key("duplicate", Some(false)) <= repeats,
+            "{key}: a duplicate not redelivered, published {} times: {seen:?}",
+            repeats + 1
+        );
+    }
+    assert_eq!(keys.len() as u64, processed, "{seen:?}");
+    for key in unacked {
+        assert!(
+            seen.iter()
+                .any(|e| e.0 == 2 && &e.1 == key && e.2 == "duplicate" && e.3),
+            "{key}: the commit never acked comes back as a redelivered duplicate: {seen:?}"
+        );
+    }
+    let dropped = seen.iter().filter(|e| e.2 == "duplicate").count();
+    assert_eq!(dropped as u64, duplicates, "{seen:?}");
+    assert_eq!(seen.len() as u64, processed + duplicates, "{seen:?}");
+}
+
+/// One batch leased ahead, no more (the prefetch has its own test); the first
+/// incarnation commits its first batch of 5 and dies before acking it, with the
+/// second batch already leased ahead. Judged by [`judge_per_key`]: the counts
+/// (15, 10, 10) the test once asserted varied under load for the same reason as the
+/// prefetching test's.
+async fn a_pipelined_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
+    let engine = pipelined_engine(db, 5, 1).await;
+    // 20 deliveries of 15 keys: the last 5 repeat the first 5.
+    let published: Vec<String> = (0..20u64)
+        .map(|i| zone_exit("34-PL-1", i % 15).key().to_string())
+        .collect();
+    let bodies: Vec<Vec<u8>> = (0..20u64)
+        .map(|i| zone_exit("34-PL-1", i % 15).to_json_line().into_bytes())
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    let seen: Seen = Arc::default();
+    let saw = seeing(&seen, 1);
+    let dies = engine
+        .worker(
+            trip_counter::NAME,
+            Arc::new(CrashPlan::at(
+                idemwatch::engine::crash::CrashPoint::AfterCommitBeforeAck,
+                1,
+                idemwatch::engine::crash::CrashStyle::Unwind,
+            )),
+            Some(Arc::new(move |e| saw(&e))),
+        )
+        .unwrap();
+    assert!(dies.run_until_idle().await.is_err());
+    assert_eq!(engine.store.zone_exits("34-PL-1").await.unwrap(), 5);
+    let died: Vec<_> = seen.lock().unwrap().clone();
+    assert!(
+        died.len() == 5 && died.iter().all(|e| e.2 == "processed"),
+        "{died:?}"
+    );
+    let unacked: Vec<String> = died.iter().map(|e| e.1.clone()).collect();
+
+    let saw = seeing(&seen, 2);
+    let (exits, (processed, duplicates, _)) =
+        restart_and_drain(&engine, "34-PL-1", Some(Arc::new(move |e| saw(&e)))).await;
+    assert_eq!(exits, 15);
+    judge_per_key(&published, &seen, &unacked, (processed, duplicates));
+}
+
 /// A worker that leased 4 ahead dies after its second commit, before that commit's
-/// ack. Judged per key, not by how many redeliveries there were: with a 400 ms
-/// visibility a loaded machine gives back deliveries held past half their lease, or
-/// lets a lease run out, and each such return is one more redelivery (the counts
-/// varied, 5 or 7 for 4) — harmless, and not what this test is about. What it is
-/// about: every key is processed exactly once across both lives (nothing lost,
-/// nothing doubled), the dead worker's last commit — never acked — comes back and is
-/// dropped as a duplicate, and a duplicate is only ever a redelivery (each key was
-/// published once).
+/// ack. Judged by [`judge_per_key`] (the redelivery counts varied, 5 or 7 for 4);
+/// each key published once, so every duplicate must be a redelivery.
 async fn a_prefetching_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
     let engine = pipelined_engine(db, 1, 4).await;
     let keys: Vec<String> = (0..10u64)
@@ -1268,29 +1316,13 @@ async fn a_prefetching_worker_that_dies_loses_and_doubles_nothing(db: &TestDb) {
         ["processed", "processed"],
         "{died:?}"
     );
-    let unacked = died[1].1.clone();
+    let unacked = [died[1].1.clone()];
 
     let saw = seeing(&seen, 2);
     let (exits, (processed, duplicates, _)) =
-        restart_and_drain_seen(&engine, "34-PF-1", Some(Arc::new(move |e| saw(&e)))).await;
-    assert_eq!((exits, processed), (10, 10));
-    let seen = seen.lock().unwrap().clone();
-    for key in &keys {
-        let processed = seen
-            .iter()
-            .filter(|e| &e.1 == key && e.2 == "processed")
-            .count();
-        assert_eq!(processed, 1, "{key}: {seen:?}");
-    }
-    assert!(
-        seen.iter()
-            .any(|e| e.0 == 2 && e.1 == unacked && e.2 == "duplicate" && e.3),
-        "the commit never acked comes back as a duplicate: {seen:?}"
-    );
-    let dropped: Vec<_> = seen.iter().filter(|e| e.2 == "duplicate").collect();
-    assert!(dropped.iter().all(|e| e.3), "{dropped:?}");
-    assert_eq!(dropped.len() as u64, duplicates, "{seen:?}");
-    assert_eq!(seen.len() as u64, processed + duplicates, "{seen:?}");
+        restart_and_drain(&engine, "34-PF-1", Some(Arc::new(move |e| saw(&e)))).await;
+    assert_eq!(exits, 10);
+    judge_per_key(&keys, &seen, &unacked, (processed, duplicates));
 }
 
 async fn a_stopping_worker_gives_back_what_it_prefetched(db: &TestDb) {
