@@ -537,6 +537,131 @@ impl Store for PostgresStore {
         Ok(outcome)
     }
 
+    /// Phase 1 of a batch in one transaction: the keys locked (a transaction-scoped
+    /// advisory lock per key, sorted, so two batches neither deadlock nor decide the
+    /// same key at once), the server's clock and the stored dedup rows and claims read
+    /// once, every request decided by `claim_batch.rs` as one-by-one calls would, then
+    /// the fresh keys' dedup rows and claims in two `INSERT … SELECT FROM UNNEST` and
+    /// each takeover's compare-and-set. A writer outside these locks (the one-by-one
+    /// path) that got in between shows as an insert or a compare-and-set that did not
+    /// take: the transaction is rolled back and retried whole ([`StoreError::RowVanished`],
+    /// a lost race), never recorded as decided.
+    async fn claim_batch(
+        &self,
+        consumer: &str,
+        requests: &[ClaimRequest],
+        lease: Duration,
+    ) -> StoreResult<Vec<ClaimOutcome>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut tx = self.pool.begin().await?;
+        // The claim time every fresh claim and takeover of this batch writes, from the
+        // server's clock as the one-by-one path's `clock_timestamp()`.
+        let now: DateTime<Utc> = sqlx::query_scalar(
+            "SELECT max(t) FROM (
+               SELECT pg_advisory_xact_lock(hashtextextended('idw_claim:' || $1 || ':' || k, 0)),
+                      clock_timestamp() AS t
+               FROM (SELECT unnest($2::text[]) AS k ORDER BY 1) AS sorted
+             ) AS locked",
+        )
+        .bind(consumer)
+        .bind(&keys)
+        .fetch_one(&mut *tx)
+        .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT p.message_key AS stored_key, p.payload_hash AS stored_hash,
+                    c.{}
+             FROM processed_messages p LEFT JOIN side_effect_claims c
+               ON c.consumer = p.consumer AND c.message_key = p.message_key
+             WHERE p.consumer = $1 AND p.message_key = ANY($2)",
+            CLAIM_COLUMNS.replace(", ", ", c.")
+        ))
+        .bind(consumer)
+        .bind(&keys)
+        .fetch_all(&mut *tx)
+        .await?;
+        let (mut stored, mut claims) = (HashMap::new(), HashMap::new());
+        for row in &rows {
+            let key: String = row.try_get("stored_key")?;
+            if row.try_get::<Option<String>, _>("state")?.is_some() {
+                claims.insert(key.clone(), claim_from_row(row)?);
+            }
+            stored.insert(key, row.try_get::<String, _>("stored_hash")?);
+        }
+        let (outcomes, writes) =
+            claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
+        let lost_race = || StoreError::RowVanished {
+            key: "a claim taken by another writer during the batch".into(),
+        };
+        if !writes.fresh.is_empty() {
+            let fresh_keys: Vec<&str> = writes.fresh.iter().map(|r| r.key.as_str()).collect();
+            let fingerprints: Vec<&str> = writes
+                .fresh
+                .iter()
+                .map(|r| r.fingerprint.as_str())
+                .collect();
+            let provider_keys: Vec<&str> = writes
+                .fresh
+                .iter()
+                .map(|r| r.provider_key.as_str())
+                .collect();
+            let messages: Vec<&[u8]> = writes.fresh.iter().map(|r| r.message.as_slice()).collect();
+            let inserted = sqlx::query(
+                "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
+                 SELECT $1, k, f, $4 FROM UNNEST($2::text[], $3::text[]) AS v (k, f)
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(consumer)
+            .bind(&fresh_keys)
+            .bind(&fingerprints)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if inserted != fresh_keys.len() as u64 {
+                tx.rollback().await?;
+                return Err(lost_race());
+            }
+            sqlx::query(
+                "INSERT INTO side_effect_claims
+                   (consumer, message_key, provider_key, state, claimed_at, attempts, message)
+                 SELECT $1, k, p, 'claimed', $5, 1, m
+                 FROM UNNEST($2::text[], $3::text[], $4::bytea[]) AS v (k, p, m)",
+            )
+            .bind(consumer)
+            .bind(&fresh_keys)
+            .bind(&provider_keys)
+            .bind(&messages)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for (r, claimed_at) in &writes.takeovers {
+            let taken = sqlx::query(
+                "UPDATE side_effect_claims SET claimed_at = $1, attempts = attempts + 1, message = $2
+                 WHERE consumer = $3 AND message_key = $4 AND state = 'claimed' AND claimed_at = $5",
+            )
+            .bind(now)
+            .bind(r.message.as_slice())
+            .bind(consumer)
+            .bind(r.key.as_str())
+            .bind(claimed_at)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if taken != 1 {
+                tx.rollback().await?;
+                return Err(lost_race());
+            }
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
     /// Phase 3 of a batch in one transaction and at most two statements: the final
     /// answers in one `UPDATE … FROM UNNEST`, the releases (transient failures, the
     /// claim kept and due at once) in another, instead of a statement and a commit per
