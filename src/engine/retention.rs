@@ -211,6 +211,11 @@ mod tests {
         let refused = cutoff_for(now, ten_min, DEFAULTS, false).unwrap_err();
         assert!(matches!(refused, RetentionRefused::BelowFloor { .. }));
         assert!(refused.to_string().contains("1h"), "{refused}");
+        // The floor itself is the least a purge may keep: allowed.
+        assert_eq!(
+            now - cutoff_for(now, DEFAULTS.floor(), DEFAULTS, false).unwrap(),
+            chrono::Duration::hours(1)
+        );
         let forced = cutoff_for(now, ten_min, DEFAULTS, true).unwrap();
         assert_eq!(now - forced, chrono::Duration::minutes(10));
         let week = Duration::from_secs(7 * 86_400);
