@@ -95,6 +95,18 @@ impl PrivateMosquitto {
         self.start();
     }
 
+    /// Wait (30 s at most) for a line of the broker's log.
+    fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.log_has(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "not in the broker's log: {needle}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn log_has(&self, needle: &str) -> bool {
         std::fs::read_to_string(&self.log).is_ok_and(|t| t.contains(needle))
     }
@@ -107,48 +119,10 @@ async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothin
     let Some(mut broker) = PrivateMosquitto::new(&env) else {
         return;
     };
-    let ingest = Command::new(idemwatch_bin())
-        .args([
-            "ingest",
-            "mqtt",
-            "--broker",
-            &broker.url(),
-            "--topic",
-            "fleet/+/events",
-        ])
-        .args([
-            "--client-id",
-            "idemwatch-ingest-test",
-            "--idle-exit",
-            "8s",
-            "--json",
-        ])
-        .env("IDEMWATCH_LOG_FILE", env.path("ingest.log"))
-        .env("IDEMWATCH_DB", env.db_url())
-        .env("IDEMWATCH_QUEUE", env.queue_url())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ingest starts");
-    let mut ingest = KillOnDrop(ingest);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !broker.log_has("Received SUBSCRIBE from idemwatch-ingest-test") {
-        assert!(Instant::now() < deadline, "ingest never subscribed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut ingest = spawn_ingest(&env, &broker, "idemwatch-ingest-test", "ingest.log");
+    broker.wait_for_log("Received SUBSCRIBE from idemwatch-ingest-test");
 
-    let mut sim = FleetSim::new(FleetConfig {
-        vehicles: 5,
-        seed: 20,
-        redelivery_rate: 0.0,
-        late_rate: 0.0,
-        ..FleetConfig::default()
-    });
-    let events: Vec<_> = (0..400).map(|_| sim.next()).collect();
-    let messages: Vec<(String, Vec<u8>)> = events
-        .iter()
-        .map(|m| (m.envelope.device_id.clone(), m.raw.clone()))
-        .collect();
+    let (events, messages) = fleet_events(20, 400);
     let (first, second) = messages.split_at(200);
     let a = publish_fleet(&broker.url(), "dev-a", "fleet", first, 0.3, 2, 1)
         .await
@@ -161,10 +135,79 @@ async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothin
         .unwrap();
     assert!(b.retransmitted > 50, "{b:?}");
 
+    let stats = ingest_stats(&mut ingest);
+    let sent = a.published + a.retransmitted + b.published + b.retransmitted;
+    // Every copy the devices sent arrived (QoS 1: at least once), over 2+ connections.
+    assert!(
+        stats["received"].as_u64().unwrap() >= sent,
+        "{stats} vs {sent}"
+    );
+    assert!(stats["connections"].as_u64().unwrap() >= 2, "{stats}");
+
+    let s = assert_each_effect_once(&env, &events).await;
+    assert!(
+        s.total.duplicate_dropped > 0,
+        "the retransmissions were dropped as duplicates: {s:?}"
+    );
+}
+
+/// `n` distinct events of 5 vehicles, and each as a device publishes it.
+fn fleet_events(
+    seed: u64,
+    n: usize,
+) -> (
+    Vec<idemwatch::sim::fleet::SimMessage>,
+    Vec<(String, Vec<u8>)>,
+) {
+    let mut sim = FleetSim::new(FleetConfig {
+        vehicles: 5,
+        seed,
+        redelivery_rate: 0.0,
+        late_rate: 0.0,
+        ..FleetConfig::default()
+    });
+    let events: Vec<_> = (0..n).map(|_| sim.next()).collect();
+    let messages = events
+        .iter()
+        .map(|m| (m.envelope.device_id.clone(), m.raw.clone()))
+        .collect();
+    (events, messages)
+}
+
+/// `idemwatch ingest mqtt` on `broker` under the persistent session `client_id`, into
+/// the test's embedded queue, exiting after 8 s without a message.
+fn spawn_ingest(
+    env: &TempEnv,
+    broker: &PrivateMosquitto,
+    client_id: &str,
+    log: &str,
+) -> KillOnDrop {
+    let child = Command::new(idemwatch_bin())
+        .args([
+            "ingest",
+            "mqtt",
+            "--broker",
+            &broker.url(),
+            "--topic",
+            "fleet/+/events",
+        ])
+        .args(["--client-id", client_id, "--idle-exit", "8s", "--json"])
+        .env("IDEMWATCH_LOG_FILE", env.path(log))
+        .env("IDEMWATCH_DB", env.db_url())
+        .env("IDEMWATCH_QUEUE", env.queue_url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ingest starts");
+    KillOnDrop(child)
+}
+
+/// Wait (90 s at most) for an ingest to go idle and exit; its `--json` stats.
+fn ingest_stats(ingest: &mut KillOnDrop) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(90);
     while ingest.0.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "ingest did not go idle");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::thread::sleep(Duration::from_millis(100));
     }
     let mut out = String::new();
     use std::io::Read;
@@ -175,17 +218,15 @@ async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothin
         .unwrap()
         .read_to_string(&mut out)
         .unwrap();
-    let stats: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    let sent = a.published + a.retransmitted + b.published + b.retransmitted;
-    // Every copy the devices sent arrived (QoS 1: at least once), over 2+ connections.
-    assert!(
-        stats["received"].as_u64().unwrap() >= sent,
-        "{stats} vs {sent}"
-    );
-    assert!(stats["connections"].as_u64().unwrap() >= 2, "{stats}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
 
-    // The consumers over what the ingress queued: each effect once.
+/// Run the consumers over what the ingress queued: every event there (vehicle-state
+/// sees each once), each zone exit counted once and one SMS each, no dead letter.
+async fn assert_each_effect_once(
+    env: &TempEnv,
+    events: &[idemwatch::sim::fleet::SimMessage],
+) -> idemwatch::engine::metrics::CountSummary {
     let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
         .await
         .unwrap();
@@ -201,8 +242,15 @@ async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothin
         .await
         .unwrap();
     assert_eq!(s.total.dead_lettered, 0, "{s:?}");
+    let vehicle_state = &s.consumers["vehicle-state"];
+    let distinct_events: BTreeSet<_> = events.iter().map(|m| m.envelope.key()).collect();
+    assert_eq!(
+        vehicle_state.processed + vehicle_state.out_of_order,
+        distinct_events.len() as u64,
+        "every event ingested: {s:?}"
+    );
     let mut exits: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
-    for m in &events {
+    for m in events {
         if m.envelope.event_type == EventType::ZoneExit {
             exits
                 .entry(m.envelope.device_id.clone())
@@ -229,9 +277,68 @@ async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothin
         s.consumers["trip-counter"].processed as usize, distinct,
         "{s:?}"
     );
+    s
+}
+
+/// `ingest mqtt` SIGKILLed while devices publish QoS 1 (with DUP retransmissions),
+/// more published while it is dead, then started again under the same client id: the
+/// broker kept its session, so what it had not PUBACKed comes again and what arrived
+/// meanwhile is delivered — nothing lost; what it had queued but not acked comes
+/// twice, and the dedup table makes each effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_ingress_killed_while_devices_publish_loses_nothing_and_doubles_nothing() {
+    let env = TempEnv::new();
+    let Some(broker) = PrivateMosquitto::new(&env) else {
+        return;
+    };
+    let client_id = "idemwatch-ingest-kill";
+    let mut ingest = spawn_ingest(&env, &broker, client_id, "ingest-1.log");
+    broker.wait_for_log(&format!("Received SUBSCRIBE from {client_id}"));
+    let (events, messages) = fleet_events(21, 600);
+    let (first, second) = messages.split_at(400);
+    let url = broker.url();
+    let devices = {
+        let first = first.to_vec();
+        tokio::spawn(async move { publish_fleet(&url, "dev-k1", "fleet", &first, 0.3, 2, 3).await })
+    };
+    // SIGKILL as soon as the ingress has queued something: mid-stream.
+    let queue = idemwatch::engine::queue::open(&env.queue_url())
+        .await
+        .unwrap();
+    let queued = || async {
+        queue
+            .depth("trip-counter")
+            .await
+            .map(|d| d.ready)
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while queued().await == 0 {
+        assert!(Instant::now() < deadline, "the ingress queued nothing");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    ingest.stop();
+    let at_kill = queued().await;
+    let a = devices.await.unwrap().unwrap();
+    assert!(a.retransmitted > 50 && a.acked == a.published, "{a:?}");
     assert!(
-        s.total.duplicate_dropped > 0,
-        "the retransmissions were dropped as duplicates: {s:?}"
+        at_kill < a.published,
+        "the kill came after everything was queued ({at_kill} of {}): it tests nothing",
+        a.published
+    );
+    // The ingress is dead: the broker queues these for its session.
+    let b = publish_fleet(&broker.url(), "dev-k2", "fleet", second, 0.3, 2, 4)
+        .await
+        .unwrap();
+    assert_eq!(b.acked, b.published, "{b:?}");
+    let mut again = spawn_ingest(&env, &broker, client_id, "ingest-2.log");
+    let stats = ingest_stats(&mut again);
+    eprintln!("queued at the kill: {at_kill}; devices: {a:?} {b:?}; ingest after: {stats}");
+    assert!(stats["received"].as_u64().unwrap() > 0, "{stats}");
+    let s = assert_each_effect_once(&env, &events).await;
+    assert!(
+        b.published > 0 && s.total.duplicate_dropped > 0,
+        "{b:?} {s:?}"
     );
 }
 
