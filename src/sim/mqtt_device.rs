@@ -52,6 +52,10 @@ pub fn device_topic(prefix: &str, device_id: &str) -> String {
     format!("{prefix}/{device_id}/events")
 }
 
+/// One message not acknowledged yet: `(device_id, body)`, its packet id, and how many
+/// copies with DUP follow its first send.
+type Pending<'a> = (&'a (String, Vec<u8>), u16, u32);
+
 /// Publish `(device_id, body)` pairs with QoS 1 to `broker` (`mqtt://HOST:PORT`); each
 /// is retransmitted `extra` more times with the DUP flag with probability `dup_rate`
 /// (or always, `extra` times, with `dup_rate` ≥ 1). Returns once every message's packet
@@ -75,8 +79,7 @@ pub async fn publish_fleet(
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut stats = DevicePublishStats::default();
     for chunk in messages.chunks(PACKET_IDS) {
-        // (message, packet id, copies with DUP on the first send)
-        let mut pending: Vec<(&(String, Vec<u8>), u16, u32)> = Vec::with_capacity(chunk.len());
+        let mut pending: Vec<Pending> = Vec::with_capacity(chunk.len());
         for (i, m) in chunk.iter().enumerate() {
             let copies = if dup_rate >= 1.0 || rng.random_bool(dup_rate.clamp(0.0, 1.0)) {
                 extra.max(1)
@@ -123,7 +126,7 @@ async fn one_connection(
     (host, port): (&str, u16),
     client_id: &str,
     topic_prefix: &str,
-    pending: &[(&(String, Vec<u8>), u16, u32)],
+    pending: &[Pending<'_>],
     resend: bool,
     stats: &mut DevicePublishStats,
 ) -> Result<std::collections::HashSet<u16>, DeviceError> {
