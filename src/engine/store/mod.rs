@@ -22,9 +22,7 @@ mod error;
 pub mod mysql;
 pub mod postgres;
 pub mod repair;
-mod repair_mysql;
-mod repair_postgres;
-mod repair_sqlite;
+mod repair_sql;
 pub mod sqlite;
 mod vehicle_batch;
 

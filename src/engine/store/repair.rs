@@ -4,11 +4,10 @@
 //!
 //! A trait of its own, a supertrait of [`super::Store`], so every store has it and
 //! the consumers' hot path (one file per backend) stays apart from these rare,
-//! human-driven statements (one `repair_*.rs` per backend).
+//! human-driven statements (written once for every backend, in `repair_sql.rs`).
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::{Claim, ClaimState, DeadLetter, StoreResult};
 
@@ -64,46 +63,6 @@ impl DeadLetterFilter {
     pub fn takes_replayed(&self) -> bool {
         self.include_replayed || !self.ids.is_empty()
     }
-}
-
-/// The dead-letter query for `filter`, the same on every backend but for how a time
-/// is bound (`since`: the backend's own form of `filter.since`).
-pub(crate) fn dead_letter_query<'a, DB, T>(
-    select: &str,
-    filter: &'a DeadLetterFilter,
-    since: Option<T>,
-) -> QueryBuilder<'a, DB>
-where
-    DB: Database,
-    &'a String: Encode<'a, DB> + Type<DB>,
-    i64: Encode<'a, DB> + Type<DB>,
-    T: Encode<'a, DB> + Type<DB> + 'a,
-{
-    let mut q = QueryBuilder::<DB>::new(select);
-    q.push(" WHERE 1 = 1");
-    if let Some(c) = &filter.consumer {
-        q.push(" AND consumer = ").push_bind(c);
-    }
-    if let Some(r) = &filter.reason {
-        q.push(" AND reason = ").push_bind(r);
-    }
-    if let Some(t) = since {
-        q.push(" AND received_at >= ").push_bind(t);
-    }
-    if !filter.ids.is_empty() {
-        q.push(" AND id IN (");
-        let mut ids = q.separated(", ");
-        for id in &filter.ids {
-            ids.push_bind(*id);
-        }
-        q.push(")");
-    }
-    if !filter.takes_replayed() {
-        q.push(" AND replayed_at IS NULL");
-    }
-    q.push(" ORDER BY id DESC LIMIT ")
-        .push_bind(filter.capped_limit());
-    q
 }
 
 /// Operator statements every backend implements (see the module doc).
@@ -188,57 +147,4 @@ pub struct StrandedClaim {
     pub claim: Claim,
     /// The envelope the claim was taken for, as JSON.
     pub message: Option<Vec<u8>>,
-}
-
-/// The claims query for `filter`, the same on every backend (`columns`: the
-/// backend's claim columns).
-pub(crate) fn claim_query<'a, DB>(columns: &str, filter: &'a ClaimFilter) -> QueryBuilder<'a, DB>
-where
-    DB: Database,
-    &'a String: Encode<'a, DB> + Type<DB>,
-    &'a str: Encode<'a, DB> + Type<DB>,
-    i64: Encode<'a, DB> + Type<DB>,
-{
-    let mut q = QueryBuilder::<DB>::new(format!(
-        "SELECT {columns} FROM side_effect_claims WHERE 1 = 1"
-    ));
-    if let Some(c) = &filter.consumer {
-        q.push(" AND consumer = ").push_bind(c);
-    }
-    if let Some(state) = filter.state {
-        q.push(" AND state = ").push_bind(state.as_str());
-    }
-    q.push(" ORDER BY claimed_at, consumer, message_key LIMIT ")
-        .push_bind(filter.capped_limit());
-    q
-}
-
-/// The stranded-claims query, the same on every backend but for how a time is bound.
-pub(crate) fn stranded_query<'a, DB, T>(
-    columns: &str,
-    consumers: &'a [&'a str],
-    claimed_before: T,
-    limit: i64,
-) -> QueryBuilder<'a, DB>
-where
-    DB: Database,
-    &'a str: Encode<'a, DB> + Type<DB>,
-    i64: Encode<'a, DB> + Type<DB>,
-    T: Encode<'a, DB> + Type<DB> + 'a,
-{
-    let mut q = QueryBuilder::<DB>::new(format!(
-        "SELECT {columns}, message FROM side_effect_claims WHERE state = 'claimed' AND claimed_at < "
-    ));
-    q.push_bind(claimed_before);
-    q.push(" AND consumer IN (");
-    if consumers.is_empty() {
-        q.push("NULL");
-    }
-    let mut names = q.separated(", ");
-    for c in consumers {
-        names.push_bind(*c);
-    }
-    q.push(") ORDER BY claimed_at LIMIT ")
-        .push_bind(limit.clamp(0, MAX_LISTED));
-    q
 }
