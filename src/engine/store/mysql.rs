@@ -434,6 +434,48 @@ impl MysqlStore {
     }
 }
 
+/// Phase 3 of one claim: the provider's final answer.
+async fn finish_claim(
+    conn: &mut sqlx::MySqlConnection,
+    consumer: &str,
+    key: &MessageKey,
+    state: ClaimState,
+    detail: &str,
+) -> StoreResult<()> {
+    sqlx::query(
+        "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
+         WHERE consumer = ? AND message_key = ?",
+    )
+    .bind(state.as_str())
+    .bind(naive(Utc::now()))
+    .bind(detail)
+    .bind(consumer)
+    .bind(key.as_str())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A transient failure: the claim kept and due for an in-doubt retry at once.
+async fn release_claim(
+    conn: &mut sqlx::MySqlConnection,
+    consumer: &str,
+    key: &MessageKey,
+    detail: &str,
+) -> StoreResult<()> {
+    sqlx::query(
+        "UPDATE side_effect_claims SET claimed_at = ?, detail = ?
+         WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
+    )
+    .bind(naive(DateTime::<Utc>::UNIX_EPOCH))
+    .bind(detail)
+    .bind(consumer)
+    .bind(key.as_str())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 async fn apply_write(conn: &mut sqlx::MySqlConnection, write: &BusinessWrite) -> StoreResult<()> {
     match write {
         BusinessWrite::CountZoneExit { device_id } => {
@@ -605,18 +647,8 @@ impl Store for MysqlStore {
         state: ClaimState,
         detail: &str,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
-             WHERE consumer = ? AND message_key = ?",
-        )
-        .bind(state.as_str())
-        .bind(naive(Utc::now()))
-        .bind(detail)
-        .bind(consumer)
-        .bind(key.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let mut conn = self.pool.acquire().await?;
+        finish_claim(&mut conn, consumer, key, state, detail).await
     }
 
     async fn release_claim(
@@ -625,16 +657,29 @@ impl Store for MysqlStore {
         key: &MessageKey,
         detail: &str,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE side_effect_claims SET claimed_at = ?, detail = ?
-             WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
-        )
-        .bind(naive(DateTime::<Utc>::UNIX_EPOCH))
-        .bind(detail)
-        .bind(consumer)
-        .bind(key.as_str())
-        .execute(&self.pool)
-        .await?;
+        let mut conn = self.pool.acquire().await?;
+        release_claim(&mut conn, consumer, key, detail).await
+    }
+
+    /// Phase 3 of a batch in ONE transaction (one commit, one flush of the log,
+    /// instead of one per claim); each result's statement as the one-by-one path's, in
+    /// order.
+    async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
+        if results.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for r in results {
+            match &r.finish {
+                ClaimFinish::Done { state, detail } => {
+                    finish_claim(&mut tx, consumer, &r.key, *state, detail).await?
+                }
+                ClaimFinish::Release { detail } => {
+                    release_claim(&mut tx, consumer, &r.key, detail).await?
+                }
+            }
+        }
+        tx.commit().await?;
         Ok(())
     }
 
