@@ -577,6 +577,35 @@ mod tests {
         assert!(detail.contains("seq"), "{detail}");
     }
 
+    /// The limits are SPEC §1's numbers, not only the constants' names: a payload of
+    /// exactly 64 KiB is accepted and one byte more is `too_large`; a message padded
+    /// with whitespace to 68 KiB is read, one byte beyond is refused unread.
+    #[test]
+    fn the_size_limits_are_64_kib_of_payload_and_68_kib_of_message() {
+        let with_note = |n: usize| {
+            GOOD.replace(
+                "\"phone\"",
+                &format!("\"note\":\"{}\",\"phone\"", "x".repeat(n)),
+            )
+        };
+        let base = r#"{"zone":"X","phone":"+905551112233","note":""}"#.len();
+        let exact = with_note(65_536 - base);
+        Envelope::parse(exact.as_bytes()).expect("a payload of 64 KiB is accepted");
+        assert_eq!(
+            reject(&with_note(65_537 - base)).reason,
+            RejectReason::TooLarge
+        );
+        let padded = |total: usize| format!("{exact}{}", " ".repeat(total - exact.len()));
+        Envelope::parse(padded(69_632).as_bytes()).expect("a message of 68 KiB is read");
+        let unread = reject(&padded(69_633));
+        assert_eq!(unread.reason, RejectReason::TooLarge);
+        assert!(
+            unread.detail.starts_with("message is 69633 bytes"),
+            "{}",
+            unread.detail
+        );
+    }
+
     #[test]
     fn what_one_backend_cannot_store_is_refused_on_all_of_them() {
         let refused = |raw: String, field: &str| {
