@@ -28,6 +28,11 @@ struct PrivateMosquitto {
 
 impl PrivateMosquitto {
     fn new(env: &TempEnv) -> Option<Self> {
+        Self::with_conf(env, "")
+    }
+
+    /// A broker with `extra` lines appended to the test's configuration.
+    fn with_conf(env: &TempEnv, extra: &str) -> Option<Self> {
         if Command::new("mosquitto").arg("-h").output().is_err() {
             if common::backends::required() {
                 panic!("mosquitto is required (IDEMWATCH_REQUIRE_SERVICES=1)");
@@ -43,7 +48,7 @@ impl PrivateMosquitto {
         std::fs::write(
             &conf,
             format!(
-                "user root\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nlog_dest file {}\nlog_type all\nmax_queued_messages 10000\n",
+                "user root\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nlog_dest file {}\nlog_type all\nmax_queued_messages 10000\n{extra}",
                 dir.display(),
                 log.display()
             ),
@@ -340,6 +345,37 @@ async fn mqtt_ingress_killed_while_devices_publish_loses_nothing_and_doubles_not
         b.published > 0 && s.total.duplicate_dropped > 0,
         "{b:?} {s:?}"
     );
+}
+
+/// A broker flushing a session's backlog faster than the queue takes it: 3,000
+/// events published while the ingress was away, the broker letting every one fly at
+/// once (`max_inflight_messages 0`). The ingress used to PUBACK from its main loop,
+/// which waited on the MQTT client while the client's poller waited on the main
+/// loop: after ~1,100 messages both stopped and `--idle-exit` never came. Now every
+/// event is taken, each effect once, and the ingress exits when idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_thousands_flushed_at_once_is_taken_whole() {
+    let env = TempEnv::new();
+    let Some(broker) = PrivateMosquitto::with_conf(&env, "max_inflight_messages 0\n") else {
+        return;
+    };
+    let client_id = "idemwatch-ingest-backlog";
+    // The persistent session exists (subscribed), then the ingress goes away.
+    let mut first = spawn_ingest(&env, &broker, client_id, "ingest-1.log");
+    broker.wait_for_log(&format!("Received SUBSCRIBE from {client_id}"));
+    first.stop();
+    let (events, messages) = fleet_events(33, 3000);
+    let d = publish_fleet(&broker.url(), "dev-backlog", "fleet", &messages, 0.0, 0, 5)
+        .await
+        .unwrap();
+    assert_eq!(d.acked, d.published, "{d:?}");
+    let mut again = spawn_ingest(&env, &broker, client_id, "ingest-2.log");
+    let stats = ingest_stats(&mut again);
+    assert!(
+        stats["received"].as_u64().unwrap() >= 3000,
+        "the whole backlog taken: {stats}"
+    );
+    assert_each_effect_once(&env, &events).await;
 }
 
 /// `drill device-retransmit` through a real broker and the ingress: one QoS 1 publish

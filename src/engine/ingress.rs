@@ -147,6 +147,27 @@ pub async fn run_mqtt(
         })
     };
 
+    // PUBACKs go out from a task of their own. `client.ack` waits while the client's
+    // request channel is full, and only the poller drains it; the poller in turn
+    // waits while `rx` is full, which only this loop drains. Acking here deadlocked
+    // both as soon as a burst filled the two channels (a broker flushing a session's
+    // backlog of thousands: the ingress stopped, idle-exit never came). The acker's
+    // queue holds packet ids only, and at most what the broker let in flight.
+    let (acks, mut to_ack) = mpsc::unbounded_channel::<(Publish, u64)>();
+    let acker = {
+        let (client, generation) = (client.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Some((p, g)) = to_ack.recv().await {
+                if g != generation.load(Ordering::SeqCst) {
+                    continue; // another connection: its packet ids are not ours to ack
+                }
+                if let Err(e) = client.ack(&p).await {
+                    tracing::warn!(error = %e, "PUBACK not sent; the broker will redeliver");
+                }
+            }
+        })
+    };
+
     let mut stats = IngressStats::default();
     let mut batch: Vec<(Publish, u64)> = Vec::with_capacity(MAX_BATCH);
     loop {
@@ -181,19 +202,18 @@ pub async fn run_mqtt(
             delay = (delay * 2).min(MAX_RECONNECT_DELAY);
         }
         stats.published += batch.len() as u64;
-        let current = generation.load(Ordering::SeqCst);
         for (p, g) in batch.drain(..) {
-            if g == current {
-                if let Err(e) = client.ack(&p).await {
-                    tracing::warn!(error = %e, "PUBACK not sent; the broker will redeliver");
-                }
-            }
+            // Never blocks: the acker waits for the client, not this loop.
+            let _ = acks.send((ack_of(&p), g));
         }
         if *shutdown.borrow() {
             break;
         }
     }
     stats.connections = generation.load(Ordering::SeqCst);
+    // The last PUBACKs out before the goodbye (bounded: a dead broker cannot hold us).
+    drop(acks);
+    let _ = tokio::time::timeout(Duration::from_secs(2), acker).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), client.disconnect()).await;
     poller.abort();
     Ok(stats)
@@ -276,4 +296,12 @@ async fn idle(d: Option<Duration>) {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
     }
+}
+
+/// What a PUBACK needs of a message (its packet id and QoS), without its payload, so
+/// the acker's queue stays small.
+fn ack_of(p: &Publish) -> Publish {
+    let mut ack = Publish::new(String::new(), p.qos, Vec::new());
+    ack.pkid = p.pkid;
+    ack
 }
