@@ -17,7 +17,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use crate::engine::consumers::{provider_key, FLEET_CONSUMERS};
 use crate::engine::consumers::{trip_counter, vehicle_state, zone_exit_sms};
 use crate::engine::envelope::{Envelope, EventType};
-use crate::engine::store::sqlite::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
+use crate::engine::store::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use crate::engine::store::{ts, Durability, VehicleFacts};
 
 use super::pipeline::RawRunFigures;

@@ -394,15 +394,14 @@ impl Monitor {
         let drill_runs = snapshot
             .database
             .as_ref()
-            .map(|d| d.drill_runs.clone())
-            .unwrap_or_default();
+            .map_or(&[][..], |d| d.drill_runs.as_slice());
         let records = replay::replay(&replay::ReplayInputs {
             from,
             to,
             history: snapshot.history.as_ref(),
             dead_letters: &arrivals,
             markers: &snapshot.markers,
-            drill_runs: &drill_runs,
+            drill_runs,
             rules: &self.config.alerts,
             database_url: &url,
         });

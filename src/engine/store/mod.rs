@@ -25,6 +25,7 @@ pub mod repair;
 mod repair_sql;
 pub mod sqlite;
 mod vehicle_batch;
+pub(crate) mod vehicle_sql;
 
 pub use claim_batch::{ClaimFinish, ClaimRequest, ClaimResult};
 pub use error::{Failure, StoreError, StoreResult};

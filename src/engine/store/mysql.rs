@@ -18,6 +18,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
 
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
+use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
 use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
@@ -38,29 +39,6 @@ fn naive(t: DateTime<Utc>) -> NaiveDateTime {
 }
 
 use super::dialect::retrying;
-
-/// The state upsert, one event or a batch's round of them.
-const VEHICLE_UPSERT_INTO: &str = "INSERT INTO vehicle_state
-   (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
-
-/// What a conflicting row keeps: every column conditional on `newer` (the seq guard,
-/// or `TRUE` for naive writes), `last_seq` last because MySQL assigns left to right.
-fn vehicle_upsert_update(newer: &str) -> String {
-    format!(
-        "ON DUPLICATE KEY UPDATE
-           ignition = IF({newer}, COALESCE(VALUES(ignition), ignition), ignition),
-           zone = IF({newer}, CASE VALUES(last_event_type)
-                                WHEN 'zone_enter' THEN VALUES(zone)
-                                WHEN 'zone_exit' THEN NULL
-                                ELSE zone END, zone),
-           lat = IF({newer}, COALESCE(VALUES(lat), lat), lat),
-           lon = IF({newer}, COALESCE(VALUES(lon), lon), lon),
-           occurred_at = IF({newer}, VALUES(occurred_at), occurred_at),
-           updated_at = IF({newer}, VALUES(updated_at), updated_at),
-           last_event_type = IF({newer}, VALUES(last_event_type), last_event_type),
-           last_seq = IF({newer}, VALUES(last_seq), last_seq)"
-    )
-}
 
 impl MysqlStore {
     pub async fn open(url: &str) -> StoreResult<Self> {
@@ -252,7 +230,7 @@ impl MysqlStore {
         let update = vehicle_upsert_update("VALUES(last_seq) > last_seq");
         for round in writes.upsert_rounds() {
             for chunk in round.chunks(ROWS_PER_STATEMENT) {
-                let mut q = QueryBuilder::<MySql>::new(VEHICLE_UPSERT_INTO);
+                let mut q = QueryBuilder::<MySql>::new(VEHICLE_UPSERT_HEAD);
                 q.push(" ");
                 q.push_values(chunk, |mut row, item| {
                     row.push_bind(item.env.device_id.as_str())
@@ -317,7 +295,7 @@ impl MysqlStore {
             "TRUE"
         };
         let upsert = format!(
-            "{VEHICLE_UPSERT_INTO} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) {}",
+            "{VEHICLE_UPSERT_HEAD} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) {}",
             vehicle_upsert_update(newer)
         );
         sqlx::query(&upsert)

@@ -15,29 +15,11 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, PgPool, Row};
 
 use super::vehicle_batch::VehicleBatch;
+use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
 use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/postgres");
-
-/// The state upsert, one event or a batch's round of them: the columns an event
-/// carries, and what it keeps of the stored row (`COALESCE`, the zone by event type).
-const VEHICLE_UPSERT_INTO: &str = "INSERT INTO vehicle_state
-   (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
-const VEHICLE_UPSERT_SET: &str = "ON CONFLICT (device_id) DO UPDATE SET
-   last_seq = excluded.last_seq,
-   last_event_type = excluded.last_event_type,
-   ignition = COALESCE(excluded.ignition, vehicle_state.ignition),
-   zone = CASE excluded.last_event_type
-            WHEN 'zone_enter' THEN excluded.zone
-            WHEN 'zone_exit' THEN NULL
-            ELSE vehicle_state.zone END,
-   lat = COALESCE(excluded.lat, vehicle_state.lat),
-   lon = COALESCE(excluded.lon, vehicle_state.lon),
-   occurred_at = excluded.occurred_at,
-   updated_at = excluded.updated_at";
-/// The seq guard: an older event never overwrites a newer state.
-const VEHICLE_SEQ_GUARD: &str = "WHERE excluded.last_seq > vehicle_state.last_seq";
 
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -351,12 +333,13 @@ impl Store for PostgresStore {
             .await?;
         }
         let round_sql = format!(
-            "{VEHICLE_UPSERT_INTO}
+            "{VEHICLE_UPSERT_HEAD}
              SELECT d, s, t, i, z, la, lo, o, now()
              FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
                          $6::float8[], $7::float8[], $8::timestamptz[])
                   AS v (d, s, t, i, z, la, lo, o)
-             {VEHICLE_UPSERT_SET} {VEHICLE_SEQ_GUARD}"
+             {}",
+            vehicle_upsert_tail(true)
         );
         for round in writes.upsert_rounds() {
             let mut r = StateColumns::default();
@@ -430,9 +413,9 @@ impl Store for PostgresStore {
             tx.commit().await?;
             return Ok(vehicle_duplicate_or_conflict(stored, fingerprint));
         }
-        let guard = if guarded { VEHICLE_SEQ_GUARD } else { "" };
         let upsert = format!(
-            "{VEHICLE_UPSERT_INTO} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now()) {VEHICLE_UPSERT_SET} {guard}"
+            "{VEHICLE_UPSERT_HEAD} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now()) {}",
+            vehicle_upsert_tail(guarded)
         );
         let applied = sqlx::query(&upsert)
             .bind(&env.device_id)

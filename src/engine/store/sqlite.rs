@@ -19,6 +19,7 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use super::claim_batch;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
+use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
 use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
@@ -217,42 +218,6 @@ pub(super) fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim
 
 pub(super) const CLAIM_COLUMNS: &str =
     "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
-
-/// The state upsert of one event, shared by the one-by-one and the batch paths:
-/// `INSERT … VALUES (9 columns)` then [`vehicle_upsert_tail`].
-pub(crate) const VEHICLE_UPSERT_HEAD: &str = "INSERT INTO vehicle_state
-    (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
-
-/// What an event changes in the state row: the columns its type does not carry
-/// kept as they are.
-macro_rules! vehicle_upsert_set {
-    () => {
-        "ON CONFLICT (device_id) DO UPDATE SET
-           last_seq = excluded.last_seq,
-           last_event_type = excluded.last_event_type,
-           ignition = COALESCE(excluded.ignition, vehicle_state.ignition),
-           zone = CASE excluded.last_event_type
-                    WHEN 'zone_enter' THEN excluded.zone
-                    WHEN 'zone_exit' THEN NULL
-                    ELSE vehicle_state.zone END,
-           lat = COALESCE(excluded.lat, vehicle_state.lat),
-           lon = COALESCE(excluded.lon, vehicle_state.lon),
-           occurred_at = excluded.occurred_at,
-           updated_at = excluded.updated_at"
-    };
-}
-
-/// The upsert's conflict clause, with the seq guard in its WHERE when `guarded`.
-pub(crate) fn vehicle_upsert_tail(guarded: bool) -> &'static str {
-    if guarded {
-        concat!(
-            vehicle_upsert_set!(),
-            " WHERE excluded.last_seq > vehicle_state.last_seq"
-        )
-    } else {
-        vehicle_upsert_set!()
-    }
-}
 
 #[async_trait]
 impl Store for SqliteStore {

@@ -1,0 +1,63 @@
+//! The vehicle state upsert, written once for every backend: the columns an event
+//! carries, what it keeps of the stored row (`COALESCE`, the zone by event type) and
+//! the seq guard. SQLite and PostgreSQL share the `ON CONFLICT … excluded.` form;
+//! MariaDB writes the same rule as `ON DUPLICATE KEY UPDATE` with every column
+//! conditional on the guard. The one-by-one paths, the batch paths and the rusqlite
+//! baseline all take their statement from here, so a column rule cannot drift
+//! between them.
+
+/// `INSERT … (9 columns)`; a backend adds its `VALUES` or `SELECT` and the tail.
+pub(crate) const VEHICLE_UPSERT_HEAD: &str = "INSERT INTO vehicle_state
+    (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
+
+/// What an event changes in the state row: the columns its type does not carry
+/// kept as they are.
+macro_rules! vehicle_upsert_set {
+    () => {
+        "ON CONFLICT (device_id) DO UPDATE SET
+           last_seq = excluded.last_seq,
+           last_event_type = excluded.last_event_type,
+           ignition = COALESCE(excluded.ignition, vehicle_state.ignition),
+           zone = CASE excluded.last_event_type
+                    WHEN 'zone_enter' THEN excluded.zone
+                    WHEN 'zone_exit' THEN NULL
+                    ELSE vehicle_state.zone END,
+           lat = COALESCE(excluded.lat, vehicle_state.lat),
+           lon = COALESCE(excluded.lon, vehicle_state.lon),
+           occurred_at = excluded.occurred_at,
+           updated_at = excluded.updated_at"
+    };
+}
+
+/// SQLite and PostgreSQL: the upsert's conflict clause, with the seq guard in its
+/// WHERE when `guarded` (the row is then left alone and 0 rows are reported).
+pub(crate) fn vehicle_upsert_tail(guarded: bool) -> &'static str {
+    if guarded {
+        concat!(
+            vehicle_upsert_set!(),
+            " WHERE excluded.last_seq > vehicle_state.last_seq"
+        )
+    } else {
+        vehicle_upsert_set!()
+    }
+}
+
+/// MariaDB: the same rule as [`vehicle_upsert_tail`], every column conditional on
+/// `newer` (the guard `VALUES(last_seq) > last_seq`, or `TRUE` for naive writes) and
+/// `last_seq` assigned last, because MySQL evaluates the assignments left to right.
+pub(crate) fn vehicle_upsert_update(newer: &str) -> String {
+    format!(
+        "ON DUPLICATE KEY UPDATE
+           ignition = IF({newer}, COALESCE(VALUES(ignition), ignition), ignition),
+           zone = IF({newer}, CASE VALUES(last_event_type)
+                                WHEN 'zone_enter' THEN VALUES(zone)
+                                WHEN 'zone_exit' THEN NULL
+                                ELSE zone END, zone),
+           lat = IF({newer}, COALESCE(VALUES(lat), lat), lat),
+           lon = IF({newer}, COALESCE(VALUES(lon), lon), lon),
+           occurred_at = IF({newer}, VALUES(occurred_at), occurred_at),
+           updated_at = IF({newer}, VALUES(updated_at), updated_at),
+           last_event_type = IF({newer}, VALUES(last_event_type), last_event_type),
+           last_seq = IF({newer}, VALUES(last_seq), last_seq)"
+    )
+}
