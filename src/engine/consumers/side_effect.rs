@@ -393,15 +393,7 @@ async fn finish_alone(
     r: &ClaimResult,
     a: &Answer,
 ) -> Result<Option<Outcome>, StoreError> {
-    let written = match &r.finish {
-        ClaimFinish::Done { state, detail } => {
-            deps.store
-                .finish_side_effect(consumer, &r.key, *state, detail)
-                .await
-        }
-        ClaimFinish::Release { detail } => deps.store.release_claim(consumer, &r.key, detail).await,
-    };
-    let e = match written {
+    let e = match crate::engine::store::finish_claim(deps.store.as_ref(), consumer, r).await {
         Ok(()) => {
             return Ok(a
                 .effect

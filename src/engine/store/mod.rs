@@ -312,18 +312,26 @@ pub(crate) async fn finish_one_by_one<S: Store + ?Sized>(
     results: &[ClaimResult],
 ) -> StoreResult<()> {
     for r in results {
-        match &r.finish {
-            ClaimFinish::Done { state, detail } => {
-                store
-                    .finish_side_effect(consumer, &r.key, *state, detail)
-                    .await?
-            }
-            ClaimFinish::Release { detail } => {
-                store.release_claim(consumer, &r.key, detail).await?
-            }
-        }
+        finish_claim(store, consumer, r).await?;
     }
     Ok(())
+}
+
+/// One claim's result in a statement of its own: [`Store::finish_side_effect`] for a
+/// final answer, [`Store::release_claim`] for a transient failure.
+pub(crate) async fn finish_claim<S: Store + ?Sized>(
+    store: &S,
+    consumer: &str,
+    r: &ClaimResult,
+) -> StoreResult<()> {
+    match &r.finish {
+        ClaimFinish::Done { state, detail } => {
+            store
+                .finish_side_effect(consumer, &r.key, *state, detail)
+                .await
+        }
+        ClaimFinish::Release { detail } => store.release_claim(consumer, &r.key, detail).await,
+    }
 }
 
 #[async_trait]
