@@ -28,14 +28,8 @@ set -euo pipefail
 
 DAYS=${1:-7}
 [[ $DAYS =~ ^[1-9][0-9]?$ ]] || { echo "usage: $0 [DAYS]  (1..99)" >&2; exit 2; }
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${IDEMWATCH_BIN:-}
-if [[ -z $BIN ]]; then
-  for b in "$ROOT/target/release/idemwatch" "$ROOT/target/debug/idemwatch"; do
-    [[ -x $b ]] && BIN=$b && break
-  done
-fi
-[[ -x ${BIN:-} ]] || { echo "build idemwatch first (cargo build --release)" >&2; exit 2; }
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"
 for tool in python3 prometheus promtool tmux; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 2; }
 done

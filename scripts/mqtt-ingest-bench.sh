@@ -7,11 +7,11 @@
 #   scripts/mqtt-ingest-bench.sh [N]      default 20000
 #
 # Needs mosquitto, python3 and a built idemwatch (IDEMWATCH_BIN, default
-# target/release/idemwatch). Everything lives in a scratch directory, deleted at the end.
+# target/release/idemwatch, else target/debug: scripts/lib.sh). Everything lives in a scratch directory, deleted at the end.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-B=${IDEMWATCH_BIN:-$ROOT/target/release/idemwatch}
-[[ -x $B ]] || { echo "build idemwatch first (cargo build --release)" >&2; exit 2; }
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"
+B=$BIN
 N=${1:-20000}
 [[ $N =~ ^[0-9]+$ ]] || { echo "usage: $0 [N]" >&2; exit 2; }
 W=$(mktemp -d)

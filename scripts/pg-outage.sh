@@ -28,14 +28,8 @@ BEFORE=${BEFORE:-20}
 DURING=${DURING:-40}
 CATCH_UP_LIMIT=${CATCH_UP_LIMIT:-600}
 ADMIN=${IDEMWATCH_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${IDEMWATCH_BIN:-}
-if [[ -z $BIN ]]; then
-  for b in "$ROOT/target/release/idemwatch" "$ROOT/target/debug/idemwatch"; do
-    [[ -x $b ]] && BIN=$b && break
-  done
-fi
-[[ -x ${BIN:-} ]] || { echo "build idemwatch first (cargo build --release)" >&2; exit 2; }
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"
 [[ $OUTAGE =~ ^[0-9]+$ ]] || { echo "usage: $0 [OUTAGE_SECONDS]" >&2; exit 2; }
 
 WORK=$(mktemp -d)

@@ -1,0 +1,11 @@
+# Shared by the scripts in this directory (sourced, not run): which idemwatch binary
+# they measure. IDEMWATCH_BIN if set, else the release build, else the debug build;
+# exit 2 when there is none. Sets BIN and ROOT (the repository).
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${IDEMWATCH_BIN:-}
+if [[ -z $BIN ]]; then
+  for b in "$ROOT/target/release/idemwatch" "$ROOT/target/debug/idemwatch"; do
+    [[ -x $b ]] && BIN=$b && break
+  done
+fi
+[[ -x ${BIN:-} ]] || { echo "build idemwatch first (cargo build --release)" >&2; exit 2; }
