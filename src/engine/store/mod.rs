@@ -13,8 +13,10 @@ use serde::Serialize;
 
 use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
 
+mod admin_sql;
 mod batch;
 mod claim_batch;
+mod consumer_sql;
 pub(crate) mod dialect;
 pub mod edge;
 mod edge_sql;
@@ -301,9 +303,6 @@ pub enum Backend {
     Mysql,
 }
 
-/// Everything the engine, the drills and the dashboard need from the business
-/// database. One implementation per backend; the operator's statements are in
-/// [`RepairStore`].
 /// [`Store::finish_batch`] one result at a time, in order: the trait's default, and
 /// what a backend's batched form falls back to where order between results matters.
 pub(crate) async fn finish_one_by_one<S: Store + ?Sized>(
@@ -334,8 +333,13 @@ pub(crate) async fn finish_claim<S: Store + ?Sized>(
     }
 }
 
+/// What the consumers call on the business database: one implementation per backend,
+/// each with its own native atomic statements where that is what makes a mode
+/// correct or fast, and the retention that runs beside them. What only the drills,
+/// the dashboard and the operator call is in the supertraits [`AdminStore`] and
+/// [`RepairStore`], written once for every backend.
 #[async_trait]
-pub trait Store: RepairStore + Send + Sync + 'static {
+pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     fn backend(&self) -> Backend;
 
     /// The URL with any password replaced by `***`.
@@ -515,7 +519,7 @@ pub trait Store: RepairStore + Send + Sync + 'static {
         finish_one_by_one(self, consumer, results).await
     }
 
-    // ---- bad input, markers, drills ------------------------------------------
+    // ---- bad input -------------------------------------------------------------
 
     /// Keep a message we cannot process, with its raw bytes. Never loses input.
     async fn dead_letter(
@@ -526,6 +530,31 @@ pub trait Store: RepairStore + Send + Sync + 'static {
         raw: &[u8],
     ) -> StoreResult<i64>;
 
+    // ---- retention ------------------------------------------------------------
+
+    /// Delete at most `batch` dedup rows (and their finished claims) processed
+    /// before `cutoff`. Returns how many dedup rows went; 0 means done. Callers loop:
+    /// each batch is its own short transaction, so the purge can be interrupted and
+    /// rerun and never holds locks for long.
+    async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64>;
+
+    /// After a purge: reclaim the deleted rows where the database does not do it by
+    /// itself soon enough. On PostgreSQL the purged rows stay in the `processed_at`
+    /// index as dead entries until VACUUM, and every scan from the oldest end (the
+    /// dashboard's oldest row, the next purge batch) steps over all of them —
+    /// measured at 40M rows: 13,800 index pages, 36 ms for the oldest row instead of
+    /// 0.1 ms. Default: nothing to do.
+    async fn after_purge(&self) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
+/// What the drills, the dashboard, snapshots and reports read, and the markers and
+/// drill runs they write: rare statements off the consumers' path, so written once
+/// for every backend over the dialect layer (`admin_sql.rs`). A supertrait of
+/// [`Store`], so one handle still reaches everything.
+#[async_trait]
+pub trait AdminStore: Send + Sync {
     async fn add_marker(
         &self,
         kind: MarkerKind,
@@ -560,34 +589,11 @@ pub trait Store: RepairStore + Send + Sync + 'static {
     async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>>;
     /// Claims still `claimed` and older than `lease`: the sends in doubt.
     async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>>;
-    /// The newest `limit` dead letters ([`RepairStore::find_dead_letters`] unfiltered).
-    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>> {
-        self.find_dead_letters(&DeadLetterFilter::newest(limit))
-            .await
-    }
     async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>>;
     async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>>;
     /// Whole-table contents in a canonical order, without wall-clock columns: two
     /// databases that saw the same distinct events have equal digests.
     async fn digest(&self) -> StoreResult<StateDigest>;
-
-    // ---- retention ------------------------------------------------------------
-
-    /// Delete at most `batch` dedup rows (and their finished claims) processed
-    /// before `cutoff`. Returns how many dedup rows went; 0 means done. Callers loop:
-    /// each batch is its own short transaction, so the purge can be interrupted and
-    /// rerun and never holds locks for long.
-    async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64>;
-
-    /// After a purge: reclaim the deleted rows where the database does not do it by
-    /// itself soon enough. On PostgreSQL the purged rows stay in the `processed_at`
-    /// index as dead entries until VACUUM, and every scan from the oldest end (the
-    /// dashboard's oldest row, the next purge batch) steps over all of them —
-    /// measured at 40M rows: 13,800 index pages, 36 ms for the oldest row instead of
-    /// 0.1 ms. Default: nothing to do.
-    async fn after_purge(&self) -> StoreResult<()> {
-        Ok(())
-    }
 }
 
 /// Canonical contents of the business tables, for the "twice" property.

@@ -17,6 +17,8 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
 
+use super::consumer_sql;
+use super::dialect::{Pooled, Sql};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
@@ -67,6 +69,11 @@ impl MysqlStore {
 
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
+    }
+
+    /// The pool as the dialect layer sees it (the statements written once).
+    fn sql(&self) -> Pooled<MySql> {
+        Pooled(self.pool.clone())
     }
 
     /// Several distinct keys: look up which are already stored (a plain read, no
@@ -412,48 +419,6 @@ impl MysqlStore {
     }
 }
 
-/// Phase 3 of one claim: the provider's final answer.
-async fn finish_claim(
-    conn: &mut sqlx::MySqlConnection,
-    consumer: &str,
-    key: &MessageKey,
-    state: ClaimState,
-    detail: &str,
-) -> StoreResult<()> {
-    sqlx::query(
-        "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
-         WHERE consumer = ? AND message_key = ?",
-    )
-    .bind(state.as_str())
-    .bind(naive(Utc::now()))
-    .bind(detail)
-    .bind(consumer)
-    .bind(key.as_str())
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// A transient failure: the claim kept and due for an in-doubt retry at once.
-async fn release_claim(
-    conn: &mut sqlx::MySqlConnection,
-    consumer: &str,
-    key: &MessageKey,
-    detail: &str,
-) -> StoreResult<()> {
-    sqlx::query(
-        "UPDATE side_effect_claims SET claimed_at = ?, detail = ?
-         WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
-    )
-    .bind(naive(DateTime::<Utc>::UNIX_EPOCH))
-    .bind(detail)
-    .bind(consumer)
-    .bind(key.as_str())
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 async fn apply_write(conn: &mut sqlx::MySqlConnection, write: &BusinessWrite) -> StoreResult<()> {
     match write {
         BusinessWrite::CountZoneExit { device_id } => {
@@ -536,8 +501,7 @@ impl Store for MysqlStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        consumer_sql::ping(&self.sql()).await
     }
 
     /// Always durable as far as idemwatch goes: the flush policy is the server's
@@ -560,14 +524,7 @@ impl Store for MysqlStore {
         key: &MessageKey,
         fingerprint: &Fingerprint,
     ) -> StoreResult<Option<DedupOutcome>> {
-        let stored: Option<String> = sqlx::query_scalar(
-            "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
-        )
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(stored.map(|s| duplicate_or_conflict(s, fingerprint)))
+        consumer_sql::seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn mark_seen(
@@ -576,12 +533,7 @@ impl Store for MysqlStore {
         key: &MessageKey,
         fingerprint: &Fingerprint,
     ) -> StoreResult<()> {
-        retrying(|| async {
-            let mut conn = self.pool.acquire().await?;
-            insert_dedup(&mut conn, consumer, key, fingerprint).await
-        })
-        .await?;
-        Ok(())
+        consumer_sql::mark_seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
@@ -625,8 +577,11 @@ impl Store for MysqlStore {
         state: ClaimState,
         detail: &str,
     ) -> StoreResult<()> {
-        let mut conn = self.pool.acquire().await?;
-        finish_claim(&mut conn, consumer, key, state, detail).await
+        let done = ClaimFinish::Done {
+            state,
+            detail: detail.to_string(),
+        };
+        consumer_sql::finish(&self.sql(), consumer, key, &done).await
     }
 
     async fn release_claim(
@@ -635,8 +590,10 @@ impl Store for MysqlStore {
         key: &MessageKey,
         detail: &str,
     ) -> StoreResult<()> {
-        let mut conn = self.pool.acquire().await?;
-        release_claim(&mut conn, consumer, key, detail).await
+        let release = ClaimFinish::Release {
+            detail: detail.to_string(),
+        };
+        consumer_sql::finish(&self.sql(), consumer, key, &release).await
     }
 
     /// Phase 3 of a batch in ONE transaction (one commit, one flush of the log,
@@ -646,16 +603,11 @@ impl Store for MysqlStore {
         if results.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin().await?;
+        let sql = self.sql();
+        let mut tx = sql.begin().await?;
         for r in results {
-            match &r.finish {
-                ClaimFinish::Done { state, detail } => {
-                    finish_claim(&mut tx, consumer, &r.key, *state, detail).await?
-                }
-                ClaimFinish::Release { detail } => {
-                    release_claim(&mut tx, consumer, &r.key, detail).await?
-                }
-            }
+            let (update, values) = consumer_sql::finishing(consumer, &r.key, &r.finish);
+            tx.execute(update, &values).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -668,271 +620,7 @@ impl Store for MysqlStore {
         detail: &str,
         raw: &[u8],
     ) -> StoreResult<i64> {
-        let id = sqlx::query(
-            "INSERT INTO dead_letters (consumer, reason, detail, raw, received_at)
-             VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(consumer)
-        .bind(reason.as_str())
-        .bind(detail)
-        .bind(raw)
-        .bind(naive(Utc::now()))
-        .execute(&self.pool)
-        .await?
-        .last_insert_id();
-        Ok(i64::try_from(id).unwrap_or(i64::MAX))
-    }
-
-    async fn add_marker(
-        &self,
-        kind: MarkerKind,
-        label: &str,
-        detail: Option<&str>,
-    ) -> StoreResult<i64> {
-        let id = sqlx::query("INSERT INTO markers (kind, at, label, detail) VALUES (?, ?, ?, ?)")
-            .bind(kind.as_str())
-            .bind(naive(Utc::now()))
-            .bind(label)
-            .bind(detail)
-            .execute(&self.pool)
-            .await?
-            .last_insert_id();
-        Ok(i64::try_from(id).unwrap_or(i64::MAX))
-    }
-
-    async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64> {
-        let id =
-            sqlx::query("INSERT INTO drill_runs (scenario, mode, started_at) VALUES (?, ?, ?)")
-                .bind(scenario)
-                .bind(mode)
-                .bind(naive(Utc::now()))
-                .execute(&self.pool)
-                .await?
-                .last_insert_id();
-        Ok(i64::try_from(id).unwrap_or(i64::MAX))
-    }
-
-    async fn finish_drill_run(
-        &self,
-        id: i64,
-        verdict: &str,
-        report: &serde_json::Value,
-    ) -> StoreResult<()> {
-        sqlx::query("UPDATE drill_runs SET finished_at = ?, verdict = ?, report = ? WHERE id = ?")
-            .bind(naive(Utc::now()))
-            .bind(verdict)
-            .bind(report.to_string())
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>> {
-        let row = sqlx::query(
-            "SELECT CAST(device_id AS CHAR) AS device_id, last_seq, last_event_type, ignition, zone,
-                    lat, lon, occurred_at, updated_at
-             FROM vehicle_state WHERE device_id = ?",
-        )
-        .bind(device_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| {
-            Ok(VehicleState {
-                device_id: r.try_get("device_id")?,
-                last_seq: r.try_get("last_seq")?,
-                last_event_type: r.try_get("last_event_type")?,
-                ignition: r.try_get("ignition")?,
-                zone: r.try_get("zone")?,
-                lat: r.try_get("lat")?,
-                lon: r.try_get("lon")?,
-                occurred_at: utc(r.try_get("occurred_at")?),
-                updated_at: utc(r.try_get("updated_at")?),
-            })
-        })
-        .transpose()
-    }
-
-    async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
-        let rows = sqlx::query(
-            "SELECT CAST(device_id AS CHAR) AS device_id, seq, event_type, occurred_at, received_at,
-                    applied, payload
-             FROM vehicle_history WHERE device_id = ? ORDER BY received_at, seq",
-        )
-        .bind(device_id)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(history_row).collect::<Result<_, _>>()?)
-    }
-
-    async fn recent_history(
-        &self,
-        event_type: Option<&str>,
-        limit: i64,
-    ) -> StoreResult<Vec<HistoryRow>> {
-        let rows = sqlx::query(
-            "SELECT CAST(device_id AS CHAR) AS device_id, seq, event_type, occurred_at, received_at,
-                    applied, payload
-             FROM vehicle_history
-             WHERE device_id NOT LIKE 'DRILL-%' AND (? IS NULL OR event_type = ?)
-             ORDER BY received_at DESC, seq DESC LIMIT ?",
-        )
-        .bind(event_type)
-        .bind(event_type)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(history_row).collect::<Result<_, _>>()?)
-    }
-
-    async fn processed_keys(&self, consumer: &str, key_prefix: &str) -> StoreResult<Vec<String>> {
-        let len = i64::try_from(key_prefix.chars().count()).unwrap_or(i64::MAX);
-        Ok(sqlx::query_scalar(
-            "SELECT CAST(message_key AS CHAR) FROM processed_messages
-             WHERE consumer = ? AND LEFT(message_key, ?) = ? ORDER BY message_key",
-        )
-        .bind(consumer)
-        .bind(len)
-        .bind(key_prefix)
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
-        let n: Option<i64> =
-            sqlx::query_scalar("SELECT zone_exits FROM trip_counters WHERE device_id = ?")
-                .bind(device_id)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(n.unwrap_or(0))
-    }
-
-    async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
-        let row = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = ? AND message_key = ?"
-        ))
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(claim_from_row).transpose()
-    }
-
-    async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>> {
-        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::zero());
-        let rows = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
-             WHERE state = 'claimed' AND claimed_at <= ? ORDER BY claimed_at LIMIT 1000"
-        ))
-        .bind(naive(Utc::now() - lease))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(claim_from_row).collect()
-    }
-
-    async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
-        let rows =
-            sqlx::query("SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT ?")
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Marker {
-                    id: r.try_get("id")?,
-                    kind: MarkerKind::parse(r.try_get::<&str, _>("kind")?)
-                        .unwrap_or(MarkerKind::Manual),
-                    at: utc(r.try_get("at")?),
-                    label: r.try_get("label")?,
-                    detail: r.try_get("detail")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
-        let rows = sqlx::query(
-            "SELECT id, scenario, mode, started_at, finished_at, verdict, report FROM drill_runs
-             ORDER BY id DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DrillRun {
-                    id: r.try_get("id")?,
-                    scenario: r.try_get("scenario")?,
-                    mode: r.try_get("mode")?,
-                    started_at: utc(r.try_get("started_at")?),
-                    finished_at: r
-                        .try_get::<Option<NaiveDateTime>, _>("finished_at")?
-                        .map(utc),
-                    verdict: r.try_get("verdict")?,
-                    report: r
-                        .try_get::<Option<String>, _>("report")?
-                        .and_then(|s| serde_json::from_str(&s).ok()),
-                })
-            })
-            .collect()
-    }
-
-    async fn digest(&self) -> StoreResult<StateDigest> {
-        let processed = sqlx::query_as::<_, (String, String, String)>(
-            "SELECT CAST(consumer AS CHAR), CAST(message_key AS CHAR), payload_hash
-             FROM processed_messages ORDER BY consumer, message_key",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let claims = sqlx::query_as::<_, (String, String, String, String)>(
-            "SELECT CAST(consumer AS CHAR), CAST(message_key AS CHAR), provider_key, state
-             FROM side_effect_claims ORDER BY consumer, message_key",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let vehicle_state = sqlx::query_as::<
-            _,
-            (
-                String,
-                i64,
-                String,
-                Option<String>,
-                Option<String>,
-                Option<f64>,
-                Option<f64>,
-                NaiveDateTime,
-            ),
-        >(
-            "SELECT CAST(device_id AS CHAR), last_seq, last_event_type, ignition, zone, lat, lon,
-                    occurred_at
-             FROM vehicle_state ORDER BY device_id",
-        )
-        .fetch_all(&self.pool)
-        .await?
-        .into_iter()
-        .map(|(d, s, t, i, z, la, lo, at)| vehicle_digest_line(&d, s, &t, i, z, la, lo, utc(at)))
-        .collect();
-        let history = sqlx::query_as::<_, (String, i64, String, bool, String)>(
-            "SELECT CAST(device_id AS CHAR), seq, event_type, applied, payload_hash
-             FROM vehicle_history ORDER BY device_id, seq, event_type",
-        )
-        .fetch_all(&self.pool)
-        .await?
-        .into_iter()
-        .map(|(d, s, t, a, h)| format!("{d}|{s}|{t}|{}|{h}", u8::from(a)))
-        .collect();
-        let trip_counters = sqlx::query_as::<_, (String, i64)>(
-            "SELECT CAST(device_id AS CHAR), zone_exits FROM trip_counters ORDER BY device_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(StateDigest {
-            processed,
-            claims,
-            vehicle_state,
-            history,
-            trip_counters,
-        })
+        consumer_sql::dead_letter(&self.sql(), consumer, reason, detail, raw).await
     }
 
     /// InnoDB's purge thread removes the delete-marked records by itself; only the
@@ -982,17 +670,4 @@ impl Store for MysqlStore {
         })
         .await
     }
-}
-
-/// One `vehicle_history` row as every history query selects it.
-fn history_row(r: &MySqlRow) -> Result<HistoryRow, sqlx::Error> {
-    Ok(HistoryRow {
-        device_id: r.try_get("device_id")?,
-        seq: r.try_get("seq")?,
-        event_type: r.try_get("event_type")?,
-        occurred_at: utc(r.try_get("occurred_at")?),
-        received_at: utc(r.try_get("received_at")?),
-        applied: r.try_get("applied")?,
-        payload: r.try_get("payload")?,
-    })
 }

@@ -14,6 +14,9 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, PgPool, Row};
 
+use super::consumer_sql;
+use super::dialect::Pooled;
+use super::repair_sql::CLAIM_COLUMNS;
 use super::vehicle_batch::VehicleBatch;
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
@@ -64,6 +67,11 @@ impl PostgresStore {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The pool as the dialect layer sees it (the statements written once).
+    fn sql(&self) -> Pooled<sqlx::Postgres> {
+        Pooled(self.pool.clone())
     }
 }
 
@@ -116,9 +124,6 @@ async fn stored_hash(
     .await?)
 }
 
-pub(super) const CLAIM_COLUMNS: &str =
-    "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
-
 pub(super) fn claim_from_row(row: &PgRow) -> StoreResult<Claim> {
     let state: String = row.try_get("state")?;
     Ok(Claim {
@@ -144,8 +149,7 @@ impl Store for PostgresStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        consumer_sql::ping(&self.sql()).await
     }
 
     fn durability(&self) -> Durability {
@@ -216,14 +220,7 @@ impl Store for PostgresStore {
         key: &MessageKey,
         fingerprint: &Fingerprint,
     ) -> StoreResult<Option<DedupOutcome>> {
-        let stored: Option<String> = sqlx::query_scalar(
-            "SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_key = $2",
-        )
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(stored.map(|s| duplicate_or_conflict(s, fingerprint)))
+        consumer_sql::seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn mark_seen(
@@ -232,9 +229,7 @@ impl Store for PostgresStore {
         key: &MessageKey,
         fingerprint: &Fingerprint,
     ) -> StoreResult<()> {
-        let mut conn = self.pool.acquire().await?;
-        insert_dedup(&mut conn, consumer, key, fingerprint).await?;
-        Ok(())
+        consumer_sql::mark_seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
@@ -707,17 +702,11 @@ impl Store for PostgresStore {
         state: ClaimState,
         detail: &str,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE side_effect_claims SET state = $1, finished_at = now(), detail = $2
-             WHERE consumer = $3 AND message_key = $4",
-        )
-        .bind(state.as_str())
-        .bind(detail)
-        .bind(consumer)
-        .bind(key.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let done = ClaimFinish::Done {
+            state,
+            detail: detail.to_string(),
+        };
+        consumer_sql::finish(&self.sql(), consumer, key, &done).await
     }
 
     async fn release_claim(
@@ -726,16 +715,10 @@ impl Store for PostgresStore {
         key: &MessageKey,
         detail: &str,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE side_effect_claims SET claimed_at = 'epoch', detail = $1
-             WHERE consumer = $2 AND message_key = $3 AND state = 'claimed'",
-        )
-        .bind(detail)
-        .bind(consumer)
-        .bind(key.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let release = ClaimFinish::Release {
+            detail: detail.to_string(),
+        };
+        consumer_sql::finish(&self.sql(), consumer, key, &release).await
     }
 
     async fn dead_letter(
@@ -745,258 +728,7 @@ impl Store for PostgresStore {
         detail: &str,
         raw: &[u8],
     ) -> StoreResult<i64> {
-        Ok(sqlx::query_scalar(
-            "INSERT INTO dead_letters (consumer, reason, detail, raw, received_at)
-             VALUES ($1, $2, $3, $4, now()) RETURNING id",
-        )
-        .bind(consumer)
-        .bind(reason.as_str())
-        .bind(detail)
-        .bind(raw)
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
-    async fn add_marker(
-        &self,
-        kind: MarkerKind,
-        label: &str,
-        detail: Option<&str>,
-    ) -> StoreResult<i64> {
-        Ok(sqlx::query_scalar(
-            "INSERT INTO markers (kind, at, label, detail) VALUES ($1, now(), $2, $3) RETURNING id",
-        )
-        .bind(kind.as_str())
-        .bind(label)
-        .bind(detail)
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
-    async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64> {
-        Ok(sqlx::query_scalar(
-            "INSERT INTO drill_runs (scenario, mode, started_at) VALUES ($1, $2, now()) RETURNING id",
-        )
-        .bind(scenario)
-        .bind(mode)
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
-    async fn finish_drill_run(
-        &self,
-        id: i64,
-        verdict: &str,
-        report: &serde_json::Value,
-    ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE drill_runs SET finished_at = now(), verdict = $1, report = $2 WHERE id = $3",
-        )
-        .bind(verdict)
-        .bind(report)
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>> {
-        let row = sqlx::query(
-            "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at
-             FROM vehicle_state WHERE device_id = $1",
-        )
-        .bind(device_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| {
-            Ok(VehicleState {
-                device_id: r.try_get("device_id")?,
-                last_seq: r.try_get("last_seq")?,
-                last_event_type: r.try_get("last_event_type")?,
-                ignition: r.try_get("ignition")?,
-                zone: r.try_get("zone")?,
-                lat: r.try_get("lat")?,
-                lon: r.try_get("lon")?,
-                occurred_at: r.try_get("occurred_at")?,
-                updated_at: r.try_get("updated_at")?,
-            })
-        })
-        .transpose()
-    }
-
-    async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
-        let rows = sqlx::query(
-            "SELECT device_id, seq, event_type, occurred_at, received_at, applied, payload::text AS payload
-             FROM vehicle_history WHERE device_id = $1 ORDER BY received_at, seq",
-        )
-        .bind(device_id)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(history_row).collect::<Result<_, _>>()?)
-    }
-
-    async fn recent_history(
-        &self,
-        event_type: Option<&str>,
-        limit: i64,
-    ) -> StoreResult<Vec<HistoryRow>> {
-        let rows = sqlx::query(
-            "SELECT device_id, seq, event_type, occurred_at, received_at, applied, payload::text AS payload
-             FROM vehicle_history
-             WHERE device_id NOT LIKE 'DRILL-%' AND ($1::text IS NULL OR event_type = $1)
-             ORDER BY received_at DESC, seq DESC LIMIT $2",
-        )
-        .bind(event_type)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(history_row).collect::<Result<_, _>>()?)
-    }
-
-    async fn processed_keys(&self, consumer: &str, key_prefix: &str) -> StoreResult<Vec<String>> {
-        let len = i64::try_from(key_prefix.chars().count()).unwrap_or(i64::MAX);
-        Ok(sqlx::query_scalar(
-            "SELECT message_key FROM processed_messages
-             WHERE consumer = $1 AND left(message_key, $2::int) = $3 ORDER BY message_key",
-        )
-        .bind(consumer)
-        .bind(len)
-        .bind(key_prefix)
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
-        let n: Option<i64> =
-            sqlx::query_scalar("SELECT zone_exits FROM trip_counters WHERE device_id = $1")
-                .bind(device_id)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(n.unwrap_or(0))
-    }
-
-    async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
-        let row = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = $1 AND message_key = $2"
-        ))
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(claim_from_row).transpose()
-    }
-
-    async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>> {
-        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::zero());
-        let rows = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
-             WHERE state = 'claimed' AND claimed_at <= $1 ORDER BY claimed_at LIMIT 1000"
-        ))
-        .bind(Utc::now() - lease)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(claim_from_row).collect()
-    }
-
-    async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
-        let rows = sqlx::query(
-            "SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Marker {
-                    id: r.try_get("id")?,
-                    kind: MarkerKind::parse(r.try_get::<&str, _>("kind")?)
-                        .unwrap_or(MarkerKind::Manual),
-                    at: r.try_get("at")?,
-                    label: r.try_get("label")?,
-                    detail: r.try_get("detail")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
-        let rows = sqlx::query(
-            "SELECT id, scenario, mode, started_at, finished_at, verdict, report FROM drill_runs
-             ORDER BY id DESC LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DrillRun {
-                    id: r.try_get("id")?,
-                    scenario: r.try_get("scenario")?,
-                    mode: r.try_get("mode")?,
-                    started_at: r.try_get("started_at")?,
-                    finished_at: r.try_get("finished_at")?,
-                    verdict: r.try_get("verdict")?,
-                    report: r.try_get("report")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn digest(&self) -> StoreResult<StateDigest> {
-        let processed = sqlx::query_as::<_, (String, String, String)>(
-            "SELECT consumer, message_key, payload_hash FROM processed_messages
-             ORDER BY consumer, message_key",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let claims = sqlx::query_as::<_, (String, String, String, String)>(
-            "SELECT consumer, message_key, provider_key, state FROM side_effect_claims
-             ORDER BY consumer, message_key",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let vehicle_state = sqlx::query_as::<
-            _,
-            (
-                String,
-                i64,
-                String,
-                Option<String>,
-                Option<String>,
-                Option<f64>,
-                Option<f64>,
-                DateTime<Utc>,
-            ),
-        >(
-            "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at
-             FROM vehicle_state ORDER BY device_id",
-        )
-        .fetch_all(&self.pool)
-        .await?
-        .into_iter()
-        .map(|(d, s, t, i, z, la, lo, at)| vehicle_digest_line(&d, s, &t, i, z, la, lo, at))
-        .collect();
-        let history = sqlx::query_as::<_, (String, i64, String, bool, String)>(
-            "SELECT device_id, seq, event_type, applied, payload_hash
-             FROM vehicle_history ORDER BY device_id, seq, event_type",
-        )
-        .fetch_all(&self.pool)
-        .await?
-        .into_iter()
-        .map(|(d, s, t, a, h)| format!("{d}|{s}|{t}|{}|{h}", u8::from(a)))
-        .collect();
-        let trip_counters = sqlx::query_as::<_, (String, i64)>(
-            "SELECT device_id, zone_exits FROM trip_counters ORDER BY device_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(StateDigest {
-            processed,
-            claims,
-            vehicle_state,
-            history,
-            trip_counters,
-        })
+        consumer_sql::dead_letter(&self.sql(), consumer, reason, detail, raw).await
     }
 
     /// `VACUUM (ANALYZE)` of the purged tables: drops the dead index entries,
@@ -1036,19 +768,6 @@ impl Store for PostgresStore {
         tx.commit().await?;
         Ok(deleted)
     }
-}
-
-/// One `vehicle_history` row as every history query selects it.
-fn history_row(r: &sqlx::postgres::PgRow) -> Result<HistoryRow, sqlx::Error> {
-    Ok(HistoryRow {
-        device_id: r.try_get("device_id")?,
-        seq: r.try_get("seq")?,
-        event_type: r.try_get("event_type")?,
-        occurred_at: r.try_get("occurred_at")?,
-        received_at: r.try_get("received_at")?,
-        applied: r.try_get("applied")?,
-        payload: r.try_get("payload")?,
-    })
 }
 
 /// The new history rows of a batch, column by column (what `UNNEST` takes).

@@ -120,6 +120,12 @@ pub trait RepairStore: Send + Sync {
         state: ClaimState,
         detail: &str,
     ) -> StoreResult<bool>;
+
+    /// The newest `limit` dead letters ([`RepairStore::find_dead_letters`] unfiltered).
+    async fn dead_letters(&self, limit: i64) -> StoreResult<Vec<DeadLetter>> {
+        self.find_dead_letters(&DeadLetterFilter::newest(limit))
+            .await
+    }
 }
 
 /// Which claims [`RepairStore::list_claims`] returns.

@@ -20,9 +20,9 @@ use Kind::{Bytes, Int, Text, Time};
 const DEAD_LETTER_COLUMNS: &str =
     "id, consumer, reason, detail, raw, received_at, replayed_at, replay_count";
 const DEAD_LETTER_KINDS: [Kind; 8] = [Int, Text, Text, Text, Bytes, Time, Time, Int];
-const CLAIM_COLUMNS: &str =
+pub(super) const CLAIM_COLUMNS: &str =
     "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
-const CLAIM_KINDS: [Kind; 8] = [Text, Text, Text, Text, Time, Time, Int, Text];
+pub(super) const CLAIM_KINDS: [Kind; 8] = [Text, Text, Text, Text, Time, Time, Int, Text];
 /// [`CLAIM_KINDS`] and the message the claim was taken for.
 const STRANDED_KINDS: [Kind; 9] = [Text, Text, Text, Text, Time, Time, Int, Text, Bytes];
 
@@ -176,7 +176,7 @@ pub(super) async fn resolve_claim(
 }
 
 /// A claim read as [`CLAIM_KINDS`].
-fn claim(r: &Row) -> StoreResult<Claim> {
+pub(super) fn claim(r: &Row) -> StoreResult<Claim> {
     Ok(Claim {
         consumer: r.text(0)?,
         message_key: r.text(1)?,

@@ -18,6 +18,9 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use tokio::sync::{Mutex, MutexGuard};
 
 use super::claim_batch;
+use super::consumer_sql;
+use super::dialect::Pooled;
+use super::repair_sql::CLAIM_COLUMNS;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
@@ -88,6 +91,11 @@ impl SqliteStore {
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// The pool as the dialect layer sees it (the statements written once).
+    fn sql(&self) -> Pooled<Sqlite> {
+        Pooled(self.pool.clone())
     }
 
     async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
@@ -216,9 +224,6 @@ pub(super) fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim
     })
 }
 
-pub(super) const CLAIM_COLUMNS: &str =
-    "consumer, message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
-
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> Backend {
@@ -230,8 +235,7 @@ impl Store for SqliteStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        consumer_sql::ping(&self.sql()).await
     }
 
     fn durability(&self) -> Durability {
@@ -301,14 +305,7 @@ impl Store for SqliteStore {
         key: &MessageKey,
         fingerprint: &Fingerprint,
     ) -> StoreResult<Option<DedupOutcome>> {
-        let stored: Option<String> = sqlx::query_scalar(
-            "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
-        )
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(stored.map(|s| duplicate_or_conflict(s, fingerprint)))
+        consumer_sql::seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn mark_seen(
@@ -317,17 +314,7 @@ impl Store for SqliteStore {
         key: &MessageKey,
         fingerprint: &Fingerprint,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
-             VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(key.as_str())
-        .bind(fingerprint.as_str())
-        .bind(ts(Utc::now()))
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        consumer_sql::mark_seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
@@ -739,18 +726,11 @@ impl Store for SqliteStore {
         state: ClaimState,
         detail: &str,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
-             WHERE consumer = ? AND message_key = ?",
-        )
-        .bind(state.as_str())
-        .bind(ts(Utc::now()))
-        .bind(detail)
-        .bind(consumer)
-        .bind(key.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let done = ClaimFinish::Done {
+            state,
+            detail: detail.to_string(),
+        };
+        consumer_sql::finish(&self.sql(), consumer, key, &done).await
     }
 
     async fn release_claim(
@@ -759,17 +739,10 @@ impl Store for SqliteStore {
         key: &MessageKey,
         detail: &str,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE side_effect_claims SET claimed_at = ?, detail = ?
-             WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
-        )
-        .bind(ts(DateTime::<Utc>::UNIX_EPOCH))
-        .bind(detail)
-        .bind(consumer)
-        .bind(key.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let release = ClaimFinish::Release {
+            detail: detail.to_string(),
+        };
+        consumer_sql::finish(&self.sql(), consumer, key, &release).await
     }
 
     async fn dead_letter(
@@ -779,264 +752,7 @@ impl Store for SqliteStore {
         detail: &str,
         raw: &[u8],
     ) -> StoreResult<i64> {
-        let id = sqlx::query(
-            "INSERT INTO dead_letters (consumer, reason, detail, raw, received_at)
-             VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(consumer)
-        .bind(reason.as_str())
-        .bind(detail)
-        .bind(raw)
-        .bind(ts(Utc::now()))
-        .execute(&self.pool)
-        .await?
-        .last_insert_rowid();
-        Ok(id)
-    }
-
-    async fn add_marker(
-        &self,
-        kind: MarkerKind,
-        label: &str,
-        detail: Option<&str>,
-    ) -> StoreResult<i64> {
-        let id = sqlx::query("INSERT INTO markers (kind, at, label, detail) VALUES (?, ?, ?, ?)")
-            .bind(kind.as_str())
-            .bind(ts(Utc::now()))
-            .bind(label)
-            .bind(detail)
-            .execute(&self.pool)
-            .await?
-            .last_insert_rowid();
-        Ok(id)
-    }
-
-    async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64> {
-        let id =
-            sqlx::query("INSERT INTO drill_runs (scenario, mode, started_at) VALUES (?, ?, ?)")
-                .bind(scenario)
-                .bind(mode)
-                .bind(ts(Utc::now()))
-                .execute(&self.pool)
-                .await?
-                .last_insert_rowid();
-        Ok(id)
-    }
-
-    async fn finish_drill_run(
-        &self,
-        id: i64,
-        verdict: &str,
-        report: &serde_json::Value,
-    ) -> StoreResult<()> {
-        sqlx::query("UPDATE drill_runs SET finished_at = ?, verdict = ?, report = ? WHERE id = ?")
-            .bind(ts(Utc::now()))
-            .bind(verdict)
-            .bind(report.to_string())
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>> {
-        let row = sqlx::query(
-            "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at
-             FROM vehicle_state WHERE device_id = ?",
-        )
-        .bind(device_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| {
-            Ok(VehicleState {
-                device_id: r.try_get("device_id")?,
-                last_seq: r.try_get("last_seq")?,
-                last_event_type: r.try_get("last_event_type")?,
-                ignition: r.try_get("ignition")?,
-                zone: r.try_get("zone")?,
-                lat: r.try_get("lat")?,
-                lon: r.try_get("lon")?,
-                occurred_at: parse_ts(r.try_get::<&str, _>("occurred_at")?),
-                updated_at: parse_ts(r.try_get::<&str, _>("updated_at")?),
-            })
-        })
-        .transpose()
-    }
-
-    async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
-        let rows = sqlx::query(
-            "SELECT device_id, seq, event_type, occurred_at, received_at, applied, payload
-             FROM vehicle_history WHERE device_id = ? ORDER BY received_at, seq",
-        )
-        .bind(device_id)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(history_row).collect::<Result<_, _>>()?)
-    }
-
-    async fn recent_history(
-        &self,
-        event_type: Option<&str>,
-        limit: i64,
-    ) -> StoreResult<Vec<HistoryRow>> {
-        let rows = sqlx::query(
-            "SELECT device_id, seq, event_type, occurred_at, received_at, applied, payload
-             FROM vehicle_history
-             WHERE device_id NOT LIKE 'DRILL-%' AND (?1 IS NULL OR event_type = ?1)
-             ORDER BY received_at DESC, seq DESC LIMIT ?2",
-        )
-        .bind(event_type)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(history_row).collect::<Result<_, _>>()?)
-    }
-
-    async fn processed_keys(&self, consumer: &str, key_prefix: &str) -> StoreResult<Vec<String>> {
-        let len = i64::try_from(key_prefix.chars().count()).unwrap_or(i64::MAX);
-        Ok(sqlx::query_scalar(
-            "SELECT message_key FROM processed_messages
-             WHERE consumer = ?1 AND substr(message_key, 1, ?2) = ?3 ORDER BY message_key",
-        )
-        .bind(consumer)
-        .bind(len)
-        .bind(key_prefix)
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
-        let n: Option<i64> =
-            sqlx::query_scalar("SELECT zone_exits FROM trip_counters WHERE device_id = ?")
-                .bind(device_id)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(n.unwrap_or(0))
-    }
-
-    async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
-        let row = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = ? AND message_key = ?"
-        ))
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(claim_from_row).transpose()
-    }
-
-    async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>> {
-        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::zero());
-        let rows = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
-             WHERE state = 'claimed' AND claimed_at <= ? ORDER BY claimed_at LIMIT 1000"
-        ))
-        .bind(ts(Utc::now() - lease))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(claim_from_row).collect()
-    }
-
-    async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
-        let rows =
-            sqlx::query("SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT ?")
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Marker {
-                    id: r.try_get("id")?,
-                    kind: MarkerKind::parse(r.try_get::<&str, _>("kind")?)
-                        .unwrap_or(MarkerKind::Manual),
-                    at: parse_ts(r.try_get::<&str, _>("at")?),
-                    label: r.try_get("label")?,
-                    detail: r.try_get("detail")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
-        let rows = sqlx::query(
-            "SELECT id, scenario, mode, started_at, finished_at, verdict, report FROM drill_runs
-             ORDER BY id DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DrillRun {
-                    id: r.try_get("id")?,
-                    scenario: r.try_get("scenario")?,
-                    mode: r.try_get("mode")?,
-                    started_at: parse_ts(r.try_get::<&str, _>("started_at")?),
-                    finished_at: r.try_get::<Option<&str>, _>("finished_at")?.map(parse_ts),
-                    verdict: r.try_get("verdict")?,
-                    report: r
-                        .try_get::<Option<&str>, _>("report")?
-                        .and_then(|s| serde_json::from_str(s).ok()),
-                })
-            })
-            .collect()
-    }
-
-    async fn digest(&self) -> StoreResult<StateDigest> {
-        let processed = sqlx::query_as::<_, (String, String, String)>(
-            "SELECT consumer, message_key, payload_hash FROM processed_messages
-             ORDER BY consumer, message_key",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let claims = sqlx::query_as::<_, (String, String, String, String)>(
-            "SELECT consumer, message_key, provider_key, state FROM side_effect_claims
-             ORDER BY consumer, message_key",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let vehicle_state = sqlx::query_as::<
-            _,
-            (
-                String,
-                i64,
-                String,
-                Option<String>,
-                Option<String>,
-                Option<f64>,
-                Option<f64>,
-                String,
-            ),
-        >(
-            "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at
-             FROM vehicle_state ORDER BY device_id",
-        )
-        .fetch_all(&self.pool)
-        .await?
-        .into_iter()
-        .map(|(d, s, t, i, z, la, lo, at)| {
-            vehicle_digest_line(&d, s, &t, i, z, la, lo, parse_ts(&at))
-        })
-        .collect();
-        let history = sqlx::query_scalar::<_, String>(
-            "SELECT device_id || '|' || seq || '|' || event_type || '|' || applied || '|' ||
-                    payload_hash
-             FROM vehicle_history ORDER BY device_id, seq, event_type",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let trip_counters = sqlx::query_as::<_, (String, i64)>(
-            "SELECT device_id, zone_exits FROM trip_counters ORDER BY device_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(StateDigest {
-            processed,
-            claims,
-            vehicle_state,
-            history,
-            trip_counters,
-        })
+        consumer_sql::dead_letter(&self.sql(), consumer, reason, detail, raw).await
     }
 
     async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
@@ -1072,19 +788,6 @@ impl Store for SqliteStore {
         tx.commit().await?;
         Ok(deleted)
     }
-}
-
-/// One `vehicle_history` row as every history query selects it.
-fn history_row(r: &sqlx::sqlite::SqliteRow) -> Result<HistoryRow, sqlx::Error> {
-    Ok(HistoryRow {
-        device_id: r.try_get("device_id")?,
-        seq: r.try_get("seq")?,
-        event_type: r.try_get("event_type")?,
-        occurred_at: parse_ts(r.try_get::<&str, _>("occurred_at")?),
-        received_at: parse_ts(r.try_get::<&str, _>("received_at")?),
-        applied: r.try_get::<i64, _>("applied")? != 0,
-        payload: r.try_get("payload")?,
-    })
 }
 
 #[cfg(test)]

@@ -204,6 +204,12 @@ impl Row {
     pub(crate) fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
         self.opt_int(i).ok_or_else(|| not_as(i, "an integer"))
     }
+    pub(crate) fn opt_float(&self, i: usize) -> Option<f64> {
+        match self.cell(i) {
+            Cell::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
     pub(crate) fn opt_bytes(&self, i: usize) -> Option<Vec<u8>> {
         match self.cell(i) {
             Cell::Bytes(b) => Some(b.clone()),
@@ -352,6 +358,19 @@ pub(crate) trait Sql: Send + Sync {
         kinds: &[Kind],
     ) -> Result<Vec<Row>, sqlx::Error>;
     async fn execute(&self, sql: &str, binds: &[BindValue]) -> Result<Done, sqlx::Error>;
+    /// An insert into a table with an `id` key, in a statement of its own: the new id
+    /// (see [`SqlTx::insert`]).
+    async fn insert(&self, sql: &str, binds: &[BindValue]) -> Result<i64, sqlx::Error> {
+        match returning_id(self.backend(), sql) {
+            Some(returning) => self
+                .rows(&returning, binds, &[Kind::Int])
+                .await?
+                .first()
+                .ok_or(sqlx::Error::RowNotFound)?
+                .int(0),
+            None => new_id(self.execute(sql, binds).await?),
+        }
+    }
     /// A write transaction ([`Dialect::BEGIN`]).
     async fn begin(&self) -> Result<Box<dyn SqlTx>, sqlx::Error>;
 }
@@ -364,6 +383,17 @@ pub(crate) async fn first(
     kinds: &[Kind],
 ) -> Result<Option<Row>, sqlx::Error> {
     Ok(sql.rows(query, binds, kinds).await?.into_iter().next())
+}
+
+/// The insert that returns the new id as a row, where the backend says it that way
+/// (PostgreSQL); None where the statement's result carries it.
+fn returning_id(backend: Backend, insert: &str) -> Option<String> {
+    (backend == Backend::Postgres).then(|| format!("{insert} RETURNING id"))
+}
+
+/// The id an insert's result carries (SQLite, MySQL).
+fn new_id(done: Done) -> Result<i64, sqlx::Error> {
+    done.last_insert_id.ok_or(sqlx::Error::RowNotFound)
 }
 
 /// An open write transaction; dropped without [`SqlTx::commit`], it rolls back.
@@ -393,12 +423,10 @@ pub(crate) trait SqlTx: Send {
     /// An insert into a table with an `id` key: the new id (`RETURNING id` on
     /// PostgreSQL, the connection's last insert id elsewhere).
     async fn insert(&mut self, sql: &str, binds: &[BindValue]) -> Result<i64, sqlx::Error> {
-        if self.backend() == Backend::Postgres {
-            let returning = format!("{sql} RETURNING id");
-            return self.one(&returning, binds, &[Kind::Int]).await?.int(0);
+        match returning_id(self.backend(), sql) {
+            Some(returning) => self.one(&returning, binds, &[Kind::Int]).await?.int(0),
+            None => new_id(self.execute(sql, binds).await?),
         }
-        let done = self.execute(sql, binds).await?;
-        done.last_insert_id.ok_or(sqlx::Error::RowNotFound)
     }
     async fn commit(self: Box<Self>) -> Result<(), sqlx::Error>;
     async fn rollback(self: Box<Self>) -> Result<(), sqlx::Error>;
