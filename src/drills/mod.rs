@@ -256,6 +256,19 @@ pub(crate) fn deliveries(events: &[DeliveryEvent], consumer: &str) -> u64 {
     events.iter().filter(|e| e.consumer == consumer).count() as u64
 }
 
+/// The report's `outcomes_by_consumer`: per consumer, how many deliveries ended how.
+fn outcomes_by_consumer(events: &[DeliveryEvent]) -> BTreeMap<String, BTreeMap<String, u64>> {
+    let mut per_consumer: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for e in events {
+        *per_consumer
+            .entry(e.consumer.clone())
+            .or_default()
+            .entry(e.outcome.clone())
+            .or_default() += 1;
+    }
+    per_consumer
+}
+
 /// The drill report (SPEC §6 JSON).
 #[derive(Debug, Clone, Serialize)]
 pub struct DrillReport {
@@ -403,14 +416,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
     } else {
         Verdict::Fail
     };
-    let mut per_consumer: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for e in &findings.events {
-        *per_consumer
-            .entry(e.consumer.clone())
-            .or_default()
-            .entry(e.outcome.clone())
-            .or_default() += 1;
-    }
+    let per_consumer = outcomes_by_consumer(&findings.events);
     let mut details = findings.extra.clone();
     details.insert("description".into(), json!(opts.scenario.describe()));
     details.insert("device_id".into(), json!(rig.device));
@@ -452,4 +458,81 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
         .await?;
     rig.say(format!("verdict: {}", verdict.as_str()));
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One delivery event per way a delivery ends, as the runner fills them in.
+    fn events() -> Vec<DeliveryEvent> {
+        let event = |consumer: &str, key: Option<&str>, outcome: &str| DeliveryEvent {
+            consumer: consumer.into(),
+            key: key.map(Into::into),
+            outcome: outcome.into(),
+            redelivered: false,
+            delivery_count: 1,
+            effect: None,
+            took_over_in_doubt: false,
+            reason: None,
+            latency_us: 1250,
+        };
+        let sms = "zone-exit-sms";
+        let exit = Some("34-ABC-123:48211:zone_exit");
+        vec![
+            DeliveryEvent {
+                effect: Some("sent".into()),
+                took_over_in_doubt: true,
+                redelivered: true,
+                delivery_count: 2,
+                ..event(sms, exit, "processed")
+            },
+            DeliveryEvent {
+                effect: Some("suppressed".into()),
+                ..event(sms, exit, "processed")
+            },
+            DeliveryEvent {
+                effect: Some("failed".into()),
+                ..event(sms, exit, "processed")
+            },
+            event("trip-counter", exit, "processed"),
+            event("vehicle-state", Some("34-ABC-123:48210:position"), "late"),
+            event(sms, exit, "duplicate"),
+            event(sms, Some("34-ABC-123:48212:position"), "skipped"),
+            DeliveryEvent {
+                reason: Some("malformed_json: expected value at line 1 column 1".into()),
+                ..event(sms, None, "dead_lettered")
+            },
+            DeliveryEvent {
+                reason: Some("store unavailable".into()),
+                delivery_count: 3,
+                ..event(sms, exit, "retry")
+            },
+        ]
+    }
+
+    /// The JSON lines `consume --json` prints and a drill reads back from its child
+    /// processes, captured before outcomes and effects became enums: a typed field
+    /// must serialize to the very bytes the string did.
+    const GOLDEN_EVENTS: &str = include_str!("golden/delivery_events.jsonl");
+
+    /// `details.outcomes_by_consumer` of a drill report for [`events`].
+    const GOLDEN_TALLY: &str = include_str!("golden/outcomes_by_consumer.json");
+
+    #[test]
+    fn delivery_events_and_outcome_tallies_keep_their_json_bytes() {
+        let lines: Vec<String> = events()
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect();
+        let tally = serde_json::to_string(&outcomes_by_consumer(&events())).unwrap();
+        assert_eq!(lines, GOLDEN_EVENTS.lines().collect::<Vec<_>>());
+        assert_eq!(tally, GOLDEN_TALLY.trim_end());
+        // A supervising drill reads the same lines back into the same events.
+        let back: Vec<DeliveryEvent> = GOLDEN_EVENTS
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(back, events());
+    }
 }
