@@ -14,8 +14,8 @@ use idemwatch::drills::twice::{self, Observation};
 use idemwatch::drills::{self, DrillOptions, DrillReport, Scenario, Verdict};
 use idemwatch::engine::consumers::{trip_counter, vehicle_state, zone_exit_sms, ConsumerMode};
 use idemwatch::engine::crash::CrashPlan;
-use idemwatch::engine::envelope::{Envelope, EventType, Fingerprint, MessageKey};
-use idemwatch::engine::runner::{DeliveryEvent, EventSink, RunnerSettings};
+use idemwatch::engine::envelope::{Envelope, EventType, Fingerprint, Message, MessageKey};
+use idemwatch::engine::runner::{DeliveryEvent, DeliveryOutcome, EventSink, RunnerSettings};
 use idemwatch::engine::store::{self, BusinessWrite, ClaimOutcome, DedupOutcome, MarkerKind};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::fleet::{FleetConfig, FleetSim};
@@ -709,9 +709,9 @@ async fn a_vehicle_batch_is_decided_as_if_one_by_one(db: &TestDb) {
             trace.push((device, seq, event_type, variant)); // redelivery
         }
     }
-    let batched: Vec<Envelope> = trace
+    let batched: Vec<Message> = trace
         .iter()
-        .map(|(d, s, t, v)| vehicle_event(&format!("34-VB-B{d}"), *s, t, *v))
+        .map(|(d, s, t, v)| Message::new(vehicle_event(&format!("34-VB-B{d}"), *s, t, *v)))
         .collect();
     let single: Vec<Envelope> = trace
         .iter()
@@ -762,10 +762,15 @@ async fn racing_vehicle_batches_store_each_event_once(db: &TestDb) {
         store::open(&db.url).await.unwrap(),
     ];
     let types = ["ignition_on", "position", "zone_enter", "zone_exit"];
-    let events: Vec<Envelope> = (1..=60u64)
+    let events: Vec<Message> = (1..=60u64)
         .flat_map(|seq| {
             (0..4).map(move |d| {
-                vehicle_event(&format!("34-VR-{d}"), seq, types[(seq % 4) as usize], 0)
+                Message::new(vehicle_event(
+                    &format!("34-VR-{d}"),
+                    seq,
+                    types[(seq % 4) as usize],
+                    0,
+                ))
             })
         })
         .collect();
@@ -775,7 +780,7 @@ async fn racing_vehicle_batches_store_each_event_once(db: &TestDb) {
             let store = stores[w % 2].clone();
             let start = start.clone();
             // Writer w starts a quarter further into the trace and wraps around.
-            let mine: Vec<Envelope> = events
+            let mine: Vec<Message> = events
                 .iter()
                 .cycle()
                 .skip(w * events.len() / 4)
@@ -1185,8 +1190,8 @@ fn seeing(seen: &Seen, incarnation: u8) -> impl Fn(&DeliveryEvent) {
     move |e: &DeliveryEvent| {
         seen.lock().unwrap().push((
             incarnation,
-            e.key.clone().unwrap_or_default(),
-            e.outcome.clone(),
+            e.key.as_ref().map(ToString::to_string).unwrap_or_default(),
+            e.outcome.to_string(),
             e.redelivered,
         ))
     }
@@ -1543,7 +1548,7 @@ async fn refused_writes_are_retried_then_applied_once(
         let seen = seen.clone();
         Arc::new(move |e| {
             let mut seen = seen.lock().unwrap();
-            let settled = e.outcome != "retry";
+            let settled = e.outcome != DeliveryOutcome::Retry;
             seen.push(e);
             if settled || seen.len() as u64 >= 2 * n {
                 let _ = stop.send(true);
@@ -1559,7 +1564,7 @@ async fn refused_writes_are_retried_then_applied_once(
         .unwrap();
     let failed = std::mem::take(&mut *seen.lock().unwrap());
     assert!(
-        failed.iter().all(|e| e.outcome == "retry"),
+        failed.iter().all(|e| e.outcome == DeliveryOutcome::Retry),
         "nothing may be settled while {table} refuses writes: {failed:#?}"
     );
     assert!(failed
@@ -1596,7 +1601,13 @@ async fn refused_writes_are_retried_then_applied_once(
         // Applied: `late` is applied too (vehicle-state, history only): redeliveries
         // come back in back-off order, so an older event of the vehicle may settle
         // after a newer one.
-        assert!(matches!(e.outcome.as_str(), "processed" | "late"), "{e:?}");
+        assert!(
+            matches!(
+                e.outcome,
+                DeliveryOutcome::Processed | DeliveryOutcome::Late
+            ),
+            "{e:?}"
+        );
         assert!(e.redelivered && e.delivery_count > last_failure, "{e:?}");
     }
     let c = &engine.summary().consumers[consumer];

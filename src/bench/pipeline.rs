@@ -33,8 +33,8 @@ use tokio::sync::watch;
 use crate::engine::consumers::{claim_request, FLEET_CONSUMERS};
 use crate::engine::consumers::{erp_webhook, trip_counter, vehicle_state, zone_exit_sms};
 use crate::engine::crash::CrashPlan;
-use crate::engine::envelope::{Envelope, EventType};
-use crate::engine::runner::{DeliveryEvent, EventSink, RunnerSettings};
+use crate::engine::envelope::{Envelope, EventType, Message};
+use crate::engine::runner::{DeliveryEvent, DeliveryOutcome, EventSink, RunnerSettings};
 use crate::engine::store::{
     self, BusinessWrite, ClaimFinish, ClaimOutcome, ClaimRequest, ClaimResult, ClaimState,
     Durability, Recordable, Store,
@@ -297,7 +297,7 @@ impl Watcher {
         let Ok(mut t) = self.tallies[i].lock() else {
             return;
         };
-        if e.outcome == "retry" {
+        if e.outcome == DeliveryOutcome::Retry {
             t.retries += 1;
             return;
         }
@@ -305,7 +305,7 @@ impl Watcher {
         if let Some(at) = e
             .key
             .as_ref()
-            .and_then(|k| t.published.get_mut(k))
+            .and_then(|k| t.published.get_mut(k.as_str()))
             .and_then(VecDeque::pop_front)
         {
             t.latencies_ms.push((now - at).as_secs_f64() * 1000.0);
@@ -484,7 +484,7 @@ async fn engine_run(
 async fn raw_side_effects(
     store: &dyn Store,
     consumer: &'static str,
-    envs: &[&Envelope],
+    envs: &[&Message],
     lease: Duration,
 ) -> Result<usize, store::StoreError> {
     if envs.is_empty() {
@@ -517,7 +517,7 @@ async fn raw_side_effects(
 /// The raw baseline through the store (sqlx): the four consumers' statements at once.
 async fn raw_run(
     plan: &PipelineBenchPlan,
-    envs: Arc<Vec<Envelope>>,
+    envs: Arc<Vec<Message>>,
 ) -> Result<RawRunFigures, BenchError> {
     let store = store::open_with_edge_durability(&plan.db_url, plan.durability)
         .await
@@ -541,8 +541,8 @@ async fn raw_run(
                             .iter()
                             .filter(|e| e.event_type == EventType::ZoneExit)
                             .map(|e| Recordable {
-                                key: e.key(),
-                                fingerprint: e.fingerprint(),
+                                key: e.key().clone(),
+                                fingerprint: e.fingerprint().clone(),
                                 write: BusinessWrite::CountZoneExit {
                                     device_id: e.device_id.clone(),
                                 },
@@ -554,7 +554,7 @@ async fn raw_run(
                         }
                     }
                     zone_exit_sms::NAME => {
-                        let mine: Vec<&Envelope> = chunk
+                        let mine: Vec<&Message> = chunk
                             .iter()
                             .filter(|e| e.event_type == EventType::ZoneExit && e.phone().is_some())
                             .collect();
@@ -562,7 +562,7 @@ async fn raw_run(
                             raw_side_effects(store.as_ref(), consumer, &mine, lease).await?;
                     }
                     _ => {
-                        let mine: Vec<&Envelope> = chunk
+                        let mine: Vec<&Message> = chunk
                             .iter()
                             .filter(|e| e.event_type == EventType::IgnitionOff)
                             .collect();
@@ -662,7 +662,14 @@ pub async fn run(plan: &PipelineBenchPlan) -> Result<PipelineBenchReport, BenchE
         let scratch = tempfile::tempdir().map_err(err)?;
         let (envs, bodies, keys) = prepared(fleet_trace(plan, &format!("PE{tag}-")));
         let trace = trace_figures(plan, &envs);
-        let raw_envs = Arc::new(prepared(fleet_trace(plan, &format!("PR{tag}-"))).0);
+        // Parsed with their identity, as the engine's runner hands them to a consumer.
+        let raw_envs: Arc<Vec<Message>> = Arc::new(
+            prepared(fleet_trace(plan, &format!("PR{tag}-")))
+                .0
+                .into_iter()
+                .map(Message::new)
+                .collect(),
+        );
         let q_envs = prepared(fleet_trace(plan, &format!("PQ{tag}-"))).0;
         drop(envs);
         let run_engine = || {

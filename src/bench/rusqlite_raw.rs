@@ -260,7 +260,7 @@ fn side_effect_batch(
                 claim.execute(params![
                     consumer,
                     key.as_str(),
-                    provider_key(consumer, env),
+                    provider_key(consumer, &key),
                     now,
                     env.to_json_line().as_bytes()
                 ])?;

@@ -3,7 +3,7 @@
 //! not through a check made before the insert.
 
 use super::rig::Rig;
-use super::{count, deliveries, DrillError, Findings};
+use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
 use crate::engine::consumers::{trip_counter, zone_exit_sms};
 use crate::engine::envelope::EventType;
 
@@ -33,7 +33,7 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     rig.clean_up(&consumers).await;
 
     f.deliveries = deliveries(&f.events, trip_counter::NAME);
-    f.duplicate_dropped = count(&f.events, trip_counter::NAME, "duplicate");
+    f.duplicate_dropped = count(&f.events, trip_counter::NAME, DeliveryOutcome::Duplicate);
     f.sms_sent = rig.sms_sent().await? as u64;
     f.counter_delta = rig.counter().await?;
     f.state_ok = f.counter_delta == 1 && f.sms_sent == 1;
@@ -43,7 +43,7 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     f.check(
         "zone-exit-sms duplicates dropped",
         1,
-        count(&f.events, zone_exit_sms::NAME, "duplicate"),
+        count(&f.events, zone_exit_sms::NAME, DeliveryOutcome::Duplicate),
     );
     f.note("the duplicate decision is the unique-key insert's rows-affected = 0 inside the losing transaction");
     Ok(f)

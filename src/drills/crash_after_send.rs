@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::rig::Rig;
-use super::{count, deliveries, DrillError, Findings};
+use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
 use crate::engine::consumers::{zone_exit_sms, ConsumerMode};
 use crate::engine::crash::CrashPoint;
 use crate::engine::envelope::EventType;
@@ -32,7 +32,7 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     let claim = rig.store.claim(zone_exit_sms::NAME, &exit.key()).await?;
     let took_over = f.events.iter().any(|e| e.took_over_in_doubt);
     f.deliveries = deliveries(&f.events, zone_exit_sms::NAME) + 1; // the crashed one emitted nothing
-    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, "duplicate");
+    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, DeliveryOutcome::Duplicate);
     f.sms_sent = rig.sms_sent().await? as u64;
     f.extra
         .insert("provider_requests".into(), json!(keys.len()));

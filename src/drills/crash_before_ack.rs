@@ -2,7 +2,7 @@
 //! first N-1 incarnations of each consumer die after their work, before the ack.
 
 use super::rig::Rig;
-use super::{count, deliveries, DrillError, Findings};
+use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
 use crate::engine::consumers::{trip_counter, zone_exit_sms};
 use crate::engine::crash::CrashPoint;
 use crate::engine::envelope::EventType;
@@ -39,7 +39,7 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
     rig.clean_up(&consumers).await;
 
     f.deliveries = deliveries(&f.events, zone_exit_sms::NAME);
-    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, "duplicate");
+    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, DeliveryOutcome::Duplicate);
     f.sms_sent = rig.sms_sent().await? as u64;
     f.counter_delta = rig.counter().await?;
     f.state_ok = f.sms_sent == 1 && f.counter_delta == 1;
@@ -50,7 +50,7 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
     f.check(
         "trip-counter duplicates dropped",
         times - 1,
-        count(&f.events, trip_counter::NAME, "duplicate"),
+        count(&f.events, trip_counter::NAME, DeliveryOutcome::Duplicate),
     );
     // The redeliveries are the queue's own (the broker's `redelivered` flag on AMQP),
     // not re-publishes: every incarnation after the first must see the flag.

@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::rig::Rig;
-use super::{count, deliveries, DrillError, Findings};
+use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
 use crate::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
 use crate::engine::envelope::EventType;
 use crate::engine::ingress::{self, IngressStats, MqttIngressConfig};
@@ -68,7 +68,7 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
     rig.clean_up(&consumers).await;
 
     f.deliveries = deliveries(&f.events, zone_exit_sms::NAME);
-    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, "duplicate");
+    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, DeliveryOutcome::Duplicate);
     f.sms_sent = rig.sms_sent().await? as u64;
     f.counter_delta = rig.counter().await?;
     f.state_ok = f.sms_sent == 1 && f.counter_delta == 1;

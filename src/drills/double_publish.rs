@@ -2,7 +2,7 @@
 //! different `message_id`s. The key comes from the event, so it is one event.
 
 use super::rig::Rig;
-use super::{count, deliveries, DrillError, Findings};
+use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
 use crate::engine::consumers::{trip_counter, vehicle_state, zone_exit_sms};
 use crate::engine::envelope::EventType;
 
@@ -31,7 +31,7 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
 
     let history = rig.store.vehicle_history(&rig.device).await?;
     f.deliveries = deliveries(&f.events, zone_exit_sms::NAME);
-    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, "duplicate");
+    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, DeliveryOutcome::Duplicate);
     f.sms_sent = rig.sms_sent().await? as u64;
     f.counter_delta = rig.counter().await?;
     f.state_ok = history.len() == 1;

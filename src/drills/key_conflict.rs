@@ -2,7 +2,7 @@
 //! duplicate: it is dead-lettered as `key_conflict`, never silently dropped.
 
 use super::rig::Rig;
-use super::{count, deliveries, DrillError, Findings};
+use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
 use crate::engine::consumers::{trip_counter, vehicle_state, zone_exit_sms};
 use crate::engine::envelope::EventType;
 
@@ -33,8 +33,12 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     rig.clean_up(&consumers).await;
 
     f.deliveries = deliveries(&f.events, zone_exit_sms::NAME);
-    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, "duplicate");
-    f.dead_lettered = count(&f.events, zone_exit_sms::NAME, "dead_lettered");
+    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, DeliveryOutcome::Duplicate);
+    f.dead_lettered = count(
+        &f.events,
+        zone_exit_sms::NAME,
+        DeliveryOutcome::DeadLettered,
+    );
     f.sms_sent = rig.sms_sent().await? as u64;
     f.counter_delta = rig.counter().await?;
     f.state_ok = f.counter_delta == 1;
@@ -42,12 +46,12 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
         f.check(
             &format!("{c} dead-lettered as key_conflict"),
             1,
-            count(&f.events, c, "dead_lettered"),
+            count(&f.events, c, DeliveryOutcome::DeadLettered),
         );
         f.check(
             &format!("{c} dropped as duplicate"),
             0,
-            count(&f.events, c, "duplicate"),
+            count(&f.events, c, DeliveryOutcome::Duplicate),
         );
     }
     f.check("SMS actually sent", 1, f.sms_sent);

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::engine::consumers::ConsumerMode;
-use crate::engine::runner::DeliveryEvent;
+use crate::engine::runner::{DeliveryEvent, DeliveryOutcome};
 use crate::engine::seen_set::SeenSetConfig;
 use crate::engine::store::{MarkerKind, StoreError};
 
@@ -243,7 +243,7 @@ impl Findings {
 }
 
 /// Count delivery outcomes of one consumer.
-pub(crate) fn count(events: &[DeliveryEvent], consumer: &str, outcome: &str) -> u64 {
+pub(crate) fn count(events: &[DeliveryEvent], consumer: &str, outcome: DeliveryOutcome) -> u64 {
     events
         .iter()
         .filter(|e| e.consumer == consumer && e.outcome == outcome)
@@ -263,7 +263,7 @@ fn outcomes_by_consumer(events: &[DeliveryEvent]) -> BTreeMap<String, BTreeMap<S
         *per_consumer
             .entry(e.consumer.clone())
             .or_default()
-            .entry(e.outcome.clone())
+            .entry(e.outcome.as_str().to_string())
             .or_default() += 1;
     }
     per_consumer
@@ -466,10 +466,13 @@ mod tests {
 
     /// One delivery event per way a delivery ends, as the runner fills them in.
     fn events() -> Vec<DeliveryEvent> {
-        let event = |consumer: &str, key: Option<&str>, outcome: &str| DeliveryEvent {
+        use crate::engine::envelope::MessageKey;
+        use crate::engine::metrics::EffectResult;
+        use DeliveryOutcome::*;
+        let event = |consumer: &str, key: Option<&str>, outcome| DeliveryEvent {
             consumer: consumer.into(),
-            key: key.map(Into::into),
-            outcome: outcome.into(),
+            key: key.map(|k| MessageKey::from_stored(k.into())),
+            outcome,
             redelivered: false,
             delivery_count: 1,
             effect: None,
@@ -481,32 +484,32 @@ mod tests {
         let exit = Some("34-ABC-123:48211:zone_exit");
         vec![
             DeliveryEvent {
-                effect: Some("sent".into()),
+                effect: Some(EffectResult::Sent),
                 took_over_in_doubt: true,
                 redelivered: true,
                 delivery_count: 2,
-                ..event(sms, exit, "processed")
+                ..event(sms, exit, Processed)
             },
             DeliveryEvent {
-                effect: Some("suppressed".into()),
-                ..event(sms, exit, "processed")
+                effect: Some(EffectResult::Suppressed),
+                ..event(sms, exit, Processed)
             },
             DeliveryEvent {
-                effect: Some("failed".into()),
-                ..event(sms, exit, "processed")
+                effect: Some(EffectResult::Failed),
+                ..event(sms, exit, Processed)
             },
-            event("trip-counter", exit, "processed"),
-            event("vehicle-state", Some("34-ABC-123:48210:position"), "late"),
-            event(sms, exit, "duplicate"),
-            event(sms, Some("34-ABC-123:48212:position"), "skipped"),
+            event("trip-counter", exit, Processed),
+            event("vehicle-state", Some("34-ABC-123:48210:position"), Late),
+            event(sms, exit, Duplicate),
+            event(sms, Some("34-ABC-123:48212:position"), Skipped),
             DeliveryEvent {
                 reason: Some("malformed_json: expected value at line 1 column 1".into()),
-                ..event(sms, None, "dead_lettered")
+                ..event(sms, None, DeadLettered)
             },
             DeliveryEvent {
                 reason: Some("store unavailable".into()),
                 delivery_count: 3,
-                ..event(sms, exit, "retry")
+                ..event(sms, exit, Retry)
             },
         ]
     }

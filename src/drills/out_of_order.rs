@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::rig::Rig;
-use super::{count, deliveries, DrillError, Findings};
+use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
 use crate::engine::consumers::vehicle_state;
 use crate::engine::envelope::EventType;
 
@@ -30,7 +30,7 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     let late_applied = history.iter().find(|h| h.seq == 900).map(|h| h.applied);
     let ignition = state.as_ref().and_then(|s| s.ignition.clone());
     f.deliveries = deliveries(&f.events, vehicle_state::NAME);
-    f.duplicate_dropped = count(&f.events, vehicle_state::NAME, "duplicate");
+    f.duplicate_dropped = count(&f.events, vehicle_state::NAME, DeliveryOutcome::Duplicate);
     f.state_ok = ignition.as_deref() == Some("off");
     f.extra.insert("state".into(), json!(state));
     f.extra.insert("history".into(), json!(history));
@@ -53,7 +53,7 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     f.check(
         "out-of-order counted",
         1,
-        count(&f.events, vehicle_state::NAME, "late"),
+        count(&f.events, vehicle_state::NAME, DeliveryOutcome::Late),
     );
     if ignition.as_deref() == Some("on") {
         f.note("ghost \"engine running\": an older ignition_on overwrote a newer ignition_off");

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::rig::Rig;
-use super::{count, deliveries, DrillError, Findings};
+use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
 use crate::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
 use crate::engine::crash::CrashPoint;
 use crate::engine::envelope::EventType;
@@ -53,7 +53,7 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     rig.clean_up(&consumers).await;
 
     f.deliveries = deliveries(&f.events, zone_exit_sms::NAME);
-    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, "duplicate");
+    f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, DeliveryOutcome::Duplicate);
     f.sms_sent = rig.sms_sent().await? as u64;
     f.counter_delta = rig.counter().await?;
     f.state_ok = f.sms_sent == 1 && f.counter_delta == 1;

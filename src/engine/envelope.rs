@@ -274,6 +274,60 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+/// A parsed message with its identity: the envelope, its [`MessageKey`] and its
+/// [`Fingerprint`], each computed once when the bytes are parsed and carried with the
+/// delivery from the runner through the consumer to the store. (The fingerprint is a
+/// SHA-256 over the canonical payload: recomputed per use it cost a hash per consumer
+/// and per store call.) It reads as its envelope (`Deref`); its fields are private so
+/// the identity can never disagree with the envelope it was computed from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    envelope: Envelope,
+    key: MessageKey,
+    fingerprint: Fingerprint,
+}
+
+impl Message {
+    pub fn new(envelope: Envelope) -> Message {
+        Message {
+            key: envelope.key(),
+            fingerprint: envelope.fingerprint(),
+            envelope,
+        }
+    }
+
+    /// [`Envelope::parse`], with the identity computed once.
+    pub fn parse(raw: &[u8]) -> Result<Message, Rejection> {
+        Envelope::parse(raw).map(Message::new)
+    }
+
+    pub fn key(&self) -> &MessageKey {
+        &self.key
+    }
+
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
+    pub fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+}
+
+impl std::ops::Deref for Message {
+    type Target = Envelope;
+
+    fn deref(&self) -> &Envelope {
+        &self.envelope
+    }
+}
+
+impl From<Envelope> for Message {
+    fn from(envelope: Envelope) -> Message {
+        Message::new(envelope)
+    }
+}
+
 /// One parsed message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
@@ -288,10 +342,13 @@ pub struct Envelope {
 }
 
 impl Envelope {
+    /// The key, computed afresh: a producer's view. What the engine handles is a
+    /// [`Message`], which computed it once at parse.
     pub fn key(&self) -> MessageKey {
         MessageKey::new(&self.device_id, self.seq, self.event_type)
     }
 
+    /// The fingerprint, computed afresh (see [`Envelope::key`]).
     pub fn fingerprint(&self) -> Fingerprint {
         Fingerprint::of(&self.payload, &self.occurred_at)
     }

@@ -71,8 +71,8 @@ struct EffectLabel {
 }
 
 /// What happened to one side-effect attempt, the `result` label of
-/// `idem_side_effects_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// `idem_side_effects_total`, and the `effect` of a delivery event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EffectResult {
     /// The provider accepted a new send.

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::watch;
 
+pub use super::consumers::DeliveryOutcome;
 use super::consumers::{Consumer, HandleError, Outcome, Retry, RetryCause};
 use super::crash::{CrashPlan, CrashPoint, Crashed};
-use super::envelope::{Envelope, RejectReason, Rejection};
+use super::envelope::{Envelope, Message, MessageKey, RejectReason, Rejection};
 use super::health::{Backoff, ConsumerHealth, InfraKind};
 use super::metrics::{EffectResult, Metrics};
 use super::queue::{Delivery, Queue, QueueResult};
@@ -146,11 +147,12 @@ pub fn retry_backoff(retry_delay: Duration, delivery_count: u32, cap: Duration) 
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct DeliveryEvent {
     pub consumer: String,
-    pub key: Option<String>,
-    pub outcome: String,
+    /// None when the bytes did not parse.
+    pub key: Option<MessageKey>,
+    pub outcome: DeliveryOutcome,
     pub redelivered: bool,
     pub delivery_count: u32,
-    pub effect: Option<String>,
+    pub effect: Option<EffectResult>,
     pub took_over_in_doubt: bool,
     pub reason: Option<String>,
     /// From the lease of its batch to its ack decision, in microseconds (a batch
@@ -635,12 +637,13 @@ impl Worker {
         let mut settled: Vec<(Delivery, DeliveryEvent, bool)> =
             Vec::with_capacity(batch.deliveries.len());
         let mut pending: Vec<(Delivery, DeliveryEvent)> = Vec::new();
-        let mut envs: Vec<Envelope> = Vec::new();
+        let mut envs: Vec<Message> = Vec::new();
         for (delivery, parsed) in batch.deliveries {
             let mut event = DeliveryEvent {
                 consumer: consumer.to_string(),
                 key: None,
-                outcome: String::new(),
+                // Until `classify` or `settle` says otherwise, the delivery goes back.
+                outcome: DeliveryOutcome::Retry,
                 redelivered: delivery.redelivered,
                 delivery_count: delivery.delivery_count,
                 effect: None,
@@ -693,7 +696,7 @@ impl Worker {
     /// item by item: the message the database refuses is dead-lettered
     /// (`store_rejected`, with the database's words) and its neighbours commit, instead
     /// of one bad message taking the whole batch down with it.
-    async fn handle_envelopes(&self, envs: &[Envelope]) -> Result<Vec<Outcome>, Crashed> {
+    async fn handle_envelopes(&self, envs: &[Message]) -> Result<Vec<Outcome>, Crashed> {
         let e = match self.consumer.handle_batch(envs, &self.crash).await {
             Ok(outcomes) => return Ok(outcomes),
             Err(HandleError::Crashed(c)) => return Err(c),
@@ -754,14 +757,15 @@ impl Worker {
         }
     }
 
-    /// Parse and route one delivery. `Ok(env)`: for the consumer to handle;
-    /// `Err(ack)`: settled here (dead-lettered, or not this consumer's event).
+    /// Route one parsed delivery. `Ok(message)`: for the consumer to handle, its key
+    /// and fingerprint computed here, once; `Err(ack)`: settled here (dead-lettered,
+    /// or not this consumer's event).
     async fn classify(
         &self,
         delivery: &Delivery,
         parsed: Result<Envelope, Rejection>,
         event: &mut DeliveryEvent,
-    ) -> Result<Envelope, bool> {
+    ) -> Result<Message, bool> {
         if delivery.attempts > self.settings.max_deliveries {
             // The failures before this one did not get to say why (the process died,
             // or the lease ran out); a handler failure is dead-lettered with its cause
@@ -782,12 +786,14 @@ impl Worker {
                     .await)
             }
         };
-        event.key = Some(env.key().to_string());
         if !self.consumer.wants(env.event_type) {
-            event.outcome = "skipped".into();
+            event.key = Some(env.key());
+            event.outcome = DeliveryOutcome::Skipped;
             return Err(true);
         }
-        Ok(env)
+        let message = Message::new(env);
+        event.key = Some(message.key().clone());
+        Ok(message)
     }
 
     /// Count one handler outcome. Returns whether to ack. `pause`: the consumer's
@@ -800,14 +806,14 @@ impl Worker {
         pause: Option<Duration>,
     ) -> bool {
         let consumer = self.consumer.name();
-        event.outcome = outcome.label().to_string();
+        event.outcome = outcome.fate();
         match outcome {
             Outcome::Processed {
                 effect,
                 took_over_in_doubt,
             } => {
                 self.metrics.processed(consumer);
-                event.effect = effect.map(|e: EffectResult| e.as_str().to_string());
+                event.effect = effect;
                 event.took_over_in_doubt = took_over_in_doubt;
             }
             Outcome::Late => {
@@ -874,12 +880,12 @@ impl Worker {
         {
             Ok(_) => {
                 self.metrics.dead_lettered(consumer, reason);
-                event.outcome = "dead_lettered".into();
+                event.outcome = DeliveryOutcome::DeadLettered;
                 true
             }
             Err(e) => {
                 tracing::warn!(error = %e, "dead-letter insert failed: the delivery goes back");
-                event.outcome = "retry".into();
+                event.outcome = DeliveryOutcome::Retry;
                 let returned = if e.is_infrastructure() {
                     self.metrics.infra_error(consumer, InfraKind::Store);
                     let wait = self.health.failed(InfraKind::Store, None, &e.to_string());

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 
 use super::consumers::{Consumer, ConsumerMode, HandleError, Outcome};
 use super::crash::CrashPlan;
-use super::envelope::Envelope;
+use super::envelope::Message;
 use super::metrics::Metrics;
 use super::store::{Store, StoreError};
 
@@ -80,7 +80,7 @@ pub async fn sweep(
         let Some(consumer) = claiming.iter().find(|c| c.name() == s.claim.consumer) else {
             continue;
         };
-        let Some(env) = s.message.as_deref().and_then(|m| Envelope::parse(m).ok()) else {
+        let Some(env) = s.message.as_deref().and_then(|m| Message::parse(m).ok()) else {
             report.without_message += 1;
             continue;
         };

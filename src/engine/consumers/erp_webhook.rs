@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use crate::engine::crash::CrashPlan;
-use crate::engine::envelope::{rfc3339, Envelope, EventType};
+use crate::engine::envelope::{rfc3339, EventType, Message};
 
 pub const NAME: &str = "erp-webhook";
 
@@ -21,7 +21,7 @@ impl ErpWebhook {
 }
 
 /// The webhook body: a pure function of the event, so a resend is byte-identical.
-pub fn trip_end_body(env: &Envelope) -> serde_json::Value {
+pub fn trip_end_body(env: &Message) -> serde_json::Value {
     serde_json::json!({
         "event": "trip_end",
         "device_id": env.device_id,
@@ -49,13 +49,13 @@ impl Consumer for ErpWebhook {
     /// webhooks posted concurrently (see [`side_effect::perform_batch`]).
     async fn handle_batch(
         &self,
-        envs: &[Envelope],
+        envs: &[Message],
         crash: &CrashPlan,
     ) -> Result<Vec<Outcome>, HandleError> {
         if self.mode != ConsumerMode::Idempotent {
             return super::one_by_one(self, envs, crash).await;
         }
-        let all: Vec<&Envelope> = envs.iter().collect();
+        let all: Vec<&Message> = envs.iter().collect();
         let provider = &self.deps.provider;
         side_effect::perform_batch(NAME, &self.deps, &all, crash, |env, key| {
             let body = trip_end_body(env);
@@ -64,7 +64,7 @@ impl Consumer for ErpWebhook {
         .await
     }
 
-    async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError> {
+    async fn handle(&self, env: &Message, crash: &CrashPlan) -> Result<Outcome, HandleError> {
         let body = trip_end_body(env);
         let provider = &self.deps.provider;
         side_effect::perform(NAME, &self.deps, self.mode, env, crash, |key| async move {

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::crash::{CrashPlan, Crashed};
-use super::envelope::{Envelope, EventType, RejectReason, Rejection};
+use super::envelope::{EventType, Message, RejectReason, Rejection};
 use super::health::InfraKind;
 use super::metrics::{EffectResult, Metrics};
 use super::provider::ProviderClient;
@@ -156,15 +156,58 @@ impl Outcome {
 }
 
 impl Outcome {
-    pub fn label(&self) -> &'static str {
+    /// How the delivery ends when the handler decided this (a rejection is
+    /// dead-lettered by the runner).
+    pub fn fate(&self) -> DeliveryOutcome {
         match self {
-            Outcome::Processed { .. } => "processed",
-            Outcome::Late => "late",
-            Outcome::Duplicate => "duplicate",
-            Outcome::Skipped => "skipped",
-            Outcome::Rejected(_) => "dead_lettered",
-            Outcome::Retry(_) => "retry",
+            Outcome::Processed { .. } => DeliveryOutcome::Processed,
+            Outcome::Late => DeliveryOutcome::Late,
+            Outcome::Duplicate => DeliveryOutcome::Duplicate,
+            Outcome::Skipped => DeliveryOutcome::Skipped,
+            Outcome::Rejected(_) => DeliveryOutcome::DeadLettered,
+            Outcome::Retry(_) => DeliveryOutcome::Retry,
         }
+    }
+}
+
+/// How one delivery ended, without the details an [`Outcome`] carries: the
+/// `outcome` of a `DeliveryEvent` (JSON lines of `consume --json`, read back by the
+/// drills), counted by the drills and the bench. Typed from the runner to the
+/// JSON edge, where it is the snake_case word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryOutcome {
+    /// The effect was applied.
+    Processed,
+    /// Kept in history only: older than the current state.
+    Late,
+    /// Already done: acked without effect.
+    Duplicate,
+    /// Not an event this consumer handles: acked.
+    Skipped,
+    /// Kept in `dead_letters` with its raw bytes, then acked.
+    DeadLettered,
+    /// Given back to the queue.
+    Retry,
+}
+
+impl DeliveryOutcome {
+    /// The word in JSON (the same as serde's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryOutcome::Processed => "processed",
+            DeliveryOutcome::Late => "late",
+            DeliveryOutcome::Duplicate => "duplicate",
+            DeliveryOutcome::Skipped => "skipped",
+            DeliveryOutcome::DeadLettered => "dead_lettered",
+            DeliveryOutcome::Retry => "retry",
+        }
+    }
+}
+
+impl std::fmt::Display for DeliveryOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -204,14 +247,14 @@ pub trait Consumer: Send + Sync + 'static {
     /// Event types this consumer acts on; the rest are acked as skipped.
     fn wants(&self, event: EventType) -> bool;
     /// Handle one parsed message. Must give "the same result" when called twice.
-    async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError>;
+    async fn handle(&self, env: &Message, crash: &CrashPlan) -> Result<Outcome, HandleError>;
 
     /// Handle several messages, one outcome each, in order. The default handles them
     /// one by one; a consumer whose effects are all in the database overrides it to
     /// commit the whole batch in one transaction (one fsync, not one per message).
     async fn handle_batch(
         &self,
-        envs: &[Envelope],
+        envs: &[Message],
         crash: &CrashPlan,
     ) -> Result<Vec<Outcome>, HandleError> {
         one_by_one(self, envs, crash).await
@@ -222,7 +265,7 @@ pub trait Consumer: Send + Sync + 'static {
 /// [`Consumer::handle_batch`], and the path of the modes a consumer does not batch.
 pub(crate) async fn one_by_one<C: Consumer + ?Sized>(
     consumer: &C,
-    envs: &[Envelope],
+    envs: &[Message],
     crash: &CrashPlan,
 ) -> Result<Vec<Outcome>, HandleError> {
     let mut outcomes = Vec::with_capacity(envs.len());

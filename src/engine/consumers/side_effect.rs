@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::{ConsumerMode, Deps, HandleError, Outcome, RetryCause};
 use crate::engine::crash::{CrashPlan, CrashPoint};
-use crate::engine::envelope::{Envelope, RejectReason, Rejection};
+use crate::engine::envelope::{Message, MessageKey, RejectReason, Rejection};
 use crate::engine::metrics::EffectResult;
 use crate::engine::provider::{ProviderError, ProviderReply};
 use crate::engine::store::{
@@ -24,22 +24,22 @@ use crate::engine::store::{
 
 /// The provider key for one consumer's effect of one message. Derived, never random:
 /// even with the claim row gone, the same message yields the same key.
-pub(crate) fn provider_key(consumer: &str, env: &Envelope) -> String {
+pub(crate) fn provider_key(consumer: &str, key: &MessageKey) -> String {
     let mut h = Sha256::new();
     h.update(consumer.as_bytes());
     h.update(b"\n");
-    h.update(env.key().as_str().as_bytes());
+    h.update(key.as_str().as_bytes());
     format!("idemwatch-{}", &hex::encode(h.finalize())[..32])
 }
 
 /// What [`Store::claim_batch`](crate::engine::store::Store::claim_batch) is asked for
 /// one message: its key and fingerprint, its provider key, and the message itself,
 /// kept beside the claim for the sweeper.
-pub(crate) fn claim_request(consumer: &str, env: &Envelope) -> ClaimRequest {
+pub(crate) fn claim_request(consumer: &str, env: &Message) -> ClaimRequest {
     ClaimRequest {
-        key: env.key(),
-        fingerprint: env.fingerprint(),
-        provider_key: provider_key(consumer, env),
+        key: env.key().clone(),
+        fingerprint: env.fingerprint().clone(),
+        provider_key: provider_key(consumer, env.key()),
         message: env.to_json_line().into_bytes(),
     }
 }
@@ -49,7 +49,7 @@ pub(crate) async fn perform<F, Fut>(
     consumer: &'static str,
     deps: &Deps,
     mode: ConsumerMode,
-    env: &Envelope,
+    env: &Message,
     crash: &CrashPlan,
     send: F,
 ) -> Result<Outcome, HandleError>
@@ -57,8 +57,7 @@ where
     F: FnOnce(Option<String>) -> Fut,
     Fut: Future<Output = Result<ProviderReply, ProviderError>>,
 {
-    let key = env.key();
-    let fingerprint = env.fingerprint();
+    let (key, fingerprint) = (env.key(), env.fingerprint());
     match mode {
         ConsumerMode::Naive => {
             let reply = send(None).await;
@@ -72,7 +71,7 @@ where
         // guard (no claim, no provider key), so a death between the send and the
         // write sends again on redelivery: `drill seen-set-window`.
         ConsumerMode::SeenSet => {
-            match deps.seen_set.seen(consumer, &key, &fingerprint).await? {
+            match deps.seen_set.seen(consumer, key, fingerprint).await? {
                 Some(DedupOutcome::KeyConflict { stored }) => return Ok(conflict(stored.as_str())),
                 Some(_) => {
                     deps.metrics.side_effect(consumer, EffectResult::Suppressed);
@@ -84,9 +83,7 @@ where
             crash.reach(CrashPoint::AfterSideEffect)?;
             match reply {
                 Ok(r) => {
-                    deps.seen_set
-                        .mark_seen(consumer, &key, &fingerprint)
-                        .await?;
+                    deps.seen_set.mark_seen(consumer, key, fingerprint).await?;
                     Ok(record(deps, consumer, sent_or_replayed(&r), false))
                 }
                 // Not marked seen: fixed and replayed, it is sent.
@@ -98,9 +95,9 @@ where
                 .store
                 .claim_side_effect(
                     consumer,
-                    &key,
-                    &fingerprint,
-                    &provider_key(consumer, env),
+                    key,
+                    fingerprint,
+                    &provider_key(consumer, key),
                     deps.claim_lease,
                 )
                 .await?
@@ -136,7 +133,7 @@ where
             match reply {
                 Ok(r) => {
                     let done = ClaimResult {
-                        key,
+                        key: key.clone(),
                         finish: ClaimFinish::Done {
                             state: ClaimState::Sent,
                             detail: sent_detail(&r),
@@ -167,7 +164,10 @@ where
                             detail: e.to_string(),
                         }
                     };
-                    let result = ClaimResult { key, finish };
+                    let result = ClaimResult {
+                        key: key.clone(),
+                        finish,
+                    };
                     let recorded = finish_alone(deps, consumer, &result, &answer).await?;
                     Ok(recorded.unwrap_or_else(|| provider_failed(deps, consumer, &e)))
                 }
@@ -178,7 +178,7 @@ where
 
 /// Keep the message beside its claim, for the claim sweeper (`engine::sweeper`).
 /// Best effort: without it the claim is still re-driven by a redelivery.
-async fn keep_message(deps: &Deps, consumer: &str, env: &Envelope) {
+async fn keep_message(deps: &Deps, consumer: &str, env: &Message) {
     let message = env.to_json_line();
     if let Err(e) = deps
         .store
@@ -207,12 +207,12 @@ async fn keep_message(deps: &Deps, consumer: &str, env: &Envelope) {
 pub(crate) async fn perform_batch<'e, F, Fut>(
     consumer: &'static str,
     deps: &Deps,
-    envs: &[&'e Envelope],
+    envs: &[&'e Message],
     crash: &CrashPlan,
     send: F,
 ) -> Result<Vec<Outcome>, HandleError>
 where
-    F: Fn(&'e Envelope, String) -> Fut,
+    F: Fn(&'e Message, String) -> Fut,
     Fut: Future<Output = Result<ProviderReply, ProviderError>>,
 {
     let requests: Vec<ClaimRequest> = envs

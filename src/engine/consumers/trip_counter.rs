@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use crate::engine::crash::{CrashPlan, CrashPoint};
-use crate::engine::envelope::{Envelope, EventType, RejectReason, Rejection};
+use crate::engine::envelope::{EventType, Message, RejectReason, Rejection};
 use crate::engine::store::{BusinessWrite, DedupOutcome, Recordable};
 
 pub const NAME: &str = "trip-counter";
@@ -51,7 +51,7 @@ impl Consumer for TripCounter {
 
     async fn handle_batch(
         &self,
-        envs: &[Envelope],
+        envs: &[Message],
         crash: &CrashPlan,
     ) -> Result<Vec<Outcome>, HandleError> {
         if self.mode != ConsumerMode::Idempotent {
@@ -60,8 +60,8 @@ impl Consumer for TripCounter {
         let items: Vec<Recordable> = envs
             .iter()
             .map(|env| Recordable {
-                key: env.key(),
-                fingerprint: env.fingerprint(),
+                key: env.key().clone(),
+                fingerprint: env.fingerprint().clone(),
                 write: BusinessWrite::CountZoneExit {
                     device_id: env.device_id.clone(),
                 },
@@ -71,7 +71,7 @@ impl Consumer for TripCounter {
         Ok(outcomes.into_iter().map(dedup_outcome).collect())
     }
 
-    async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError> {
+    async fn handle(&self, env: &Message, crash: &CrashPlan) -> Result<Outcome, HandleError> {
         let write = BusinessWrite::CountZoneExit {
             device_id: env.device_id.clone(),
         };
@@ -80,17 +80,17 @@ impl Consumer for TripCounter {
         Ok(match self.mode {
             // Dedup row and +1 in one transaction: no window at all.
             ConsumerMode::Idempotent => {
-                dedup_outcome(store.record_once(NAME, &key, &fingerprint, &write).await?)
+                dedup_outcome(store.record_once(NAME, key, fingerprint, &write).await?)
             }
             // +1, then record the key: a crash in between counts twice on redelivery.
             ConsumerMode::SeenSet => {
                 let seen_set = &self.deps.seen_set;
-                if let Some(seen) = seen_set.seen(NAME, &key, &fingerprint).await? {
+                if let Some(seen) = seen_set.seen(NAME, key, fingerprint).await? {
                     return Ok(dedup_outcome(seen));
                 }
                 store.apply_unguarded(&write).await?;
                 crash.reach(CrashPoint::AfterSideEffect)?;
-                seen_set.mark_seen(NAME, &key, &fingerprint).await?;
+                seen_set.mark_seen(NAME, key, fingerprint).await?;
                 dedup_outcome(DedupOutcome::Applied)
             }
             ConsumerMode::Naive => {

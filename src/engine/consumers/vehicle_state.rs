@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use crate::engine::crash::CrashPlan;
-use crate::engine::envelope::{Envelope, EventType, RejectReason, Rejection};
+use crate::engine::envelope::{EventType, Message, RejectReason, Rejection};
 use crate::engine::store::VehicleOutcome;
 
 pub const NAME: &str = "vehicle-state";
@@ -40,7 +40,7 @@ impl Consumer for VehicleStateConsumer {
     /// upserts); naive (drills only) goes one by one.
     async fn handle_batch(
         &self,
-        envs: &[Envelope],
+        envs: &[Message],
         crash: &CrashPlan,
     ) -> Result<Vec<Outcome>, HandleError> {
         if self.mode == ConsumerMode::Naive {
@@ -50,13 +50,13 @@ impl Consumer for VehicleStateConsumer {
         Ok(outcomes.into_iter().map(outcome_of).collect())
     }
 
-    async fn handle(&self, env: &Envelope, _crash: &CrashPlan) -> Result<Outcome, HandleError> {
+    async fn handle(&self, env: &Message, _crash: &CrashPlan) -> Result<Outcome, HandleError> {
         // Seen-set adds nothing to a naturally idempotent write: it runs guarded.
         let guarded = self.mode != ConsumerMode::Naive;
         let outcome = self
             .deps
             .store
-            .apply_vehicle_event(env, &env.fingerprint(), guarded)
+            .apply_vehicle_event(env, env.fingerprint(), guarded)
             .await?;
         Ok(outcome_of(outcome))
     }

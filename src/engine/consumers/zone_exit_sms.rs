@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome, RetryCause};
 use crate::engine::crash::CrashPlan;
-use crate::engine::envelope::{rfc3339, Envelope, EventType};
+use crate::engine::envelope::{rfc3339, Envelope, EventType, Message};
 
 pub const NAME: &str = "zone-exit-sms";
 
@@ -48,13 +48,13 @@ impl Consumer for ZoneExitSms {
     /// sent concurrently (see [`side_effect::perform_batch`]).
     async fn handle_batch(
         &self,
-        envs: &[Envelope],
+        envs: &[Message],
         crash: &CrashPlan,
     ) -> Result<Vec<Outcome>, HandleError> {
         if self.mode != ConsumerMode::Idempotent {
             return super::one_by_one(self, envs, crash).await;
         }
-        let notify: Vec<&Envelope> = envs.iter().filter(|e| e.phone().is_some()).collect();
+        let notify: Vec<&Message> = envs.iter().filter(|e| e.phone().is_some()).collect();
         let provider = &self.deps.provider;
         let mut sent = side_effect::perform_batch(NAME, &self.deps, &notify, crash, |env, key| {
             let text = sms_text(env);
@@ -74,7 +74,7 @@ impl Consumer for ZoneExitSms {
             .collect())
     }
 
-    async fn handle(&self, env: &Envelope, crash: &CrashPlan) -> Result<Outcome, HandleError> {
+    async fn handle(&self, env: &Message, crash: &CrashPlan) -> Result<Outcome, HandleError> {
         let Some(phone) = env.phone() else {
             // Nobody to notify: nothing to do, and nothing to do twice.
             return Ok(Outcome::Skipped);

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
+use super::envelope::{Envelope, Fingerprint, Message, MessageKey, RejectReason};
 
 mod admin_sql;
 mod batch;
@@ -437,11 +437,11 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     /// have decided — an event earlier in the batch counts as stored, and the newest
     /// event per device wins inside the batch as across batches (see
     /// `vehicle_batch.rs`). The default calls [`Store::apply_vehicle_event`] per event.
-    async fn apply_vehicle_batch(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+    async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         let mut outcomes = Vec::with_capacity(envs.len());
         for env in envs {
             outcomes.push(
-                self.apply_vehicle_event(env, &env.fingerprint(), true)
+                self.apply_vehicle_event(env, env.fingerprint(), true)
                     .await?,
             );
         }

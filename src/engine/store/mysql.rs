@@ -22,7 +22,7 @@ use super::dialect::{Pooled, Sql};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
+use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey, RejectReason};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/mysql");
 
@@ -175,7 +175,7 @@ impl MysqlStore {
     /// is rolled back and the batch decided one event at a time instead, as
     /// `record_batch_tx` does. A deadlock between two batches locking new devices'
     /// gaps is retried whole by [`retrying`].
-    async fn vehicle_batch_tx(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+    async fn vehicle_batch_tx(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         let batch = VehicleBatch::new(envs)?;
         let devices = batch.devices();
         let distinct: Vec<&VehicleItem> = batch.distinct().collect();
@@ -229,7 +229,7 @@ impl MysqlStore {
                 tracing::debug!("a racing writer stored a history row of this batch: one by one");
                 let mut outcomes = Vec::with_capacity(envs.len());
                 for env in envs {
-                    outcomes.push(self.vehicle_tx(env, &env.fingerprint(), true).await?);
+                    outcomes.push(self.vehicle_tx(env, env.fingerprint(), true).await?);
                 }
                 return Ok(outcomes);
             }
@@ -555,7 +555,7 @@ impl Store for MysqlStore {
         retrying(|| self.vehicle_tx(env, fingerprint, guarded)).await
     }
 
-    async fn apply_vehicle_batch(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+    async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         retrying(|| self.vehicle_batch_tx(envs)).await
     }
 

@@ -20,7 +20,7 @@ use super::repair_sql::CLAIM_COLUMNS;
 use super::vehicle_batch::VehicleBatch;
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
+use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey, RejectReason};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/postgres");
 
@@ -254,7 +254,7 @@ impl Store for PostgresStore {
     /// rows they changed, and if that is not every event decided applied, the
     /// transaction is rolled back and retried whole ([`StoreError::RowVanished`]: a
     /// lost race, infrastructure) rather than record an outcome that did not happen.
-    async fn apply_vehicle_batch(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+    async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         let batch = VehicleBatch::new(envs)?;
         let devices = batch.devices();
         let mut tx = self.pool.begin().await?;

@@ -24,7 +24,7 @@ use super::repair_sql::CLAIM_COLUMNS;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, MessageKey, RejectReason};
+use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey, RejectReason};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/sqlite");
 
@@ -403,7 +403,7 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn apply_vehicle_batch(&self, envs: &[Envelope]) -> StoreResult<Vec<VehicleOutcome>> {
+    async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         let batch = VehicleBatch::new(envs)?;
         let devices = batch.devices();
         let distinct: Vec<&VehicleItem> = batch.distinct().collect();

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use super::{vehicle_duplicate_or_conflict, StoreResult, VehicleFacts, VehicleOutcome};
-use crate::engine::envelope::{Envelope, Fingerprint};
+use crate::engine::envelope::{Envelope, Fingerprint, Message};
 
 /// A history row's identity: `(device_id, seq, event_type)`.
 pub(crate) type HistoryKey<'a> = (&'a str, i64, &'static str);
@@ -21,7 +21,7 @@ pub(crate) type HistoryKey<'a> = (&'a str, i64, &'static str);
 /// One event of a batch, with what every backend writes for it.
 pub(crate) struct VehicleItem<'a> {
     pub env: &'a Envelope,
-    pub fingerprint: Fingerprint,
+    pub fingerprint: &'a Fingerprint,
     pub facts: VehicleFacts<'a>,
 }
 
@@ -70,12 +70,12 @@ impl<'b, 'a> VehicleWrites<'b, 'a> {
 }
 
 impl<'a> VehicleBatch<'a> {
-    pub fn new(envs: &'a [Envelope]) -> StoreResult<Self> {
+    pub fn new(envs: &'a [Message]) -> StoreResult<Self> {
         let items = envs
             .iter()
             .map(|env| {
                 Ok(VehicleItem {
-                    env,
+                    env: env.envelope(),
                     fingerprint: env.fingerprint(),
                     facts: VehicleFacts::of(env)?,
                 })
@@ -132,13 +132,13 @@ impl<'a> VehicleBatch<'a> {
                 let (device, seq, event_type) = item.key();
                 let stored_hash = stored.get(&(device.to_string(), seq, event_type.to_string()));
                 if let Some(hash) = stored_hash {
-                    return vehicle_duplicate_or_conflict(hash.clone(), &item.fingerprint);
+                    return vehicle_duplicate_or_conflict(hash.clone(), item.fingerprint);
                 }
                 let first = self.first[i];
                 if first != i {
                     // The row the first item of this key wrote holds its fingerprint.
                     let written = self.items[first].fingerprint.as_str().to_string();
-                    return vehicle_duplicate_or_conflict(written, &item.fingerprint);
+                    return vehicle_duplicate_or_conflict(written, item.fingerprint);
                 }
                 let newer = current.get(device).is_none_or(|&c| seq > c);
                 writes.history.push((item, newer));
@@ -159,8 +159,8 @@ impl<'a> VehicleBatch<'a> {
 mod tests {
     use super::*;
 
-    fn event(device: &str, seq: u64, event_type: &str, extra: &str) -> Envelope {
-        Envelope::parse(
+    fn event(device: &str, seq: u64, event_type: &str, extra: &str) -> Message {
+        Message::parse(
             format!(
                 r#"{{"device_id":"{device}","seq":{seq},"event_type":"{event_type}","occurred_at":"2026-11-30T04:12:03Z","payload":{{{extra}}}}}"#
             )
@@ -189,7 +189,7 @@ mod tests {
         let last_seq = [("D2".to_string(), 4), ("D3".to_string(), 9)].into();
         let (outcomes, writes) = batch.decide(&stored, &last_seq);
         let conflict = VehicleOutcome::KeyConflict {
-            stored: envs[0].fingerprint(),
+            stored: envs[0].fingerprint().clone(),
         };
         assert_eq!(
             outcomes,
