@@ -74,11 +74,6 @@ impl CounterRate {
             reset,
         }
     }
-
-    /// The last reading, if any.
-    pub fn last_value(&self) -> Option<f64> {
-        self.last.map(|(_, v)| v)
-    }
 }
 
 /// Duplicate rate (SPEC §5): dup / (processed + dup). None without traffic: "no
@@ -306,5 +301,83 @@ mod tests {
         }
         assert_eq!(w.count(WINDOW_5M), 0.0);
         assert!(w.steps.is_empty(), "bounded by the longest window");
+    }
+
+    #[test]
+    fn a_counter_read_again_at_the_same_value_did_not_restart() {
+        let mut c = CounterRate::default();
+        c.observe(t(0), 5.0);
+        let o = c.observe(t(2), 5.0);
+        assert!(!o.reset, "an idle counter is no restart");
+        assert_eq!(o.increase, Some(0.0), "not its whole value again");
+        assert_eq!(o.rate, Some(0.0));
+    }
+
+    #[test]
+    fn two_readings_at_one_instant_have_an_increase_but_no_rate() {
+        let mut c = CounterRate::default();
+        c.observe(t(0), 5.0);
+        let o = c.observe(t(0), 8.0);
+        assert_eq!(o.increase, Some(3.0));
+        assert_eq!(o.rate, None, "no time passed: no rate, not an infinite one");
+        let o = c.observe(t(0) + chrono::Duration::milliseconds(500), 9.0);
+        assert_eq!(o.rate, Some(2.0), "half a second is 0.5 s, not 500");
+    }
+
+    #[test]
+    fn an_unbounded_or_negative_duplicate_count_has_no_ratio() {
+        assert_eq!(duplicate_ratio(f64::INFINITY, 1.0), None);
+        assert_eq!(duplicate_ratio(1.0, f64::INFINITY), None);
+        assert_eq!(
+            duplicate_ratio(5.0, -1.0),
+            None,
+            "a negative rate is a bug, not 0%"
+        );
+        assert_eq!(duplicate_ratio(3.0, 1.0), Some(0.25));
+    }
+
+    #[test]
+    fn a_restart_cause_reads_as_what_was_seen() {
+        let changed = RestartCause::StartTimeChanged {
+            before: 1000.0,
+            after: 5000.5,
+        };
+        assert_eq!(
+            changed.to_string(),
+            "process_start_time_seconds 1000 → 5000.5"
+        );
+        let reset = RestartCause::CounterReset {
+            metric: "idem_messages_processed_total".into(),
+        };
+        assert_eq!(reset.to_string(), "idem_messages_processed_total went down");
+    }
+
+    #[test]
+    fn a_step_leaving_the_minute_takes_only_its_own_increase_with_it() {
+        let mut w = WindowedCounter::default();
+        w.first(t(0), 0.0);
+        w.add(t(10), 5.0);
+        w.add(t(50), 3.0);
+        w.add(t(69), 0.0);
+        assert_eq!(w.count(WINDOW_1M), 8.0, "t(10) is 59 s old: still in");
+        w.add(t(70), 0.0);
+        assert_eq!(w.count(WINDOW_1M), 3.0, "t(10) is a minute old: gone");
+        assert_eq!(w.count(WINDOW_5M), 8.0);
+        w.add(t(110), 0.0);
+        assert_eq!(w.count(WINDOW_1M), 0.0);
+        assert_eq!(w.last_rise(), Some(t(50)));
+    }
+
+    #[test]
+    fn a_window_watched_for_no_time_has_no_rate() {
+        let mut w = WindowedCounter::default();
+        w.first(t(0), 10.0);
+        assert_eq!(w.watched_since(), Some(t(0)));
+        assert_eq!(w.rate(t(0), WINDOW_1M), None, "not 0/0");
+        assert_eq!(w.covered(t(30), WINDOW_1M), Duration::from_secs(30));
+        assert_eq!(w.covered(t(90), WINDOW_1M), WINDOW_1M);
+        w.add(t(30), 6.0);
+        assert_eq!(w.rate(t(30), WINDOW_1M), Some(0.2));
+        assert_eq!(w.total(), 16.0);
     }
 }
