@@ -708,6 +708,95 @@ mod tests {
         assert!(r.detail.contains("payload.lon"));
     }
 
+    /// The names are what `dead_letters.reason` holds and operators filter on: each
+    /// reason reads back from its stored name.
+    #[test]
+    fn every_reject_reason_reads_back_from_its_stored_name() {
+        let names = RejectReason::ALL.map(RejectReason::as_str);
+        assert_eq!(
+            names,
+            [
+                "malformed_json",
+                "missing_field",
+                "invalid_field",
+                "unknown_event_type",
+                "too_large",
+                "key_conflict",
+                "max_deliveries",
+                "provider_rejected",
+                "store_rejected",
+            ]
+        );
+        for r in RejectReason::ALL {
+            assert_eq!(RejectReason::parse(r.as_str()), Some(r));
+            assert_eq!(r.to_string(), r.as_str());
+        }
+        assert_eq!(RejectReason::parse("teleport"), None);
+    }
+
+    /// Key and fingerprint are stored beside every processed message: their forms
+    /// must not change between versions, or every redelivery after an upgrade would
+    /// be a key conflict. The fingerprint is SHA-256 over the payload with sorted
+    /// keys, a newline and `occurred_at` in UTC (here computed outside Rust).
+    #[test]
+    fn key_and_fingerprint_keep_their_stored_form() {
+        let env = Envelope::parse(GOOD.as_bytes()).unwrap();
+        let fp = env.fingerprint();
+        assert_eq!(
+            fp.as_str(),
+            "36582865e140577c52eff1ede5f49db138bd8b2aa7faadce7b71ba22defe61ab"
+        );
+        assert_eq!(fp.to_string(), fp.as_str());
+        assert_eq!(Fingerprint::from_stored(fp.to_string()), fp);
+        let key = env.key();
+        assert_eq!(key.to_string(), "34-ABC-123:48211:zone_exit");
+        assert_eq!(MessageKey::from_stored(key.to_string()), key);
+        let at = "2026-11-30T07:12:03.25+03:00"
+            .parse::<DateTime<Utc>>()
+            .unwrap();
+        assert_eq!(rfc3339(&at), "2026-11-30T04:12:03.250Z");
+    }
+
+    #[test]
+    fn a_position_reads_its_coordinates_and_a_zone_event_has_none() {
+        let pos = r#"{"device_id":"d","seq":1,"event_type":"position","occurred_at":"2026-11-30T04:12:03Z","payload":{"lat":41.0082,"lon":-28.9784}}"#;
+        let env = Envelope::parse(pos.as_bytes()).unwrap();
+        assert_eq!(env.lat_lon(), Some((41.0082, -28.9784)));
+        assert_eq!(Envelope::parse(GOOD.as_bytes()).unwrap().lat_lon(), None);
+    }
+
+    #[test]
+    fn the_largest_storable_seq_is_accepted() {
+        let raw = GOOD.replace("48211", "9223372036854775807");
+        assert_eq!(Envelope::parse(raw.as_bytes()).unwrap().seq, MAX_SEQ);
+    }
+
+    /// A producer reading its dead letters learns what it sent wrong.
+    #[test]
+    fn a_wrong_type_says_what_it_got() {
+        let detail = |raw: String| reject(&raw).detail;
+        let pos = r#"{"device_id":"d","seq":1,"event_type":"position","occurred_at":"2026-11-30T04:12:03Z","payload":{"lat":null,"lon":1}}"#;
+        assert_eq!(
+            detail(pos.to_string()),
+            "payload.lat must be a number, got null"
+        );
+        for (value, kind) in [
+            ("true", "a boolean"),
+            ("7", "a number"),
+            ("[1]", "an array"),
+            ("{}", "an object"),
+        ] {
+            assert_eq!(
+                detail(GOOD.replace("\"34-ABC-123\"", value)),
+                format!("device_id must be a string, got {kind}")
+            );
+        }
+        assert_eq!(
+            detail(GOOD.replace("48211", "\"48211\"")),
+            "seq must be an unsigned integer, got a string"
+        );
+    }
+
     proptest! {
         #[test]
         fn parse_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
