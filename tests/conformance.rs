@@ -41,6 +41,7 @@ on_every_backend!(
     a_claim_batch_is_decided_as_if_one_by_one,
     a_finish_batch_is_recorded_as_if_one_by_one,
     racing_batches_never_double_an_effect,
+    racing_claim_batches_take_each_claim_once,
     a_pipelined_worker_that_dies_loses_and_doubles_nothing,
     a_prefetching_worker_that_dies_loses_and_doubles_nothing,
     a_stopping_worker_gives_back_what_it_prefetched,
@@ -1135,6 +1136,89 @@ async fn racing_batches_never_double_an_effect(db: &TestDb) {
         total += store.zone_exits(&format!("34-RB-{d}")).await.unwrap();
     }
     assert_eq!(total as usize, offered.len());
+}
+
+/// A claim request of `racing_claim_batches_take_each_claim_once` for key number `k`.
+fn racing_claim(k: usize) -> store::ClaimRequest {
+    let env = vehicle_event(&format!("34-RC-{}", k % 5), k as u64, "zone_exit", 0);
+    store::ClaimRequest {
+        key: MessageKey::from_stored(format!("rc-{k:03}")),
+        fingerprint: env.fingerprint(),
+        provider_key: format!("pk-{k:03}"),
+        message: env.to_json_line().into_bytes(),
+    }
+}
+
+/// Eight workers claim overlapping windows of keys in batches of 20, half of them in
+/// reverse order, all at once; every third key holds a released (in-doubt) claim
+/// before. Each claim is taken exactly once across them (a new key fresh once, an
+/// in-doubt one taken over once, the others find it busy) and no batch fails: a
+/// backend's batch locks its keys, so a racing batch waits instead of losing the race
+/// (a lost race is an error the caller would retry, and shows here).
+async fn racing_claim_batches_take_each_claim_once(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    let (c, lease, keys) = ("zone-exit-sms", Duration::from_secs(60), 90usize);
+    for k in (0..keys).step_by(3) {
+        let r = racing_claim(k);
+        store
+            .claim_side_effect(c, &r.key, &r.fingerprint, &r.provider_key, lease)
+            .await
+            .unwrap();
+        store.release_claim(c, &r.key, "timed out").await.unwrap();
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(8));
+    let tasks: Vec<_> = (0..8usize)
+        .map(|w| {
+            let (store, start) = (store.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                let mut mine: Vec<usize> = (0..60).map(|i| (w * 5 + i * 7) % keys).collect();
+                if w % 2 == 1 {
+                    mine.reverse();
+                }
+                let mut outcomes = Vec::new();
+                for chunk in mine.chunks(20) {
+                    let batch: Vec<_> = chunk.iter().map(|k| racing_claim(*k)).collect();
+                    let got = store.claim_batch(c, &batch, lease).await;
+                    outcomes.extend(chunk.iter().copied().zip(got.unwrap()));
+                }
+                outcomes
+            })
+        })
+        .collect();
+    let mut taken = std::collections::HashMap::new();
+    let mut offered = HashSet::new();
+    for t in tasks {
+        for (k, o) in t.await.unwrap() {
+            offered.insert(k);
+            let how = match o {
+                ClaimOutcome::Fresh(claim) => ("fresh", claim.attempts),
+                ClaimOutcome::InDoubt(claim) => ("in doubt", claim.attempts),
+                ClaimOutcome::Busy => continue,
+                other => panic!("key {k}: unexpected {other:?}"),
+            };
+            assert!(taken.insert(k, how).is_none(), "key {k} claimed twice");
+        }
+    }
+    assert_eq!(
+        taken.keys().copied().collect::<HashSet<_>>(),
+        offered,
+        "every offered key claimed once"
+    );
+    for (k, how) in taken {
+        let want = if k % 3 == 0 {
+            ("in doubt", 2)
+        } else {
+            ("fresh", 1)
+        };
+        assert_eq!(how, want, "key {k}");
+        let stored = store.claim(c, &racing_claim(k).key).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.state, stored.attempts),
+            (store::ClaimState::Claimed, want.1),
+            "key {k}"
+        );
+    }
 }
 
 /// A trip-counter engine on `db`, pipelined, with a short visibility timeout.

@@ -13,10 +13,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
 
+use super::claim_batch;
 use super::consumer_sql;
 use super::dialect::{Pooled, Sql};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
@@ -343,6 +344,116 @@ impl MysqlStore {
         })
     }
 
+    /// Phase 1 of a batch in one transaction, as PostgreSQL's: the batch's stored
+    /// dedup rows and claims read once with `SELECT … FOR UPDATE` in key order (row
+    /// locks on the stored keys; InnoDB's gap locks keep a new key from being inserted
+    /// by anyone else, the one-by-one path's `INSERT IGNORE` included, until COMMIT),
+    /// every request decided by `claim_batch.rs` as one-by-one calls would, then the
+    /// fresh keys' dedup rows and claims in two multi-row inserts and each takeover's
+    /// compare-and-set on the stored `claimed_at`. An insert or a takeover that does
+    /// not take (a writer the locks did not hold off) rolls the transaction back as a
+    /// lost race ([`StoreError::RowVanished`], an infrastructure retry, never a dead
+    /// letter); two batches that gap-lock the same new keys and then both insert are a
+    /// deadlock InnoDB breaks, retried whole by [`retrying`].
+    ///
+    /// The claim time is the process clock, as [`Self::claim_tx`]'s and the claim
+    /// sweeper's lease checks on this backend, cut to the microseconds `DATETIME(6)`
+    /// keeps so the claims returned are the ones stored.
+    async fn claim_batch_tx(
+        &self,
+        consumer: &str,
+        requests: &[ClaimRequest],
+        lease: Duration,
+    ) -> StoreResult<Vec<ClaimOutcome>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let now = Utc::now().trunc_subsecs(6);
+        let mut tx = self.pool.begin().await?;
+        let (mut stored, mut claims) = (HashMap::new(), HashMap::new());
+        for chunk in keys.chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<MySql>::new(
+                "SELECT CAST(p.message_key AS CHAR) AS stored_key, p.payload_hash AS stored_hash,
+                        CAST(c.consumer AS CHAR) AS consumer, CAST(c.message_key AS CHAR) AS message_key,
+                        c.provider_key, c.state, c.claimed_at, c.finished_at, c.attempts, c.detail
+                 FROM processed_messages p LEFT JOIN side_effect_claims c
+                   ON c.consumer = p.consumer AND c.message_key = p.message_key
+                 WHERE p.consumer = ",
+            );
+            q.push_bind(consumer).push(" AND p.message_key IN ");
+            q.push_tuples(chunk, |mut t, key| {
+                t.push_bind(*key);
+            });
+            q.push(" ORDER BY p.message_key FOR UPDATE");
+            for row in q.build().fetch_all(&mut *tx).await? {
+                let key: String = row.try_get("stored_key")?;
+                if row.try_get::<Option<String>, _>("state")?.is_some() {
+                    claims.insert(key.clone(), claim_from_row(&row)?);
+                }
+                stored.insert(key, row.try_get::<String, _>("stored_hash")?);
+            }
+        }
+        let (outcomes, writes) =
+            claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
+        let lost_race = || StoreError::RowVanished {
+            key: "a claim taken by another writer during the batch".into(),
+        };
+        for chunk in writes.fresh.chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<MySql>::new(
+                "INSERT IGNORE INTO processed_messages
+                   (consumer, message_key, payload_hash, processed_at) ",
+            );
+            q.push_values(chunk, |mut row, r| {
+                row.push_bind(consumer)
+                    .push_bind(r.key.as_str())
+                    .push_bind(r.fingerprint.as_str())
+                    .push_bind(naive(now));
+            });
+            if q.build().execute(&mut *tx).await?.rows_affected() != chunk.len() as u64 {
+                tx.rollback().await?;
+                return Err(lost_race());
+            }
+            let mut q = QueryBuilder::<MySql>::new(
+                "INSERT INTO side_effect_claims
+                   (consumer, message_key, provider_key, state, claimed_at, attempts, message) ",
+            );
+            q.push_values(chunk, |mut row, r| {
+                row.push_bind(consumer)
+                    .push_bind(r.key.as_str())
+                    .push_bind(r.provider_key.as_str())
+                    .push_bind("claimed")
+                    .push_bind(naive(now))
+                    .push_bind(1i64)
+                    .push_bind(r.message.as_slice());
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        for (r, claimed_at) in &writes.takeovers {
+            // CLIENT_FOUND_ROWS: the count is of the rows matched, the compare-and-set.
+            let taken = sqlx::query(
+                "UPDATE side_effect_claims SET claimed_at = ?, attempts = attempts + 1, message = ?
+                 WHERE consumer = ? AND message_key = ? AND state = 'claimed' AND claimed_at = ?",
+            )
+            .bind(naive(now))
+            .bind(r.message.as_slice())
+            .bind(consumer)
+            .bind(r.key.as_str())
+            .bind(naive(*claimed_at))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if taken != 1 {
+                tx.rollback().await?;
+                return Err(lost_race());
+            }
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
     async fn claim_tx(
         &self,
         consumer: &str,
@@ -568,6 +679,15 @@ impl Store for MysqlStore {
         lease: Duration,
     ) -> StoreResult<ClaimOutcome> {
         retrying(|| self.claim_tx(consumer, key, fingerprint, provider_key, lease)).await
+    }
+
+    async fn claim_batch(
+        &self,
+        consumer: &str,
+        requests: &[ClaimRequest],
+        lease: Duration,
+    ) -> StoreResult<Vec<ClaimOutcome>> {
+        retrying(|| self.claim_batch_tx(consumer, requests, lease)).await
     }
 
     async fn finish_side_effect(
