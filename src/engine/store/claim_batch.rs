@@ -54,6 +54,15 @@ pub(crate) struct ClaimWrites<'a> {
     pub takeovers: Vec<(&'a ClaimRequest, DateTime<Utc>)>,
 }
 
+/// The batch's distinct keys, sorted: the order every backend locks them in, so
+/// two batches never wait on each other in a cycle.
+pub(crate) fn sorted_keys(requests: &[ClaimRequest]) -> Vec<&str> {
+    let mut keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
 /// Decide every request. `stored_hash`: the fingerprint of each key already in
 /// `processed_messages`; `claims`: the stored claim of each such key; `now`: the
 /// claim time the backend will write (as it reads back).

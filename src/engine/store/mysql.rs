@@ -368,9 +368,7 @@ impl MysqlStore {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let mut keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = claim_batch::sorted_keys(requests);
         let now = Utc::now().trunc_subsecs(6);
         let mut tx = self.pool.begin().await?;
         let (mut stored, mut claims) = (HashMap::new(), HashMap::new());

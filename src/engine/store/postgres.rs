@@ -533,9 +533,7 @@ impl Store for PostgresStore {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let mut keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = claim_batch::sorted_keys(requests);
         let mut tx = self.pool.begin().await?;
         // The claim time every fresh claim and takeover of this batch writes, from the
         // server's clock as the one-by-one path's `clock_timestamp()`.

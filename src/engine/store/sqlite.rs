@@ -497,9 +497,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<Vec<ClaimOutcome>> {
         // Read back as stored, so a later compare-and-set on it matches.
         let now = parse_ts(&ts(Utc::now()));
-        let mut keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = claim_batch::sorted_keys(requests);
         let mut tx = OneWriteTx::begin(&self.pool, &self.batch_writer).await?;
         // Call 1: the write lock, the stored dedup rows of these keys and their claims.
         let mut q = QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE");
