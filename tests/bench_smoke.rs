@@ -137,6 +137,17 @@ fn bench_pipeline_drains_the_trace_through_four_consumers_and_sends_each_sms_onc
     assert_eq!(engine["webhooks_sent"], trace["webhooks_expected"], "{r}");
     assert_eq!(engine["exactly_once"], true, "{r}");
     assert!(engine["peak_rss_mib"].as_f64().unwrap() > 0.0, "{r}");
+    // The peak split into the bench's own data (measured before the engine opened)
+    // and what the engine added on top of it.
+    let (bench, own) = (
+        engine["bench_rss_mib"].as_f64().unwrap(),
+        engine["engine_rss_mib"].as_f64().unwrap(),
+    );
+    assert!(bench > 0.0 && own >= 0.0, "{r}");
+    assert!(
+        (bench + own - engine["peak_rss_mib"].as_f64().unwrap()).abs() < 0.01,
+        "{r}"
+    );
     assert!(engine["messages_per_second"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(
         r["raw"]["consumers"].as_array().map(Vec::len),

@@ -469,11 +469,21 @@ pub(crate) fn cpu_seconds() -> f64 {
 
 /// Peak RSS of this process (`VmHWM`), in MiB.
 pub(crate) fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+/// RSS of this process now (`VmRSS`), in MiB.
+pub(crate) fn rss_mib() -> f64 {
+    status_mib("VmRSS:")
+}
+
+/// One `kB` field of `/proc/self/status`, in MiB (0 where there is none).
+fn status_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<f64>().ok())
         })

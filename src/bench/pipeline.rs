@@ -43,7 +43,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::sim::fleet::{FleetConfig, FleetSim};
 use crate::sim::sandbox_provider::{self, SandboxState};
 
-use super::{cpu_seconds, peak_rss_mib, BenchError};
+use super::{cpu_seconds, peak_rss_mib, rss_mib, BenchError};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -119,8 +119,17 @@ pub struct EngineRunFigures {
     pub p99_ms: f64,
     /// CPU of this process (engine, publisher and in-process sandbox) per message.
     pub cpu_us_per_message: f64,
-    /// The process's peak RSS during the engine run (`VmHWM`, reset before it).
+    /// The process's peak RSS during the engine run (`VmHWM`, reset before it): the
+    /// engine's and the bench's own data together.
     pub peak_rss_mib: f64,
+    /// The process's RSS just before the engine opened: the bench's own data (the
+    /// trace's bodies and keys, the baselines' traces, the sandbox provider, the
+    /// latency tally sized for every delivery, what the raw runs left to the
+    /// allocator).
+    pub bench_rss_mib: f64,
+    /// `peak_rss_mib - bench_rss_mib`: what the engine (queue, store, four consumers)
+    /// added at its peak.
+    pub engine_rss_mib: f64,
     pub consumers: Vec<ConsumerFigures>,
     /// SMS the sandbox really sent (each distinct provider key once).
     pub sms_sent: usize,
@@ -270,6 +279,24 @@ struct Tally {
     last: Option<Instant>,
 }
 
+impl Tally {
+    /// A tally with room for every delivery of `keys` (one publish each, and the
+    /// redeliveries' second), allocated before the engine run.
+    fn sized(keys: &[String]) -> Self {
+        let mut published: HashMap<String, VecDeque<Instant>> = HashMap::with_capacity(keys.len());
+        for k in keys {
+            published
+                .entry(k.clone())
+                .or_insert_with(|| VecDeque::with_capacity(2));
+        }
+        Tally {
+            published,
+            latencies_ms: Vec::with_capacity(keys.len()),
+            ..Tally::default()
+        }
+    }
+}
+
 /// Every consumer's tally, and the signal that all of them settled every message.
 struct Watcher {
     consumers: Vec<&'static str>,
@@ -334,21 +361,35 @@ async fn engine_run(
         .queue_url
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", scratch.join("bench-queue.db").display()));
+    // The bench's own data, counted before the engine opens: the tally sized up
+    // front for every delivery it will time, so that its growth does not pass for
+    // the engine's.
+    let names = FLEET_CONSUMERS.to_vec();
+    let (stop, stopped) = watch::channel(false);
+    let watcher = Arc::new(Watcher {
+        tallies: names
+            .iter()
+            .map(|_| Mutex::new(Tally::sized(&keys)))
+            .collect(),
+        consumers: names.clone(),
+        expected: bodies.len(),
+        done: AtomicUsize::new(0),
+        stop,
+    });
+    reset_peak_rss();
+    let bench_rss_mib = rss_mib();
     let mut cfg = EngineConfig::new(&plan.db_url, &queue_url, sandbox_url, sandbox_url);
     cfg.durability = plan.durability;
     cfg.namespace = Some(format!("bench-pipeline-{:08x}", rand::random::<u32>()));
     cfg.runner = plan.runner.clone();
     cfg.provider_concurrency = plan.provider_concurrency.max(1);
     let engine = Arc::new(Engine::open(&cfg).await.map_err(err)?);
-    let names = engine.consumer_names();
-    let (stop, stopped) = watch::channel(false);
-    let watcher = Arc::new(Watcher {
-        tallies: names.iter().map(|_| Mutex::default()).collect(),
-        consumers: names.clone(),
-        expected: bodies.len(),
-        done: AtomicUsize::new(0),
-        stop,
-    });
+    if engine.consumer_names() != names {
+        return Err(BenchError::Run(format!(
+            "the engine runs {:?}, the bench times {names:?}",
+            engine.consumer_names()
+        )));
+    }
     let sink: EventSink = {
         let watcher = watcher.clone();
         Arc::new(move |e| watcher.delivered(&e))
@@ -359,7 +400,6 @@ async fn engine_run(
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
     let sent_before = (sandbox.sent_sms().len(), sandbox.sent_erp().len());
-    reset_peak_rss();
     let (started, cpu0) = (Instant::now(), cpu_seconds());
     let publisher = {
         let (engine, watcher, rate) = (engine.clone(), watcher.clone(), plan.publish_rate);
@@ -466,6 +506,8 @@ async fn engine_run(
         p99_ms: percentile(&all, 0.99),
         cpu_us_per_message: cpu * 1e6 / trace.messages.max(1) as f64,
         peak_rss_mib,
+        bench_rss_mib,
+        engine_rss_mib: (peak_rss_mib - bench_rss_mib).max(0.0),
         consumers,
         sms_per_second: per_second(sms_sent, zone_exit_sms::NAME),
         webhooks_per_second: per_second(webhooks_sent, erp_webhook::NAME),
