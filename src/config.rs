@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::engine::metrics::names;
 use crate::exposition::ScrapeLimits;
 
 /// `idemwatch serve`'s default `/metrics` address.
@@ -364,22 +365,22 @@ pub struct MetricNames {
 impl Default for MetricNames {
     fn default() -> Self {
         MetricNames {
-            processed: "idem_messages_processed_total".into(),
-            duplicate_dropped: "idem_duplicate_dropped_total".into(),
-            redelivered: "idem_messages_redelivered_total".into(),
-            out_of_order: "idem_out_of_order_total".into(),
-            dead_lettered: "idem_dead_lettered_total".into(),
-            side_effects: "idem_side_effects_total".into(),
-            claims_in_doubt: "idem_side_effect_claims_in_doubt".into(),
-            process_start_time: "process_start_time_seconds".into(),
-            http_requests: "idem_http_requests_total".into(),
-            engine_info: "idem_engine_info".into(),
-            seen_set_bypassed: "idem_seen_set_bypassed_total".into(),
-            ingress_messages: "idem_ingress_messages_total".into(),
-            paused: "idem_consumer_paused".into(),
-            paused_since: "idem_consumer_paused_since_seconds".into(),
-            infra_errors: "idem_infra_errors_total".into(),
-            infra_error_last: "idem_infra_error_last_seconds".into(),
+            processed: names::PROCESSED.exposed.into(),
+            duplicate_dropped: names::DUPLICATE_DROPPED.exposed.into(),
+            redelivered: names::REDELIVERED.exposed.into(),
+            out_of_order: names::OUT_OF_ORDER.exposed.into(),
+            dead_lettered: names::DEAD_LETTERED.exposed.into(),
+            side_effects: names::SIDE_EFFECTS.exposed.into(),
+            claims_in_doubt: names::CLAIMS_IN_DOUBT.exposed.into(),
+            process_start_time: names::PROCESS_START.exposed.into(),
+            http_requests: names::HTTP_REQUESTS.exposed.into(),
+            engine_info: names::ENGINE_INFO.exposed.into(),
+            seen_set_bypassed: names::SEEN_SET_BYPASSED.exposed.into(),
+            ingress_messages: names::INGRESS_MESSAGES.exposed.into(),
+            paused: names::PAUSED.exposed.into(),
+            paused_since: names::PAUSED_SINCE.exposed.into(),
+            infra_errors: names::INFRA_ERRORS.exposed.into(),
+            infra_error_last: names::INFRA_ERROR_LAST.exposed.into(),
             consumer_label: "consumer".into(),
             reason_label: "reason".into(),
             result_label: "result".into(),

@@ -33,6 +33,7 @@ use super::{DrillError, Findings};
 use crate::engine::consumers::zone_exit_sms::sms_text;
 use crate::engine::consumers::{risk_class, trip_counter, zone_exit_sms, RiskClass};
 use crate::engine::envelope::{Envelope, EventType};
+use crate::engine::metrics::names;
 use crate::engine::metrics::Metrics;
 use crate::engine::store::{Claim, ClaimState, HistoryRow};
 use crate::engine::{Engine, EngineConfig};
@@ -96,11 +97,11 @@ async fn scrape(http: &Scraper, url: &str) -> Result<BTreeMap<String, Counters>,
         .map_err(|e| DrillError::Setup(format!("cannot scrape {}: {e}", redact_url(url))))?;
     let mut out: BTreeMap<String, Counters> = BTreeMap::new();
     for (name, field) in [
-        ("idem_messages_processed_total", 0),
-        ("idem_duplicate_dropped_total", 1),
-        ("idem_dead_lettered_total", 2),
-        ("idem_out_of_order_total", 3),
-        ("idem_side_effects_total", 4),
+        (names::PROCESSED.exposed, 0),
+        (names::DUPLICATE_DROPPED.exposed, 1),
+        (names::DEAD_LETTERED.exposed, 2),
+        (names::OUT_OF_ORDER.exposed, 3),
+        (names::SIDE_EFFECTS.exposed, 4),
     ] {
         for s in exposition.named(name) {
             let Some(consumer) = s.label("consumer") else {

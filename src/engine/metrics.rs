@@ -127,6 +127,75 @@ impl ConsumerCounts {
     }
 }
 
+/// The engine's metric names, written once. Registration below, the dashboard's
+/// default [`MetricNames`](crate::config::MetricNames), the Prometheus recording rules
+/// (`monitor::promql`) and the `live-redelivery` drill all read them from here, so a
+/// rename cannot leave one of them scraping a family that no longer exists.
+pub mod names {
+    /// One metric family: the name it is registered under, and the name its samples
+    /// are exposed under (prometheus-client appends `_total` to a counter's).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Name {
+        pub family: &'static str,
+        pub exposed: &'static str,
+    }
+
+    macro_rules! counter {
+        ($(#[$doc:meta])* $id:ident = $family:literal) => {
+            $(#[$doc])*
+            pub const $id: Name = Name { family: $family, exposed: concat!($family, "_total") };
+        };
+    }
+    macro_rules! gauge {
+        ($(#[$doc:meta])* $id:ident = $family:literal) => {
+            $(#[$doc])*
+            pub const $id: Name = Name { family: $family, exposed: $family };
+        };
+    }
+
+    counter!(PROCESSED = "idem_messages_processed");
+    counter!(DUPLICATE_DROPPED = "idem_duplicate_dropped");
+    counter!(REDELIVERED = "idem_messages_redelivered");
+    counter!(OUT_OF_ORDER = "idem_out_of_order");
+    counter!(DEAD_LETTERED = "idem_dead_lettered");
+    counter!(SIDE_EFFECTS = "idem_side_effects");
+    gauge!(CLAIMS_IN_DOUBT = "idem_side_effect_claims_in_doubt");
+    /// A histogram: exposed as `_bucket`, `_sum` and `_count` series of this name.
+    pub const HANDLER_DURATION: &str = "idem_handler_duration_seconds";
+    counter!(HTTP_REQUESTS = "idem_http_requests");
+    gauge!(ENGINE_INFO = "idem_engine_info");
+    gauge!(PAUSED = "idem_consumer_paused");
+    gauge!(PAUSED_SINCE = "idem_consumer_paused_since_seconds");
+    counter!(INFRA_ERRORS = "idem_infra_errors");
+    gauge!(INFRA_ERROR_LAST = "idem_infra_error_last_seconds");
+    gauge!(
+        /// The standard process metric, exported by the engine itself.
+        PROCESS_START = "process_start_time_seconds"
+    );
+    counter!(SEEN_SET_BYPASSED = "idem_seen_set_bypassed");
+    counter!(INGRESS_MESSAGES = "idem_ingress_messages");
+
+    /// Every family above but the histogram.
+    pub const ALL: [Name; 16] = [
+        PROCESSED,
+        DUPLICATE_DROPPED,
+        REDELIVERED,
+        OUT_OF_ORDER,
+        DEAD_LETTERED,
+        SIDE_EFFECTS,
+        CLAIMS_IN_DOUBT,
+        HTTP_REQUESTS,
+        ENGINE_INFO,
+        PAUSED,
+        PAUSED_SINCE,
+        INFRA_ERRORS,
+        INFRA_ERROR_LAST,
+        PROCESS_START,
+        SEEN_SET_BYPASSED,
+        INGRESS_MESSAGES,
+    ];
+}
+
 /// The engine's metric families and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -176,47 +245,47 @@ impl Metrics {
         );
         // prometheus-client appends `_total` to counter names itself.
         registry.register(
-            "idem_messages_processed",
+            names::PROCESSED.family,
             "Messages whose effect was applied (first delivery of a key)",
             processed.clone(),
         );
         registry.register(
-            "idem_duplicate_dropped",
+            names::DUPLICATE_DROPPED.family,
             "Redelivered or republished messages recognised as already done and acked without effect",
             duplicate_dropped.clone(),
         );
         registry.register(
-            "idem_messages_redelivered",
+            names::REDELIVERED.family,
             "Deliveries the queue marked as redelivered",
             redelivered.clone(),
         );
         registry.register(
-            "idem_out_of_order",
+            names::OUT_OF_ORDER.family,
             "Events older than the current state: kept in history, not applied",
             out_of_order.clone(),
         );
         registry.register(
-            "idem_dead_lettered",
+            names::DEAD_LETTERED.family,
             "Messages moved to dead_letters, by reason",
             dead_lettered.clone(),
         );
         registry.register(
-            "idem_side_effects",
+            names::SIDE_EFFECTS.family,
             "External side effects by result (sent, suppressed, failed)",
             side_effects.clone(),
         );
         registry.register(
-            "idem_side_effect_claims_in_doubt",
+            names::CLAIMS_IN_DOUBT.family,
             "Claims older than the lease without a recorded result: the send may or may not have happened",
             claims_in_doubt.clone(),
         );
         registry.register(
-            "idem_handler_duration_seconds",
+            names::HANDLER_DURATION,
             "Time from delivery to ack decision, per consumer",
             handler_duration.clone(),
         );
         registry.register(
-            "idem_http_requests",
+            names::HTTP_REQUESTS.family,
             "Write requests at the HTTP edge by route and outcome (executed, replayed, conflict, mismatch, missing_key, invalid_key, invalid_request, too_large, timeout, overloaded, unauthorized, error)",
             http_requests.clone(),
         );
@@ -225,31 +294,31 @@ impl Metrics {
         // Prometheus convention for `_info`.
         let engine_info = Family::<EngineInfoLabel, Gauge>::default();
         registry.register(
-            "idem_engine_info",
+            names::ENGINE_INFO.family,
             "How this engine runs (durability: durable, or relaxed where a power cut can undo the last commits); always 1",
             engine_info.clone(),
         );
         let paused = Family::<PausedLabel, Gauge>::default();
         registry.register(
-            "idem_consumer_paused",
+            names::PAUSED.family,
             "1 while the consumer stops leasing because its store or provider (cause) is unhealthy",
             paused.clone(),
         );
         let paused_since = Family::<ConsumerLabel, Gauge>::default();
         registry.register(
-            "idem_consumer_paused_since_seconds",
+            names::PAUSED_SINCE.family,
             "When the consumer's current pause began, in seconds since the epoch; 0 while it runs",
             paused_since.clone(),
         );
         let infra_errors = Family::<InfraLabel, Counter>::default();
         registry.register(
-            "idem_infra_errors",
+            names::INFRA_ERRORS.family,
             "Deliveries given back because the store or the provider failed, by kind (store, provider_unreachable, provider_unavailable, provider_throttled); none counts toward max_deliveries",
             infra_errors.clone(),
         );
         let infra_error_last = Family::<InfraLabel, Gauge>::default();
         registry.register(
-            "idem_infra_error_last_seconds",
+            names::INFRA_ERROR_LAST.family,
             "When the consumer last met an infrastructure failure of this kind, in seconds since the epoch; 0 if never",
             infra_error_last.clone(),
         );
@@ -261,19 +330,19 @@ impl Metrics {
                 .unwrap_or(0.0),
         );
         registry.register(
-            "process_start_time_seconds",
+            names::PROCESS_START.family,
             "Start time of the process since unix epoch in seconds",
             start,
         );
         let seen_set_bypassed = Family::<ConsumerLabel, Counter>::default();
         registry.register(
-            "idem_seen_set_bypassed",
+            names::SEEN_SET_BYPASSED.family,
             "Seen-set checks or records skipped because the seen-set was unreachable and the policy is fail-open",
             seen_set_bypassed.clone(),
         );
         let ingress = Family::<IngressLabel, Counter>::default();
         registry.register(
-            "idem_ingress_messages",
+            names::INGRESS_MESSAGES.family,
             "Messages taken in from a device broker and put on the engine's queue, by source and the DUP flag they arrived with",
             ingress.clone(),
         );
@@ -667,6 +736,31 @@ fn handler_histogram() -> Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one list of names is what the registry exports: a family under its
+    /// `family` name in OpenMetrics, under its `exposed` name in the classic text
+    /// format the dashboard's defaults and the drills read.
+    #[test]
+    fn every_named_family_is_exported_under_its_names() {
+        let m = Metrics::new();
+        m.register_consumer("trip-counter");
+        // Families without a series are not written: give each one.
+        m.side_effect("zone-exit-sms", EffectResult::Sent);
+        m.register_http_route("/v1/notes", &["executed"]);
+        m.register_ingress("mqtt");
+        let (open, classic) = (m.encode(), m.encode_prometheus_text());
+        for n in names::ALL {
+            assert!(
+                open.contains(&format!("# TYPE {} ", n.family)),
+                "{n:?} in\n{open}"
+            );
+            assert!(
+                classic.contains(&format!("# TYPE {} ", n.exposed)),
+                "{n:?} in\n{classic}"
+            );
+        }
+        assert!(open.contains(&format!("# TYPE {} histogram", names::HANDLER_DURATION)));
+    }
 
     #[test]
     fn exposition_has_spec_names() {

@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::config::{AlertRules, MetricNames};
+use crate::engine::metrics::names;
 
 use super::alerts::{DEPLOY_DAY_RATIO, DEPLOY_WINDOW, DUPLICATE_RATIO_ALERT};
 use super::rates::{WINDOW_1M, WINDOW_5M};
@@ -106,18 +107,18 @@ pub fn recording_rules() -> Vec<Recording> {
     let mut out = Vec::new();
     for range in [WINDOW_1M, WINDOW_5M] {
         for (stem, counter) in [
-            ("idem_messages_processed", &n.processed),
-            ("idem_duplicate_dropped", &n.duplicate_dropped),
-            ("idem_messages_redelivered", &n.redelivered),
-            ("idem_dead_lettered", &n.dead_lettered),
+            (names::PROCESSED.family, &n.processed),
+            (names::DUPLICATE_DROPPED.family, &n.duplicate_dropped),
+            (names::REDELIVERED.family, &n.redelivered),
+            (names::DEAD_LETTERED.family, &n.dead_lettered),
         ] {
             out.push(Recording {
                 record: recorded(stem, range),
                 expr: rate(&n, counter, range),
             });
         }
-        let dup = recorded("idem_duplicate_dropped", range);
-        let processed = recorded("idem_messages_processed", range);
+        let dup = recorded(names::DUPLICATE_DROPPED.family, range);
+        let processed = recorded(names::PROCESSED.family, range);
         out.push(Recording {
             record: recorded("idem_duplicate_ratio", range),
             expr: format!("{dup} / ({processed} + {dup})"),
