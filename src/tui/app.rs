@@ -868,7 +868,7 @@ impl App {
 /// The chart's plotting columns in a terminal `width` wide (the panel's borders and
 /// the y labels off): the monitor fits the history's step to them.
 pub fn chart_columns(width: u16) -> u16 {
-    width.saturating_sub(2 + crate::tui::tabs::duplicates::Y_LABELS)
+    width.saturating_sub(2 + super::widgets::Y_LABELS)
 }
 
 #[cfg(test)]

@@ -59,3 +59,8 @@ pub fn focus_title<'a>(title: String, focused: bool) -> Line<'a> {
         Line::from(title)
     }
 }
+
+/// Width of the Duplicates chart's y-axis labels. Here, not in the tab, because the
+/// app sizes the monitor's history step from the chart's columns
+/// (`app::chart_columns`) and the app does not depend on the tabs.
+pub const Y_LABELS: u16 = 7;

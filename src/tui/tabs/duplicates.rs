@@ -36,12 +36,10 @@ use crate::monitor::{BrokerChart, ConsumerChart};
 use crate::tui::app::{App, RateWindow, CURSOR_STEPS};
 use crate::tui::format;
 use crate::tui::theme::Theme;
-use crate::tui::widgets::{panel, waiting};
+use crate::tui::widgets::{panel, waiting, Y_LABELS};
 
 /// The floor of the log scale, in percent (0.001 %): zero sits there.
 const LOG_FLOOR_PCT: f64 = 0.001;
-/// Width of the y-axis labels.
-pub const Y_LABELS: u16 = 7;
 
 /// Runs of chart points, one line each.
 pub type Segments = Vec<Vec<(f64, f64)>>;
