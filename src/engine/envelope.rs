@@ -706,6 +706,11 @@ mod tests {
         let r = reject(pos);
         assert_eq!(r.reason, RejectReason::InvalidField);
         assert!(r.detail.contains("payload.lon"));
+        // JSON has no NaN or infinity, and a number beyond f64 is refused while parsing
+        // (serde_json without `arbitrary_precision`): no parsed lat/lon is ever non-finite,
+        // which is why the finiteness guard's mutant is accepted in .cargo/mutants.toml.
+        let beyond_f64 = reject(&pos.replace("\"29\"", "1e400"));
+        assert_eq!(beyond_f64.reason, RejectReason::MalformedJson);
     }
 
     /// The names are what `dead_letters.reason` holds and operators filter on: each
