@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use lapin::options::{
-    BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions, QueuePurgeOptions,
 };
@@ -151,6 +151,8 @@ fn sanitize(name: &str) -> String {
 struct InFlight {
     queue: String,
     acker: Acker,
+    /// The broker's delivery tag on the lease's channel (see [`Queue::ack_batch`]).
+    tag: u64,
     deadline: Instant,
     /// What happens at the deadline: by default the lease ran out (`basic.nack`
     /// requeue, as a dead consumer's would); after a `nack` with a delay, the
@@ -239,6 +241,11 @@ pub struct AmqpQueue {
     link: Mutex<Option<Arc<Link>>>,
     generation: AtomicU64,
     inflight: std::sync::Mutex<HashMap<String, InFlight>>,
+    /// Deliveries taken out of `inflight` to go back to the broker whose `basic.nack`
+    /// (or republish and ack) may not be on the wire yet: while any is, a batch's acks
+    /// go one by one, since a `multiple` ack could settle the tag first and the
+    /// broker would close the channel at the late nack of an unknown tag.
+    returns_under_way: AtomicU64,
     /// Per queue: when each delivery given back recently stops counting (`RETURN_GRACE`).
     returning: std::sync::Mutex<HashMap<String, Vec<Instant>>>,
     /// Connections opened so far (1 = never reconnected); tests and logs read it.
@@ -295,6 +302,7 @@ impl AmqpQueue {
             link: Mutex::new(None),
             generation: AtomicU64::new(0),
             inflight: std::sync::Mutex::new(HashMap::new()),
+            returns_under_way: AtomicU64::new(0),
             returning: std::sync::Mutex::new(HashMap::new()),
             connects: AtomicU64::new(0),
         };
@@ -584,14 +592,21 @@ impl AmqpQueue {
     /// Give back leases older than their visibility timeout (see the module doc).
     async fn return_expired(&self, queue: &str) {
         let now = Instant::now();
-        let expired: Vec<InFlight> = {
+        let (expired, _under_way): (Vec<InFlight>, _) = {
             let mut map = self.lock_inflight();
             let tokens: Vec<String> = map
                 .iter()
                 .filter(|(_, f)| f.queue == queue && f.deadline <= now)
                 .map(|(t, _)| t.clone())
                 .collect();
-            tokens.iter().filter_map(|t| map.remove(t)).collect()
+            if tokens.is_empty() {
+                return;
+            }
+            let under_way = ReturnsUnderWay::count(&self.returns_under_way);
+            (
+                tokens.iter().filter_map(|t| map.remove(t)).collect(),
+                under_way,
+            )
         };
         for f in expired {
             if matches!(f.then, Return::Requeue) {
@@ -645,7 +660,7 @@ impl AmqpQueue {
             },
             deliveries: delivery.delivery_count,
         };
-        let due = {
+        let (due, _under_way) = {
             let mut map = self.lock_inflight();
             let Some(f) = map.get_mut(&delivery.lease_token) else {
                 return;
@@ -656,9 +671,10 @@ impl AmqpQueue {
             };
             f.deadline = Instant::now() + delay;
             if delay.is_zero() {
-                map.remove(&delivery.lease_token)
+                let under_way = ReturnsUnderWay::count(&self.returns_under_way);
+                (map.remove(&delivery.lease_token), Some(under_way))
             } else {
-                None
+                (None, None)
             }
         };
         // AMQP has no delayed requeue: a later return is held (still unacked, so it
@@ -765,6 +781,7 @@ impl AmqpQueue {
                 InFlight {
                     queue: queue.to_string(),
                     acker: d.acker.clone(),
+                    tag: d.delivery_tag,
                     deadline,
                     then: Return::Requeue,
                 },
@@ -957,6 +974,29 @@ impl AmqpQueue {
     }
 }
 
+/// Counts a return in [`AmqpQueue::returns_under_way`] from before it takes its
+/// delivery out of the in-flight map (under the map's lock, where `ack_batch` reads
+/// the count) until its frames are sent (dropped).
+struct ReturnsUnderWay<'a>(&'a AtomicU64);
+
+impl<'a> ReturnsUnderWay<'a> {
+    fn count(n: &'a AtomicU64) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        ReturnsUnderWay(n)
+    }
+}
+
+impl Drop for ReturnsUnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The channel part of a lease token (`{generation}:{channel}:`).
+fn channel_of(token: &str) -> &str {
+    token.rsplit_once(':').map_or(token, |(channel, _)| channel)
+}
+
 /// The prefetch of a consumer channel that leases up to `max` at a time: the URL's,
 /// else [`DEFAULT_PREFETCH`] or twice `max`, the more.
 fn prefetch(set: Option<u16>, max: usize) -> u16 {
@@ -1048,25 +1088,55 @@ impl Queue for AmqpQueue {
         rpc("basic.ack", f.acker.ack(Default::default())).await
     }
 
+    /// Per channel, one `basic.ack(multiple)` on the batch's highest delivery tag
+    /// when every delivery of that channel still held below it is in the batch: one
+    /// frame, one hand-off to lapin's I/O thread and one broker operation instead of
+    /// one per delivery. The broker pushes a channel's deliveries in tag order and
+    /// leases take them in that order, so a pipelined runner's committed batch is
+    /// all the channel holds below its top (the batch leased ahead is above it).
+    /// Otherwise (a lower tag leased and not in this batch, one waiting for a delayed
+    /// return, or a return under way) the acks go one by one, all at once.
     async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
-        // All the acks at once: lapin writes them to the socket together, instead of
-        // one hand-off to its I/O thread and back per ack.
-        let held: Vec<InFlight> = {
+        let acks: Vec<(InFlight, bool, usize)> = {
             let mut map = self.lock_inflight();
-            deliveries
-                .iter()
-                .filter_map(|d| map.remove(&d.lease_token))
-                .collect()
+            let mut per_channel: HashMap<String, Vec<InFlight>> = HashMap::new();
+            for d in deliveries {
+                if let Some(f) = map.remove(&d.lease_token) {
+                    per_channel
+                        .entry(channel_of(&d.lease_token).to_string())
+                        .or_default()
+                        .push(f);
+                }
+            }
+            let returning = self.returns_under_way.load(Ordering::SeqCst) > 0;
+            let mut acks = Vec::new();
+            for (channel, mut held) in per_channel {
+                held.sort_by_key(|f| f.tag);
+                let top = held.last().map_or(0, |f| f.tag);
+                let below_held = map
+                    .iter()
+                    .any(|(token, f)| channel_of(token) == channel && f.tag < top);
+                if returning || below_held || held.len() == 1 {
+                    acks.extend(held.into_iter().map(|f| (f, false, 1)));
+                } else if let Some(last) = held.pop() {
+                    acks.push((last, true, held.len() + 1));
+                }
+            }
+            acks
         };
-        let sent = futures::future::join_all(
-            held.iter()
-                .map(|f| rpc("basic.ack", f.acker.ack(Default::default()))),
-        )
+        let sent = futures::future::join_all(acks.iter().map(|(f, multiple, _)| {
+            rpc(
+                "basic.ack",
+                f.acker.ack(BasicAckOptions {
+                    multiple: *multiple,
+                }),
+            )
+        }))
         .await;
         let mut acked = 0;
-        for ack in sent {
+        for (ack, (_, _, covers)) in sent.into_iter().zip(&acks) {
             if ack? {
-                acked += 1;
+                acked += covers;
             }
         }
         Ok(acked)
