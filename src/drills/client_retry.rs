@@ -60,7 +60,8 @@ async fn drop_response(
         .map(|k| {
             let value = k.header_value();
             format!(
-                "Idempotency-Key: {}\r\n",
+                "{}: {}\r\n",
+                idempotency_key::HEADER,
                 value.to_str().unwrap_or_default()
             )
         })

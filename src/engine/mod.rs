@@ -189,13 +189,9 @@ pub fn default_queue_url(db_url: &str) -> String {
     format!("sqlite://{}", dir.join("idemwatch-queue.db").display())
 }
 
-/// The queue one consumer reads, in a namespace or not: `{namespace}/{consumer}`.
-pub fn queue_name(namespace: Option<&str>, consumer: &str) -> String {
-    match namespace {
-        Some(ns) => format!("{ns}/{consumer}"),
-        None => consumer.to_string(),
-    }
-}
+/// The queue one consumer reads, in a namespace or not: `{namespace}/{consumer}`
+/// (written once, in `replay.rs`).
+pub use replay::queue_name;
 
 /// The consumer engine.
 pub struct Engine {

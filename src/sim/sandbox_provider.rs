@@ -760,7 +760,7 @@ mod tests {
             .header(CONTENT_TYPE, "application/json")
             .body(body.to_owned());
         if let Some(key) = key {
-            req = req.header("Idempotency-Key", key);
+            req = req.header(crate::engine::idempotency_key::HEADER, key);
         }
         let resp = req.send().await.expect("request");
         let status = resp.status().as_u16();
