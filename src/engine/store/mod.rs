@@ -342,6 +342,11 @@ pub(crate) async fn finish_claim<S: Store + ?Sized>(
 pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     fn backend(&self) -> Backend;
 
+    /// The store's connections as the dialect layer sees them: the statements that
+    /// are the same on every backend (this trait's provided methods, written once in
+    /// `consumer_sql.rs`) run on it.
+    fn sql(&self) -> SqlHandle;
+
     /// The URL with any password replaced by `***`.
     fn redacted_url(&self) -> String;
 
@@ -351,7 +356,9 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     /// One round trip to the database (`SELECT 1`): the probe of a consumer paused
     /// by an outage (see `engine/health.rs`). Says the database answers, not that it
     /// takes writes: the trial delivery after it tells that.
-    async fn ping(&self) -> StoreResult<()>;
+    async fn ping(&self) -> StoreResult<()> {
+        consumer_sql::ping(&*self.sql().0).await
+    }
 
     // ---- transactional mode -------------------------------------------------
 
@@ -399,7 +406,9 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         consumer: &str,
         key: &MessageKey,
         fingerprint: &Fingerprint,
-    ) -> StoreResult<Option<DedupOutcome>>;
+    ) -> StoreResult<Option<DedupOutcome>> {
+        consumer_sql::seen(&*self.sql().0, consumer, key, fingerprint).await
+    }
 
     /// Seen-set record, AFTER the effect succeeded.
     ///
@@ -410,7 +419,9 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         consumer: &str,
         key: &MessageKey,
         fingerprint: &Fingerprint,
-    ) -> StoreResult<()>;
+    ) -> StoreResult<()> {
+        consumer_sql::mark_seen(&*self.sql().0, consumer, key, fingerprint).await
+    }
 
     /// Naive mode: apply `write` with no dedup at all. For drills only.
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()>;
@@ -472,7 +483,13 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         key: &MessageKey,
         state: ClaimState,
         detail: &str,
-    ) -> StoreResult<()>;
+    ) -> StoreResult<()> {
+        let done = ClaimFinish::Done {
+            state,
+            detail: detail.to_string(),
+        };
+        consumer_sql::finish(&*self.sql().0, consumer, key, &done).await
+    }
 
     /// A transient provider failure: keep the claim, note why, and make it
     /// immediately eligible for an in-doubt retry (with the same provider key).
@@ -481,7 +498,12 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         consumer: &str,
         key: &MessageKey,
         detail: &str,
-    ) -> StoreResult<()>;
+    ) -> StoreResult<()> {
+        let release = ClaimFinish::Release {
+            detail: detail.to_string(),
+        };
+        consumer_sql::finish(&*self.sql().0, consumer, key, &release).await
+    }
 
     /// Phase 1 for a batch, in ONE transaction: each request decided exactly as
     /// one-by-one [`Store::claim_side_effect`] calls in order would have (see
@@ -528,7 +550,9 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         reason: RejectReason,
         detail: &str,
         raw: &[u8],
-    ) -> StoreResult<i64>;
+    ) -> StoreResult<i64> {
+        consumer_sql::dead_letter(&*self.sql().0, consumer, reason, detail, raw).await
+    }
 
     // ---- retention ------------------------------------------------------------
 
@@ -717,6 +741,18 @@ pub(crate) fn vehicle_duplicate_or_conflict(
 /// Open the store a `--db` URL names and bring its schema up to date (durable).
 pub async fn open(url: &str) -> StoreResult<Arc<dyn Store>> {
     Ok(open_with_edge(url).await?.store)
+}
+
+/// A store's pool seen as [`dialect::Sql`] (opaque outside the store).
+pub struct SqlHandle(pub(crate) Box<dyn dialect::Sql>);
+
+impl SqlHandle {
+    pub(crate) fn of<D: dialect::Dialect>(pool: sqlx::Pool<D>) -> Self
+    where
+        dialect::Pooled<D>: dialect::Sql,
+    {
+        SqlHandle(Box::new(dialect::Pooled(pool)))
+    }
 }
 
 /// One database seen through both traits: the consumers' [`Store`] and the HTTP

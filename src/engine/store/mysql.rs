@@ -18,12 +18,10 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
 
 use super::claim_batch;
-use super::consumer_sql;
-use super::dialect::{Pooled, Sql};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey, RejectReason};
+use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/mysql");
 
@@ -70,11 +68,6 @@ impl MysqlStore {
 
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
-    }
-
-    /// The pool as the dialect layer sees it (the statements written once).
-    fn sql(&self) -> Pooled<MySql> {
-        Pooled(self.pool.clone())
     }
 
     /// Several distinct keys: look up which are already stored (a plain read, no
@@ -605,12 +598,12 @@ impl Store for MysqlStore {
         Backend::Mysql
     }
 
-    fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+    fn sql(&self) -> SqlHandle {
+        SqlHandle::of(self.pool.clone())
     }
 
-    async fn ping(&self) -> StoreResult<()> {
-        consumer_sql::ping(&self.sql()).await
+    fn redacted_url(&self) -> String {
+        redact_url(&self.url)
     }
 
     /// Always durable as far as idemwatch goes: the flush policy is the server's
@@ -625,24 +618,6 @@ impl Store for MysqlStore {
         items: &[Recordable],
     ) -> StoreResult<Vec<DedupOutcome>> {
         retrying(|| self.record_batch_tx(consumer, items)).await
-    }
-
-    async fn seen(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-    ) -> StoreResult<Option<DedupOutcome>> {
-        consumer_sql::seen(&self.sql(), consumer, key, fingerprint).await
-    }
-
-    async fn mark_seen(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-    ) -> StoreResult<()> {
-        consumer_sql::mark_seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
@@ -688,32 +663,6 @@ impl Store for MysqlStore {
         retrying(|| self.claim_batch_tx(consumer, requests, lease)).await
     }
 
-    async fn finish_side_effect(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        state: ClaimState,
-        detail: &str,
-    ) -> StoreResult<()> {
-        let done = ClaimFinish::Done {
-            state,
-            detail: detail.to_string(),
-        };
-        consumer_sql::finish(&self.sql(), consumer, key, &done).await
-    }
-
-    async fn release_claim(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        detail: &str,
-    ) -> StoreResult<()> {
-        let release = ClaimFinish::Release {
-            detail: detail.to_string(),
-        };
-        consumer_sql::finish(&self.sql(), consumer, key, &release).await
-    }
-
     /// Phase 3 of a batch in ONE transaction (one commit, one flush of the log,
     /// instead of one per claim); each result's statement as the one-by-one path's, in
     /// order.
@@ -722,23 +671,13 @@ impl Store for MysqlStore {
             return Ok(());
         }
         let sql = self.sql();
-        let mut tx = sql.begin().await?;
+        let mut tx = sql.0.begin().await?;
         for r in results {
             let (update, values) = consumer_sql::finishing(consumer, &r.key, &r.finish);
             tx.execute(update, &values).await?;
         }
         tx.commit().await?;
         Ok(())
-    }
-
-    async fn dead_letter(
-        &self,
-        consumer: &str,
-        reason: RejectReason,
-        detail: &str,
-        raw: &[u8],
-    ) -> StoreResult<i64> {
-        consumer_sql::dead_letter(&self.sql(), consumer, reason, detail, raw).await
     }
 
     /// InnoDB's purge thread removes the delete-marked records by itself; only the

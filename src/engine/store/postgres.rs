@@ -14,13 +14,11 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, PgPool, Row};
 
-use super::consumer_sql;
-use super::dialect::Pooled;
 use super::repair_sql::CLAIM_COLUMNS;
 use super::vehicle_batch::VehicleBatch;
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey, RejectReason};
+use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/postgres");
 
@@ -67,11 +65,6 @@ impl PostgresStore {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
-    }
-
-    /// The pool as the dialect layer sees it (the statements written once).
-    fn sql(&self) -> Pooled<sqlx::Postgres> {
-        Pooled(self.pool.clone())
     }
 }
 
@@ -144,12 +137,12 @@ impl Store for PostgresStore {
         Backend::Postgres
     }
 
-    fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+    fn sql(&self) -> SqlHandle {
+        SqlHandle::of(self.pool.clone())
     }
 
-    async fn ping(&self) -> StoreResult<()> {
-        consumer_sql::ping(&self.sql()).await
+    fn redacted_url(&self) -> String {
+        redact_url(&self.url)
     }
 
     fn durability(&self) -> Durability {
@@ -212,24 +205,6 @@ impl Store for PostgresStore {
         }
         tx.commit().await?;
         Ok(outcomes)
-    }
-
-    async fn seen(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-    ) -> StoreResult<Option<DedupOutcome>> {
-        consumer_sql::seen(&self.sql(), consumer, key, fingerprint).await
-    }
-
-    async fn mark_seen(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-    ) -> StoreResult<()> {
-        consumer_sql::mark_seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
@@ -691,42 +666,6 @@ impl Store for PostgresStore {
         }
         tx.commit().await?;
         Ok(())
-    }
-
-    async fn finish_side_effect(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        state: ClaimState,
-        detail: &str,
-    ) -> StoreResult<()> {
-        let done = ClaimFinish::Done {
-            state,
-            detail: detail.to_string(),
-        };
-        consumer_sql::finish(&self.sql(), consumer, key, &done).await
-    }
-
-    async fn release_claim(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        detail: &str,
-    ) -> StoreResult<()> {
-        let release = ClaimFinish::Release {
-            detail: detail.to_string(),
-        };
-        consumer_sql::finish(&self.sql(), consumer, key, &release).await
-    }
-
-    async fn dead_letter(
-        &self,
-        consumer: &str,
-        reason: RejectReason,
-        detail: &str,
-        raw: &[u8],
-    ) -> StoreResult<i64> {
-        consumer_sql::dead_letter(&self.sql(), consumer, reason, detail, raw).await
     }
 
     /// `VACUUM (ANALYZE)` of the purged tables: drops the dead index entries,

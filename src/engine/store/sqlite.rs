@@ -18,13 +18,11 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use tokio::sync::{Mutex, MutexGuard};
 
 use super::claim_batch;
-use super::consumer_sql;
-use super::dialect::Pooled;
 use super::repair_sql::CLAIM_COLUMNS;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey, RejectReason};
+use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/sqlite");
 
@@ -91,11 +89,6 @@ impl SqliteStore {
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
-    }
-
-    /// The pool as the dialect layer sees it (the statements written once).
-    fn sql(&self) -> Pooled<Sqlite> {
-        Pooled(self.pool.clone())
     }
 
     async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
@@ -230,12 +223,12 @@ impl Store for SqliteStore {
         Backend::Sqlite
     }
 
-    fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+    fn sql(&self) -> SqlHandle {
+        SqlHandle::of(self.pool.clone())
     }
 
-    async fn ping(&self) -> StoreResult<()> {
-        consumer_sql::ping(&self.sql()).await
+    fn redacted_url(&self) -> String {
+        redact_url(&self.url)
     }
 
     fn durability(&self) -> Durability {
@@ -297,24 +290,6 @@ impl Store for SqliteStore {
         tx.check(written)?;
         tx.finish();
         Ok(outcomes)
-    }
-
-    async fn seen(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-    ) -> StoreResult<Option<DedupOutcome>> {
-        consumer_sql::seen(&self.sql(), consumer, key, fingerprint).await
-    }
-
-    async fn mark_seen(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-    ) -> StoreResult<()> {
-        consumer_sql::mark_seen(&self.sql(), consumer, key, fingerprint).await
     }
 
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
@@ -715,42 +690,6 @@ impl Store for SqliteStore {
         };
         tx.commit().await?;
         Ok(outcome)
-    }
-
-    async fn finish_side_effect(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        state: ClaimState,
-        detail: &str,
-    ) -> StoreResult<()> {
-        let done = ClaimFinish::Done {
-            state,
-            detail: detail.to_string(),
-        };
-        consumer_sql::finish(&self.sql(), consumer, key, &done).await
-    }
-
-    async fn release_claim(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        detail: &str,
-    ) -> StoreResult<()> {
-        let release = ClaimFinish::Release {
-            detail: detail.to_string(),
-        };
-        consumer_sql::finish(&self.sql(), consumer, key, &release).await
-    }
-
-    async fn dead_letter(
-        &self,
-        consumer: &str,
-        reason: RejectReason,
-        detail: &str,
-        raw: &[u8],
-    ) -> StoreResult<i64> {
-        consumer_sql::dead_letter(&self.sql(), consumer, reason, detail, raw).await
     }
 
     async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
