@@ -151,7 +151,7 @@ impl RedisSeenSet {
     /// failure), so a consumer starts while Redis is down and waits for it.
     pub fn new(url: &str, ttl: Duration) -> StoreResult<Self> {
         let client = redis::Client::open(url).map_err(|e| {
-            StoreError::SeenSet(format!(
+            StoreError::SeenSetUrl(format!(
                 "bad seen-set URL {}: {e}",
                 crate::redact::redact_url(url)
             ))
@@ -208,7 +208,10 @@ impl RedisSeenSet {
     }
 
     fn unreachable(&self, why: &str) -> StoreError {
-        StoreError::SeenSet(format!("seen-set {} unavailable: {why}", self.redacted))
+        StoreError::SeenSetUnavailable {
+            seen_set: self.redacted.clone(),
+            why: why.to_string(),
+        }
     }
 }
 
@@ -283,7 +286,7 @@ impl GuardedSeenSet {
                 Arc::new(RedisSeenSet::new(url, cfg.ttl)?)
             }
             Some(url) => {
-                return Err(StoreError::SeenSet(format!(
+                return Err(StoreError::SeenSetUrl(format!(
                     "unsupported seen-set URL {} (expected redis://…)",
                     crate::redact::redact_url(url)
                 )))
@@ -341,5 +344,23 @@ impl GuardedSeenSet {
         self.metrics.seen_set_bypassed(consumer);
         tracing::warn!(consumer, error = %e, "seen-set unavailable: fail-open, handled unchecked");
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::store::Failure;
+
+    /// A seen-set URL that cannot be used is bad configuration, which no retry mends;
+    /// a Redis that does not answer is an outage, which pauses the consumer.
+    #[tokio::test]
+    async fn an_unusable_url_is_not_an_outage_and_an_unreachable_redis_is() {
+        let ttl = Duration::from_secs(1);
+        let bad = RedisSeenSet::new("redis://127.0.0.1:notaport", ttl).err();
+        assert_eq!(bad.expect("an unparsable URL").failure(), Failure::Other);
+        let down = RedisSeenSet::new("redis://127.0.0.1:1", ttl).unwrap();
+        let e = down.ping().await.expect_err("nothing listens on port 1");
+        assert_eq!(e.failure(), Failure::Infrastructure);
     }
 }

@@ -138,7 +138,7 @@ impl Outcome {
                 RetryCause::Infra {
                     // A fail-closed seen-set that is down pauses the consumer like a
                     // store outage, under its own cause (probed with its own ping).
-                    kind: if matches!(e, StoreError::SeenSet(_)) {
+                    kind: if matches!(e, StoreError::SeenSetUnavailable { .. }) {
                         InfraKind::SeenSet
                     } else {
                         InfraKind::Store

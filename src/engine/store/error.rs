@@ -40,9 +40,14 @@ pub enum StoreError {
     #[error("internal store error: {0}")]
     Internal(&'static str),
     /// The seen-set outside the database (Redis) could not answer: an outage like any
-    /// other, or a URL it cannot use (see [`crate::engine::seen_set`]).
+    /// other, which pauses a fail-closed consumer under its own cause (see
+    /// [`crate::engine::seen_set`]).
+    #[error("seen-set {seen_set} unavailable: {why}")]
+    SeenSetUnavailable { seen_set: String, why: String },
+    /// A seen-set URL that cannot be used (unparsable, or not `redis://`): bad
+    /// configuration, which no retry mends.
     #[error("{0}")]
-    SeenSet(String),
+    SeenSetUrl(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -79,7 +84,8 @@ impl StoreError {
             }
             StoreError::OutOfRange { .. } => Failure::Content,
             StoreError::Internal(_) => Failure::Other,
-            StoreError::SeenSet(_) => Failure::Infrastructure,
+            StoreError::SeenSetUnavailable { .. } => Failure::Infrastructure,
+            StoreError::SeenSetUrl(_) => Failure::Other,
         }
     }
 
