@@ -14,7 +14,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
-use crate::engine::store::sqlite::{connect_sqlite, Held, HeldConnection};
+use crate::engine::store::sqlite_conn::{connect_sqlite, Held, HeldConnection};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/queue-sqlite");
 

@@ -26,6 +26,7 @@ pub mod postgres;
 pub mod repair;
 mod repair_sql;
 pub mod sqlite;
+pub(crate) mod sqlite_conn;
 mod vehicle_batch;
 pub(crate) mod vehicle_sql;
 
