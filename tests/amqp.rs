@@ -125,6 +125,69 @@ async fn a_full_prefetch_leases_nothing_until_its_batch_is_acked() {
     q.close().await;
 }
 
+/// A batch acked while an older one of the same channel is still held is acked
+/// delivery by delivery: one `basic.ack(multiple)` on its top tag would settle the
+/// older batch too, so a consumer dying before the older batch's commit would lose it
+/// (the broker would have nothing to give back). Acked in order, each batch may go as
+/// one `multiple` ack; either way every message is acked once and nothing returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_acked_before_an_older_one_leaves_the_older_one_held() {
+    let _broker = exclusive().await;
+    let Some(url) = amqp_url().await else { return };
+    let q = AmqpQueue::open(&url).await.unwrap();
+    let name = format!("{}/a", namespace("ack-order"));
+    let bodies: Vec<Vec<u8>> = (0..20).map(|i| format!("m{i:02}").into_bytes()).collect();
+    q.publish(std::slice::from_ref(&name), &bodies)
+        .await
+        .unwrap();
+    let vis = Duration::from_secs(30);
+    let older = lease_on(&q, &name, 10, vis).await;
+    let newer = lease_on(&q, &name, 10, vis).await;
+    assert_eq!(q.ack_batch(&newer).await.unwrap(), 10);
+    // The consumer dies holding the older batch: the broker gives it to the next one.
+    q.close().await;
+    let q = AmqpQueue::open(&url).await.unwrap();
+    let again = lease_on(&q, &name, 10, vis).await;
+    assert!(
+        again.iter().all(|d| d.redelivered),
+        "the older batch came back"
+    );
+    let mut back: Vec<Vec<u8>> = again.iter().map(|d| d.body.clone()).collect();
+    let mut held: Vec<Vec<u8>> = older.iter().map(|d| d.body.clone()).collect();
+    back.sort();
+    held.sort();
+    assert_eq!(back, held, "exactly the older batch came back");
+    assert_eq!(q.ack_batch(&again).await.unwrap(), 10);
+
+    // In order: the first batch, then the second; nothing is left and nothing returns.
+    q.publish(std::slice::from_ref(&name), &bodies)
+        .await
+        .unwrap();
+    let first = lease_on(&q, &name, 10, vis).await;
+    let second = lease_on(&q, &name, 10, vis).await;
+    assert_eq!(q.ack_batch(&first).await.unwrap(), 10);
+    assert_eq!(q.ack_batch(&second).await.unwrap(), 10);
+    assert!(q.lease(&name, 10, vis).await.unwrap().is_empty());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !q.depth(&name).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the queue never drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    q.remove_queue(&name).await.unwrap();
+    q.close().await;
+}
+
+/// `n` deliveries of `name`, waiting for them a little.
+async fn lease_on(q: &AmqpQueue, name: &str, n: usize, vis: Duration) -> Vec<queue::Delivery> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < n && Instant::now() < deadline {
+        got.extend(q.lease(name, n - got.len(), vis).await.unwrap());
+    }
+    assert_eq!(got.len(), n, "leased {} of {n}", got.len());
+    got
+}
+
 /// The field report, for real: each consumer incarnation is a process that aborts
 /// after its commit and before its ack; RabbitMQ redelivers to the next one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
