@@ -168,13 +168,7 @@ async fn a_batch_acked_before_an_older_one_leaves_the_older_one_held() {
     assert_eq!(q.ack_batch(&first).await.unwrap(), 10);
     assert_eq!(q.ack_batch(&second).await.unwrap(), 10);
     assert!(q.lease(&name, 10, vis).await.unwrap().is_empty());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !q.depth(&name).await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "the queue never drained");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    q.remove_queue(&name).await.unwrap();
-    q.close().await;
+    drain_and_remove(q, &name).await;
 }
 
 /// `n` deliveries of `name`, waiting for them a little.
@@ -569,13 +563,7 @@ async fn a_classic_queue_counts_attempts_in_a_header_of_our_own() {
     );
     assert_eq!(fourth.body, b"poison");
     assert!(q.ack(&fourth).await.unwrap());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !q.depth(&name).await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "the queue never drained");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    q.remove_queue(&name).await.unwrap();
-    q.close().await;
+    drain_and_remove(q, &name).await;
 }
 
 /// Through the runner: a message whose handler fails every time (the database
@@ -639,4 +627,16 @@ async fn poison_on_a_classic_queue_reaches_max_deliveries() {
         .await
         .unwrap();
     engine.queue.close().await;
+}
+
+/// Waits (a little) for `name` to hold nothing, ready or in flight, then removes it
+/// and closes the connection.
+async fn drain_and_remove(q: AmqpQueue, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !q.depth(name).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "{name} never drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    q.remove_queue(name).await.unwrap();
+    q.close().await;
 }
