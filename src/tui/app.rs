@@ -871,6 +871,37 @@ pub fn chart_columns(width: u16) -> u16 {
     width.saturating_sub(2 + super::widgets::Y_LABELS)
 }
 
+/// The lists arrange what the app holds (see [`lists::Source`]).
+impl lists::Source for App {
+    fn snapshot(&self) -> Option<&Snapshot> {
+        self.snapshot.as_deref()
+    }
+
+    fn list(&self, id: ListId) -> &ListState {
+        App::list(self, id)
+    }
+
+    fn matches(&self, text: &str) -> bool {
+        App::matches(self, text)
+    }
+
+    fn silenced(&self) -> &BTreeSet<String> {
+        &self.silenced
+    }
+
+    fn local_markers(&self) -> &[TimelineMarker] {
+        &self.local_markers
+    }
+
+    fn open_vehicle(&self) -> Option<&String> {
+        self.vehicles.open.as_ref()
+    }
+
+    fn tab(&self) -> Tab {
+        self.tab
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 //! poll reorders the list. Rendering and navigation read the same arrangement.
 
 use std::cmp::Ordering;
+use std::collections::BTreeSet;
 
 use crate::drills::Scenario;
 use crate::monitor::alerts::Alert;
@@ -13,9 +14,30 @@ use crate::monitor::db::{
 use crate::monitor::markers::TimelineMarker;
 use crate::monitor::targets::ConsumerStatus;
 use crate::monitor::vehicles::{DetailEvent, VehicleAnomaly};
+use crate::monitor::Snapshot;
 
-use super::app::App;
 use super::tab::Tab;
+
+/// What the lists are arranged from: the dashboard's state as arranging reads it.
+/// The app implements it, so this module never names the app and the two do not
+/// import each other (the app calls the arrangers to resolve its cursor; the tabs
+/// call them to draw).
+pub trait Source {
+    /// The newest poll, if one came.
+    fn snapshot(&self) -> Option<&Snapshot>;
+    /// A list's sort column, direction and selection.
+    fn list(&self, id: ListId) -> &ListState;
+    /// Does `text` pass the `/` filter?
+    fn matches(&self, text: &str) -> bool;
+    /// The alerts the operator silenced, by key.
+    fn silenced(&self) -> &BTreeSet<String>;
+    /// Markers written from this dashboard and not yet in a poll.
+    fn local_markers(&self) -> &[TimelineMarker];
+    /// The device whose state and history the Vehicles tab shows.
+    fn open_vehicle(&self) -> Option<&String>;
+    /// The tab on screen.
+    fn tab(&self) -> Tab;
+}
 
 /// The lists, by screen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -125,7 +147,7 @@ impl<T> Arranged<'_, T> {
 
 /// Filter by `/`, sort by the list's column, key by identity.
 fn arrange<'a, T>(
-    app: &App,
+    app: &dyn Source,
     id: ListId,
     items: impl Iterator<Item = &'a T>,
     key: impl Fn(&T) -> String,
@@ -158,10 +180,9 @@ pub fn consumer_key(c: &ConsumerStatus) -> String {
     format!("{}/{}", c.target, c.consumer)
 }
 
-pub fn consumers(app: &App) -> Arranged<'_, ConsumerStatus> {
+pub fn consumers(app: &dyn Source) -> Arranged<'_, ConsumerStatus> {
     let items = app
-        .snapshot
-        .as_ref()
+        .snapshot()
         .map(|s| s.consumers.as_slice())
         .unwrap_or(&[]);
     arrange(
@@ -190,16 +211,12 @@ pub fn consumers(app: &App) -> Arranged<'_, ConsumerStatus> {
 }
 
 /// Alerts not silenced, incidents first (the monitor's order) unless sorted.
-pub fn alerts(app: &App) -> Arranged<'_, Alert> {
-    let items = app
-        .snapshot
-        .as_ref()
-        .map(|s| s.alerts.as_slice())
-        .unwrap_or(&[]);
+pub fn alerts(app: &dyn Source) -> Arranged<'_, Alert> {
+    let items = app.snapshot().map(|s| s.alerts.as_slice()).unwrap_or(&[]);
     arrange(
         app,
         ListId::Alerts,
-        items.iter().filter(|a| !app.silenced.contains(&a.key())),
+        items.iter().filter(|a| !app.silenced().contains(&a.key())),
         Alert::key,
         |a| format!("{} {}", a.message, a.object.label()),
         |sort, a, b| match sort {
@@ -221,10 +238,9 @@ fn anomaly_rank(a: &VehicleAnomaly) -> u8 {
 }
 
 /// One row per anomaly, keyed by its device and what it says.
-pub fn anomalies(app: &App) -> Arranged<'_, VehicleAnomaly> {
+pub fn anomalies(app: &dyn Source) -> Arranged<'_, VehicleAnomaly> {
     let items = app
-        .snapshot
-        .as_ref()
+        .snapshot()
         .and_then(|s| s.database.as_ref())
         .and_then(|d| d.vehicles.as_ref())
         .map(|v| v.anomalies.as_slice())
@@ -245,12 +261,11 @@ pub fn anomalies(app: &App) -> Arranged<'_, VehicleAnomaly> {
 }
 
 /// The open vehicle's history, newest arrival first.
-pub fn history(app: &App) -> Arranged<'_, DetailEvent> {
+pub fn history(app: &dyn Source) -> Arranged<'_, DetailEvent> {
     let items = app
-        .snapshot
-        .as_ref()
+        .snapshot()
         .and_then(|s| s.vehicle.as_ref())
-        .filter(|v| Some(&v.device_id) == app.vehicles.open.as_ref())
+        .filter(|v| Some(&v.device_id) == app.open_vehicle())
         .map(|v| v.history.as_slice())
         .unwrap_or(&[]);
     arrange(
@@ -267,7 +282,7 @@ pub fn history(app: &App) -> Arranged<'_, DetailEvent> {
     )
 }
 
-pub fn scenarios(app: &App) -> Arranged<'_, Scenario> {
+pub fn scenarios(app: &dyn Source) -> Arranged<'_, Scenario> {
     arrange(
         app,
         ListId::Scenarios,
@@ -278,10 +293,9 @@ pub fn scenarios(app: &App) -> Arranged<'_, Scenario> {
     )
 }
 
-pub fn drill_runs(app: &App) -> Arranged<'_, DrillRunSummary> {
+pub fn drill_runs(app: &dyn Source) -> Arranged<'_, DrillRunSummary> {
     let items = app
-        .snapshot
-        .as_ref()
+        .snapshot()
         .and_then(|s| s.database.as_ref())
         .map(|d| d.drill_runs.as_slice())
         .unwrap_or(&[]);
@@ -306,10 +320,9 @@ pub fn drill_runs(app: &App) -> Arranged<'_, DrillRunSummary> {
     )
 }
 
-pub fn claims(app: &App) -> Arranged<'_, InDoubtClaim> {
+pub fn claims(app: &dyn Source) -> Arranged<'_, InDoubtClaim> {
     let items = app
-        .snapshot
-        .as_ref()
+        .snapshot()
         .and_then(|s| s.database.as_ref())
         .map(|d| d.claims_in_doubt.as_slice())
         .unwrap_or(&[]);
@@ -327,10 +340,9 @@ pub fn claims(app: &App) -> Arranged<'_, InDoubtClaim> {
     )
 }
 
-pub fn dead_letters(app: &App) -> Arranged<'_, DeadLetterRow> {
+pub fn dead_letters(app: &dyn Source) -> Arranged<'_, DeadLetterRow> {
     let items = app
-        .snapshot
-        .as_ref()
+        .snapshot()
         .and_then(|s| s.database.as_ref())
         .map(|d| d.recent_dead_letters.as_slice())
         .unwrap_or(&[]);
@@ -355,10 +367,9 @@ pub fn dead_letters(app: &App) -> Arranged<'_, DeadLetterRow> {
 
 /// The database's dead letters per consumer and reason: key conflicts first (an
 /// identity bug upstream), then the biggest.
-pub fn reasons(app: &App) -> Arranged<'_, DeadLetterGroup> {
+pub fn reasons(app: &dyn Source) -> Arranged<'_, DeadLetterGroup> {
     let items = app
-        .snapshot
-        .as_ref()
+        .snapshot()
         .and_then(|s| s.database.as_ref())
         .map(|d| d.dead_letters.as_slice())
         .unwrap_or(&[]);
@@ -378,10 +389,9 @@ pub fn reasons(app: &App) -> Arranged<'_, DeadLetterGroup> {
     )
 }
 
-pub fn inserts(app: &App) -> Arranged<'_, ConsumerInserts> {
+pub fn inserts(app: &dyn Source) -> Arranged<'_, ConsumerInserts> {
     let items = app
-        .snapshot
-        .as_ref()
+        .snapshot()
         .and_then(|s| s.database.as_ref())
         .and_then(|d| d.dedup.as_ref())
         .map(|d| d.inserts.as_slice())
@@ -400,16 +410,12 @@ pub fn inserts(app: &App) -> Arranged<'_, ConsumerInserts> {
 }
 
 /// The database's markers and this session's own, newest first.
-pub fn markers(app: &App) -> Arranged<'_, TimelineMarker> {
-    let items = app
-        .snapshot
-        .as_ref()
-        .map(|s| s.markers.as_slice())
-        .unwrap_or(&[]);
+pub fn markers(app: &dyn Source) -> Arranged<'_, TimelineMarker> {
+    let items = app.snapshot().map(|s| s.markers.as_slice()).unwrap_or(&[]);
     arrange(
         app,
         ListId::Markers,
-        items.iter().chain(&app.local_markers),
+        items.iter().chain(app.local_markers()),
         |m| format!("{}|{}|{}", m.at.timestamp_millis(), m.kind, m.label),
         |m| format!("{} {}", m.kind, m.label),
         |sort, a, b| match sort {
@@ -420,7 +426,7 @@ pub fn markers(app: &App) -> Arranged<'_, TimelineMarker> {
 }
 
 /// The keys of a list in display order (for moving its selection).
-pub fn keys(app: &App, id: ListId) -> Vec<String> {
+pub fn keys(app: &dyn Source, id: ListId) -> Vec<String> {
     match id {
         ListId::Consumers => consumers(app).keys(),
         ListId::Alerts => alerts(app).keys(),
@@ -437,7 +443,7 @@ pub fn keys(app: &App, id: ListId) -> Vec<String> {
 }
 
 /// (shown, total) rows of a list.
-pub fn counts(app: &App, id: ListId) -> (usize, usize) {
+pub fn counts(app: &dyn Source, id: ListId) -> (usize, usize) {
     fn c<T>(a: Arranged<'_, T>) -> (usize, usize) {
         (a.rows.len(), a.total)
     }
@@ -457,9 +463,9 @@ pub fn counts(app: &App, id: ListId) -> (usize, usize) {
 }
 
 /// What the filter hides on the current tab: (shown, total) over all its lists.
-pub fn tab_counts(app: &App) -> (usize, usize) {
-    let mut ids: Vec<ListId> = ListId::of(app.tab).to_vec();
-    if app.tab == Tab::Vehicles && app.vehicles.open.is_some() {
+pub fn tab_counts(app: &dyn Source) -> (usize, usize) {
+    let mut ids: Vec<ListId> = ListId::of(app.tab()).to_vec();
+    if app.tab() == Tab::Vehicles && app.open_vehicle().is_some() {
         ids = vec![ListId::History];
     }
     ids.iter()
