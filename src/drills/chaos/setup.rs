@@ -34,6 +34,16 @@ pub(super) struct Truth {
     pub history_per_device: HashMap<String, usize>,
 }
 
+impl Truth {
+    /// The distinct keys of one event type (none if the trace had none).
+    pub fn keys_of(&self, t: EventType) -> &HashSet<String> {
+        static NONE: std::sync::OnceLock<HashSet<String>> = std::sync::OnceLock::new();
+        self.keys
+            .get(&t)
+            .unwrap_or_else(|| NONE.get_or_init(HashSet::new))
+    }
+}
+
 pub(super) fn generate(opts: &ChaosOptions, prefix: &str) -> Truth {
     let vehicles = (opts.events / 100).clamp(1, 500);
     let mut sim = FleetSim::new(FleetConfig {

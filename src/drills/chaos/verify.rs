@@ -7,14 +7,16 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::setup::Arena;
+use super::setup::{Arena, Truth};
 use super::{ChaosOptions, ChaosReport, ConsumerTally, CHAOS_CLAIM_LEASE, CHAOS_MAX_DELIVERIES};
 use crate::drills::{Check, DrillError, Verdict};
 use crate::engine::consumers;
 use crate::engine::envelope::EventType;
 use crate::engine::queue::Queue;
+use crate::engine::store::Store;
 use crate::exposition::{ScrapeLimits, Scraper};
 use crate::sim::fleet::SimKind;
+use crate::sim::sandbox_provider::SandboxState;
 
 /// What the run measured on the way, for the report.
 pub(super) struct VerifyExtras {
@@ -40,47 +42,109 @@ pub(super) async fn ready_total(queue: &dyn Queue, names: &[String]) -> u64 {
     total
 }
 
-/// The end state of `arena` against its truth.
+/// The end state of `arena` against its truth: the dead letters of the run, each
+/// consumer's tally of the distinct events it should have handled, the vehicles'
+/// states and history, what the sandbox provider really sent, then the checks.
 pub(super) async fn verify(
     opts: &ChaosOptions,
     arena: &Arena,
     x: VerifyExtras,
 ) -> Result<ChaosReport, DrillError> {
-    let (run_id, store, truth, prefix) = (
-        arena.run_id,
-        arena.store.as_ref(),
-        &arena.truth,
-        arena.prefix.as_str(),
+    let (store, truth, prefix) = (arena.store.as_ref(), &arena.truth, arena.prefix.as_str());
+    let (dead, dead_keys) = dead_letters_of_the_run(store, prefix).await?;
+    let mut tallies = side_effect_tallies(store, truth, prefix, &dead_keys).await?;
+    let vehicles = vehicle_tally(store, truth, &dead_keys).await?;
+    tallies.insert(
+        consumers::vehicle_state::NAME.to_string(),
+        vehicles.tally.clone(),
     );
-    let sandbox = arena.sandbox.state();
-    let empty = HashSet::new();
-    let keys_of = |t: EventType| truth.keys.get(&t).unwrap_or(&empty);
-    let zone_exits = keys_of(EventType::ZoneExit);
-    let ignition_offs = keys_of(EventType::IgnitionOff);
+    let sent = provider_tally(arena.sandbox.state(), prefix);
+    let checks = checks(truth, &tallies, &vehicles, &sent, x.left_on_queues);
+    let verdict = if checks.iter().all(|c| c.ok) {
+        Verdict::Pass
+    } else {
+        Verdict::Fail
+    };
+    if !vehicles.wrong_states.is_empty() {
+        tracing::warn!(wrong = %json!(vehicles.wrong_states.iter().take(10).collect::<Vec<_>>()), "vehicle states off");
+    }
+    let count = |kind: SimKind| truth.messages.iter().filter(|m| m.kind == kind).count();
+    Ok(ChaosReport {
+        run_id: arena.run_id,
+        verdict,
+        seed: opts.seed,
+        instances: opts.instances,
+        claim_lease_ms: u64::try_from(CHAOS_CLAIM_LEASE.as_millis()).unwrap_or(u64::MAX),
+        max_deliveries: CHAOS_MAX_DELIVERIES,
+        db: crate::engine::store::redact_url(&opts.db_url),
+        queue: crate::engine::store::redact_url(&opts.queue_url),
+        messages_published: truth.messages.len(),
+        distinct_events: truth.history_per_device.values().sum(),
+        duplicates_published: count(SimKind::Redelivery),
+        late_events: count(SimKind::Late),
+        vehicles: truth.newest.len(),
+        kill_schedule: opts.kill_every.to_string(),
+        kills: x.kills,
+        restarts: x.kills,
+        publish_seconds: x.publish_seconds,
+        duration_seconds: x.duration.as_secs_f64(),
+        distinct_zone_exits: truth.keys_of(EventType::ZoneExit).len(),
+        trip_counter_total: vehicles.trip_total,
+        sms_sent: sent.sms,
+        sms_max_per_exit: sent.sms_max,
+        distinct_ignition_offs: truth.keys_of(EventType::IgnitionOff).len(),
+        webhooks_sent: sent.webhooks,
+        vehicles_state_ok: vehicles.state_ok,
+        consumers: tallies,
+        dead_lettered: dead,
+        drained_after_stop: x.drained_after_stop,
+        left_on_queues: x.left_on_queues,
+        broker_redelivered: x.broker_redelivered,
+        checks,
+    })
+}
 
-    // Dead letters of this run (their raw bytes name our devices).
+/// Keys dead-lettered per consumer in this run (their raw bytes name our devices).
+type DeadKeys = HashMap<String, HashSet<String>>;
+
+/// How many dead letters the run left, and their keys per consumer.
+async fn dead_letters_of_the_run(
+    store: &dyn Store,
+    prefix: &str,
+) -> Result<(usize, DeadKeys), DrillError> {
     let dead: Vec<_> = store
         .dead_letters(100_000)
         .await?
         .into_iter()
         .filter(|d| String::from_utf8_lossy(&d.raw).contains(prefix))
         .collect();
-    let mut dead_keys: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut keys: DeadKeys = HashMap::new();
     for d in &dead {
         if let Ok(env) = crate::engine::envelope::Envelope::parse(&d.raw) {
-            dead_keys
-                .entry(d.consumer.clone())
+            keys.entry(d.consumer.clone())
                 .or_default()
                 .insert(env.key().to_string());
         }
     }
+    Ok((dead.len(), keys))
+}
 
+/// trip-counter, zone-exit-sms and erp-webhook: of the distinct events each wants,
+/// how many it processed, how many were dead-lettered, how many are missing.
+async fn side_effect_tallies(
+    store: &dyn Store,
+    truth: &Truth,
+    prefix: &str,
+    dead_keys: &DeadKeys,
+) -> Result<BTreeMap<String, ConsumerTally>, DrillError> {
+    let empty = HashSet::new();
     let mut tallies = BTreeMap::new();
     for (consumer, wanted) in [
-        (consumers::trip_counter::NAME, zone_exits),
-        (consumers::zone_exit_sms::NAME, zone_exits),
-        (consumers::erp_webhook::NAME, ignition_offs),
+        (consumers::trip_counter::NAME, EventType::ZoneExit),
+        (consumers::zone_exit_sms::NAME, EventType::ZoneExit),
+        (consumers::erp_webhook::NAME, EventType::IgnitionOff),
     ] {
+        let wanted = truth.keys_of(wanted);
         let processed: HashSet<String> = store
             .processed_keys(consumer, prefix)
             .await?
@@ -102,18 +166,33 @@ pub(super) async fn verify(
             },
         );
     }
+    Ok(tallies)
+}
 
-    // vehicle-state: history holds every distinct event; state = newest event.
+/// vehicle-state and the trip counters, read per device.
+struct VehicleTally {
+    tally: ConsumerTally,
+    trip_total: i64,
+    state_ok: usize,
+    wrong_states: Vec<Value>,
+}
+
+/// vehicle-state: the history holds every distinct event, the state is the newest.
+async fn vehicle_tally(
+    store: &dyn Store,
+    truth: &Truth,
+    dead_keys: &DeadKeys,
+) -> Result<VehicleTally, DrillError> {
     let mut trip_total = 0;
     let mut state_ok = 0;
-    let mut history_found = 0;
-    let mut history_expected = 0;
+    let mut found = 0;
+    let mut expected = 0;
     let mut wrong_states = Vec::new();
     for (device, (seq, event_type)) in &truth.newest {
         trip_total += store.zone_exits(device).await?;
         let expected_rows = truth.history_per_device.get(device).copied().unwrap_or(0);
-        history_expected += expected_rows;
-        history_found += store
+        expected += expected_rows;
+        found += store
             .vehicle_history(device)
             .await?
             .len()
@@ -132,21 +211,32 @@ pub(super) async fn verify(
             })),
         }
     }
-    let vs_dead = dead_keys
+    let dead = dead_keys
         .get(consumers::vehicle_state::NAME)
-        .map_or(0, HashSet::len);
-    tallies.insert(
-        consumers::vehicle_state::NAME.to_string(),
-        ConsumerTally {
-            expected: history_expected,
-            processed: history_found,
-            dead_lettered: vs_dead.min(history_expected - history_found),
-            missing: history_expected
-                - history_found
-                - vs_dead.min(history_expected - history_found),
+        .map_or(0, HashSet::len)
+        .min(expected - found);
+    Ok(VehicleTally {
+        tally: ConsumerTally {
+            expected,
+            processed: found,
+            dead_lettered: dead,
+            missing: expected - found - dead,
         },
-    );
+        trip_total,
+        state_ok,
+        wrong_states,
+    })
+}
 
+/// What the sandbox provider really sent for this run's devices.
+struct ProviderTally {
+    sms: usize,
+    /// The most SMS one zone exit's text was sent as (1 = none twice).
+    sms_max: usize,
+    webhooks: usize,
+}
+
+fn provider_tally(sandbox: &SandboxState, prefix: &str) -> ProviderTally {
     let sms: Vec<_> = sandbox
         .sent_sms()
         .into_iter()
@@ -156,7 +246,6 @@ pub(super) async fn verify(
     for s in &sms {
         *per_text.entry(s.text.as_str()).or_default() += 1;
     }
-    let sms_max = per_text.values().copied().max().unwrap_or(0);
     let webhooks = sandbox
         .sent_erp()
         .into_iter()
@@ -167,20 +256,24 @@ pub(super) async fn verify(
                 .is_some_and(|d| d.starts_with(prefix))
         })
         .count();
+    ProviderTally {
+        sms: sms.len(),
+        sms_max: per_text.values().copied().max().unwrap_or(0),
+        webhooks,
+    }
+}
 
-    let distinct_events: usize = truth.history_per_device.values().sum();
-    let duplicates = truth
-        .messages
-        .iter()
-        .filter(|m| m.kind == SimKind::Redelivery)
-        .count();
-    let late = truth
-        .messages
-        .iter()
-        .filter(|m| m.kind == SimKind::Late)
-        .count();
+/// The verdict's checks: each figure against what exactly-once handling of every
+/// distinct event would give.
+fn checks(
+    truth: &Truth,
+    tallies: &BTreeMap<String, ConsumerTally>,
+    vehicles: &VehicleTally,
+    sent: &ProviderTally,
+    left_on_queues: u64,
+) -> Vec<Check> {
+    let zone_exits = truth.keys_of(EventType::ZoneExit).len();
     let missing_total: usize = tallies.values().map(|t| t.missing).sum();
-
     let mut checks = Vec::new();
     let mut check = |name: &str, expected: Value, actual: Value| {
         let ok = expected == actual;
@@ -193,28 +286,28 @@ pub(super) async fn verify(
     };
     check(
         "trip_counters = distinct zone exits",
-        json!(zone_exits.len()),
-        json!(trip_total),
+        json!(zone_exits),
+        json!(vehicles.trip_total),
     );
     check(
         "SMS sent = distinct zone exits",
-        json!(zone_exits.len()),
-        json!(sms.len()),
+        json!(zone_exits),
+        json!(sent.sms),
     );
     check(
         "at most one SMS per zone exit",
-        json!(zone_exits.len().min(1)),
-        json!(sms_max),
+        json!(zone_exits.min(1)),
+        json!(sent.sms_max),
     );
     check(
         "webhooks sent = distinct ignition_off",
-        json!(ignition_offs.len()),
-        json!(webhooks),
+        json!(truth.keys_of(EventType::IgnitionOff).len()),
+        json!(sent.webhooks),
     );
     check(
         "vehicles whose state is their newest event",
         json!(truth.newest.len()),
-        json!(state_ok),
+        json!(vehicles.state_ok),
     );
     check(
         "messages neither processed nor dead-lettered",
@@ -224,49 +317,9 @@ pub(super) async fn verify(
     check(
         "messages left on the queues",
         json!(0),
-        json!(x.left_on_queues),
+        json!(left_on_queues),
     );
-    let verdict = if checks.iter().all(|c| c.ok) {
-        Verdict::Pass
-    } else {
-        Verdict::Fail
-    };
-    if !wrong_states.is_empty() {
-        tracing::warn!(wrong = %json!(wrong_states.iter().take(10).collect::<Vec<_>>()), "vehicle states off");
-    }
-    Ok(ChaosReport {
-        run_id,
-        verdict,
-        seed: opts.seed,
-        instances: opts.instances,
-        claim_lease_ms: u64::try_from(CHAOS_CLAIM_LEASE.as_millis()).unwrap_or(u64::MAX),
-        max_deliveries: CHAOS_MAX_DELIVERIES,
-        db: crate::engine::store::redact_url(&opts.db_url),
-        queue: crate::engine::store::redact_url(&opts.queue_url),
-        messages_published: truth.messages.len(),
-        distinct_events,
-        duplicates_published: duplicates,
-        late_events: late,
-        vehicles: truth.newest.len(),
-        kill_schedule: opts.kill_every.to_string(),
-        kills: x.kills,
-        restarts: x.kills,
-        publish_seconds: x.publish_seconds,
-        duration_seconds: x.duration.as_secs_f64(),
-        distinct_zone_exits: zone_exits.len(),
-        trip_counter_total: trip_total,
-        sms_sent: sms.len(),
-        sms_max_per_exit: sms_max,
-        distinct_ignition_offs: ignition_offs.len(),
-        webhooks_sent: webhooks,
-        vehicles_state_ok: state_ok,
-        consumers: tallies,
-        dead_lettered: dead.len(),
-        drained_after_stop: x.drained_after_stop,
-        left_on_queues: x.left_on_queues,
-        broker_redelivered: x.broker_redelivered,
-        checks,
-    })
+    checks
 }
 
 /// Where a RabbitMQ broker serves Prometheus metrics: its host, port 15692
