@@ -1090,6 +1090,16 @@ async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
     }
 }
 
+/// Writer `w`'s 60 keys of `0..keys` for the racing tests: a window overlapping its
+/// neighbours', every other writer taking it in reverse order.
+fn racing_window(w: usize, keys: usize) -> Vec<usize> {
+    let mut mine: Vec<usize> = (0..60).map(|i| (w * 5 + i * 7) % keys).collect();
+    if w % 2 == 1 {
+        mine.reverse();
+    }
+    mine
+}
+
 async fn racing_batches_never_double_an_effect(db: &TestDb) {
     let store = store::open(&db.url).await.unwrap();
     let keys = 90usize;
@@ -1101,10 +1111,7 @@ async fn racing_batches_never_double_an_effect(db: &TestDb) {
             let (store, start) = (store.clone(), start.clone());
             tokio::spawn(async move {
                 start.wait().await;
-                let mut mine: Vec<usize> = (0..60).map(|i| (w * 5 + i * 7) % keys).collect();
-                if w % 2 == 1 {
-                    mine.reverse();
-                }
+                let mine = racing_window(w, keys);
                 let mut outcomes = Vec::new();
                 for chunk in mine.chunks(20) {
                     let items: Vec<_> = chunk
@@ -1172,10 +1179,7 @@ async fn racing_claim_batches_take_each_claim_once(db: &TestDb) {
             let (store, start) = (store.clone(), start.clone());
             tokio::spawn(async move {
                 start.wait().await;
-                let mut mine: Vec<usize> = (0..60).map(|i| (w * 5 + i * 7) % keys).collect();
-                if w % 2 == 1 {
-                    mine.reverse();
-                }
+                let mine = racing_window(w, keys);
                 let mut outcomes = Vec::new();
                 for chunk in mine.chunks(20) {
                     let batch: Vec<_> = chunk.iter().map(|k| racing_claim(*k)).collect();
