@@ -35,6 +35,27 @@ fn utc(t: NaiveDateTime) -> DateTime<Utc> {
     t.and_utc()
 }
 
+/// One multi-row `INSERT IGNORE` of dedup rows (key, fingerprint) processed at
+/// `now`: the batch paths of `record_batch` and `claim_batch` count the rows it wrote
+/// to learn which keys were first.
+fn insert_dedup_rows<'a>(
+    consumer: &'a str,
+    rows: impl Iterator<Item = (&'a str, &'a str)>,
+    now: NaiveDateTime,
+) -> QueryBuilder<'a, MySql> {
+    let mut q = QueryBuilder::<MySql>::new(
+        "INSERT IGNORE INTO processed_messages
+           (consumer, message_key, payload_hash, processed_at) ",
+    );
+    q.push_values(rows, |mut row, (key, fingerprint)| {
+        row.push_bind(consumer)
+            .push_bind(key)
+            .push_bind(fingerprint)
+            .push_bind(now);
+    });
+    q
+}
+
 fn naive(t: DateTime<Utc>) -> NaiveDateTime {
     t.naive_utc()
 }
@@ -103,17 +124,14 @@ impl MysqlStore {
         }
         let (fresh, inserted) = batch.fresh(&stored);
         for chunk in fresh.chunks(ROWS_PER_STATEMENT) {
-            let mut q = QueryBuilder::<MySql>::new(
-                "INSERT IGNORE INTO processed_messages
-                   (consumer, message_key, payload_hash, processed_at) ",
-            );
-            q.push_values(chunk, |mut row, item| {
-                row.push_bind(consumer)
-                    .push_bind(item.key.as_str())
-                    .push_bind(item.fingerprint.as_str())
-                    .push_bind(now);
-            });
-            let written = q.build().execute(&mut *tx).await?.rows_affected();
+            let rows = chunk
+                .iter()
+                .map(|i| (i.key.as_str(), i.fingerprint.as_str()));
+            let written = insert_dedup_rows(consumer, rows, now)
+                .build()
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
             if written != chunk.len() as u64 {
                 tx.rollback().await?;
                 tracing::debug!(
@@ -393,16 +411,10 @@ impl MysqlStore {
             key: "a claim taken by another writer during the batch".into(),
         };
         for chunk in writes.fresh.chunks(ROWS_PER_STATEMENT) {
-            let mut q = QueryBuilder::<MySql>::new(
-                "INSERT IGNORE INTO processed_messages
-                   (consumer, message_key, payload_hash, processed_at) ",
-            );
-            q.push_values(chunk, |mut row, r| {
-                row.push_bind(consumer)
-                    .push_bind(r.key.as_str())
-                    .push_bind(r.fingerprint.as_str())
-                    .push_bind(naive(now));
-            });
+            let rows = chunk
+                .iter()
+                .map(|r| (r.key.as_str(), r.fingerprint.as_str()));
+            let mut q = insert_dedup_rows(consumer, rows, naive(now));
             if q.build().execute(&mut *tx).await?.rows_affected() != chunk.len() as u64 {
                 tx.rollback().await?;
                 return Err(lost_race());
