@@ -1,10 +1,11 @@
 //! The pieces every screen draws with (a titled panel, a centred popup, the
-//! "waiting for the first poll" placeholder). Their own module so that the frame and
+//! "waiting for the first poll" placeholder, a list drawn as a table). Their own module so that the frame and
 //! the tabs both use them without importing each other.
 
-use ratatui::layout::Rect;
+use ratatui::layout::{Constraint, Rect};
+use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Block, Borders, Paragraph};
+use ratatui::widgets::{Block, Borders, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 
 use super::theme::Theme;
@@ -40,7 +41,6 @@ pub fn waiting(frame: &mut Frame, area: Rect, what: &str, theme: &Theme) {
     );
 }
 
-/// A panel title marked when its list has the keys (↑↓, Enter, s act on it).
 /// A panel title that fits `width` (borders and the focus mark included): the
 /// explanation after " — " goes when there is no room for it, so the count and the
 /// sort stay whole.
@@ -52,12 +52,54 @@ pub fn fit_title(title: String, width: u16) -> String {
     }
 }
 
+/// A panel title marked when its list has the keys (↑↓, Enter, s act on it).
 pub fn focus_title<'a>(title: String, focused: bool) -> Line<'a> {
     if focused {
         Line::from(format!("▶{title}"))
     } else {
         Line::from(title)
     }
+}
+
+/// A list's selected row: reversed while the list has the keys, underlined when
+/// another list has them (so the selection is still seen, but not mistaken for the
+/// one ↑↓ moves).
+pub fn row_highlight(focused: bool, theme: &Theme) -> Style {
+    if focused {
+        theme.selected
+    } else {
+        theme.base.add_modifier(Modifier::UNDERLINED)
+    }
+}
+
+/// One of the tabs' lists as the tab builds it: the panel's title, the column
+/// header, the column widths, the rows as shown, and which of them is selected.
+pub struct ListTable<'a> {
+    pub title: String,
+    pub header: Row<'a>,
+    pub widths: Vec<Constraint>,
+    pub rows: Vec<Row<'a>>,
+    pub selected: Option<usize>,
+}
+
+/// Draw a list the way every list looks: a header in the title style, the
+/// selection highlighted ([`row_highlight`]), the title marked when focused.
+pub fn list_table(
+    frame: &mut Frame,
+    area: Rect,
+    list: ListTable<'_>,
+    focused: bool,
+    theme: &Theme,
+) {
+    let mut state = TableState::default().with_selected(list.selected);
+    frame.render_stateful_widget(
+        Table::new(list.rows, list.widths)
+            .header(list.header.style(theme.title))
+            .row_highlight_style(row_highlight(focused, theme))
+            .block(panel(focus_title(list.title, focused), theme)),
+        area,
+        &mut state,
+    );
 }
 
 /// Width of the Duplicates chart's y-axis labels. Here, not in the tab, because the

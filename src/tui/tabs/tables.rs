@@ -16,17 +16,17 @@
 //! counts on a strip above it (←/→ switches).
 
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::style::Modifier;
+use ratatui::style::Style;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::widgets::{Cell, Paragraph, Row, Wrap};
 use ratatui::Frame;
 
 use crate::monitor::db::{CountMethod, DbStats, SourceStatus};
 use crate::tui::app::App;
 use crate::tui::format;
-use crate::tui::lists::{self, ListId};
+use crate::tui::lists::{self, ListId, ListState};
 use crate::tui::theme::Theme;
-use crate::tui::widgets::{fit_title, focus_title, panel, waiting};
+use crate::tui::widgets::{fit_title, list_table, panel, waiting, ListTable};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
@@ -129,181 +129,189 @@ fn dedup_panel(frame: &mut Frame, area: Rect, db: &DbStats, theme: &Theme) {
     );
 }
 
-/// One of the tab's lists, with its selection and sort.
+/// One of the tab's lists, with its selection and sort: the list's own table
+/// (below), its title cut to the panel's width.
 fn list_panel(frame: &mut Frame, area: Rect, app: &App, id: ListId, theme: &Theme) {
-    let focused = app.focused() == Some(id);
-    let sort = app.list(id);
+    let state = app.list(id);
     let sorted = format!(
         "by {}{}",
-        id.sorts()[sort.sort.min(id.sorts().len() - 1)],
-        if sort.reversed { " ↑" } else { "" }
+        id.sorts()[state.sort.min(id.sorts().len() - 1)],
+        if state.reversed { " ↑" } else { "" }
     );
-    let (title, header, widths, rows, selected): (String, Vec<&str>, Vec<Constraint>, Vec<Row>, _) =
-        match id {
-            ListId::Claims => {
-                let a = lists::claims(app);
-                let total = app
-                    .snapshot
-                    .as_ref()
-                    .and_then(|s| s.database.as_ref())
-                    .map_or(0, |d| d.claims_in_doubt_total);
-                let rows = a
-                    .rows
-                    .iter()
-                    .map(|(_, c)| {
-                        Row::new([
-                            Cell::from(c.consumer.clone()),
-                            Cell::from(c.message_key.clone()),
-                            Cell::from(format::duration(c.age_seconds)).style(theme.crit),
-                            Cell::from(c.attempts.to_string()),
-                        ])
-                    })
-                    .collect();
-                (
-                    format!(
-                        " Side effects in doubt: {total} ({} listed, {sorted}) — sent or not? a retry reuses the provider key ",
-                        a.count_label()
-                    ),
-                    vec!["consumer", "message key", "age", "attempts"],
-                    vec![
-                        Constraint::Length(14),
-                        Constraint::Min(20),
-                        Constraint::Length(9),
-                        Constraint::Length(8),
-                    ],
-                    rows,
-                    a.selected(sort),
-                )
-            }
-            ListId::DeadLetters => {
-                let a = lists::dead_letters(app);
-                let rows = a
-                    .rows
-                    .iter()
-                    .map(|(_, d)| {
-                        Row::new([
-                            Cell::from(format!("#{}", d.id)),
-                            Cell::from(format::clock(d.received_at)),
-                            Cell::from(d.consumer.clone()),
-                            Cell::from(d.reason.clone()).style(if d.reason == "key_conflict" {
-                                theme.crit
-                            } else {
-                                theme.warn
-                            }),
-                            Cell::from(d.preview.clone()).style(theme.dim),
-                        ])
-                    })
-                    .collect();
-                (
-                    format!(
-                        " Dead letters ({}, {sorted}) — Enter opens the raw bytes, y copies the key ",
-                        a.count_label()
-                    ),
-                    vec!["id", "received", "consumer", "reason", "raw"],
-                    vec![
-                        Constraint::Length(6),
-                        Constraint::Length(9),
-                        Constraint::Length(14),
-                        Constraint::Length(18),
-                        Constraint::Min(10),
-                    ],
-                    rows,
-                    a.selected(sort),
-                )
-            }
-            ListId::Reasons => {
-                let a = lists::reasons(app);
-                let rows = a
-                    .rows
-                    .iter()
-                    .map(|(_, d)| {
-                        Row::new([
-                            Cell::from(d.consumer.clone()),
-                            Cell::from(d.reason.clone()).style(if d.reason == "key_conflict" {
-                                theme.crit
-                            } else {
-                                theme.base
-                            }),
-                            Cell::from(d.total.to_string()),
-                            Cell::from(d.last_hour.to_string()),
-                        ])
-                    })
-                    .collect();
-                (
-                    format!(" Dead letters by reason ({}, {sorted}) ", a.count_label()),
-                    vec!["consumer", "reason", "total", "last h"],
-                    vec![
-                        Constraint::Length(14),
-                        Constraint::Length(19),
-                        Constraint::Length(7),
-                        Constraint::Min(6),
-                    ],
-                    rows,
-                    a.selected(sort),
-                )
-            }
-            ListId::Inserts => {
-                let a = lists::inserts(app);
-                let rows = a
-                    .rows
-                    .iter()
-                    .map(|(_, i)| {
-                        Row::new([
-                            Cell::from(i.consumer.clone()),
-                            Cell::from(i.last_minute.to_string()),
-                        ])
-                    })
-                    .collect();
-                (
-                    format!(" Inserts ({}, {sorted}) ", a.count_label()),
-                    vec!["consumer", "dedup rows / last minute"],
-                    vec![Constraint::Length(18), Constraint::Min(8)],
-                    rows,
-                    a.selected(sort),
-                )
-            }
-            _ => {
-                let a = lists::markers(app);
-                let rows = a
-                    .rows
-                    .iter()
-                    .map(|(_, m)| {
-                        Row::new([
-                            Cell::from(format::clock(m.at)),
-                            Cell::from(m.kind.clone()).style(theme.marker(&m.kind)),
-                            Cell::from(m.label.clone()),
-                        ])
-                    })
-                    .collect();
-                (
-                    format!(" Markers ({}, {sorted}) — m adds one ", a.count_label()),
-                    vec!["at", "kind", "label"],
-                    vec![
-                        Constraint::Length(9),
-                        Constraint::Length(8),
-                        Constraint::Min(20),
-                    ],
-                    rows,
-                    a.selected(sort),
-                )
-            }
-        };
-    let mut state = TableState::default().with_selected(selected);
-    frame.render_stateful_widget(
-        Table::new(rows, widths)
-            .header(Row::new(header).style(theme.title))
-            .row_highlight_style(if focused {
-                theme.selected
-            } else {
-                theme.base.add_modifier(Modifier::UNDERLINED)
-            })
-            .block(panel(
-                focus_title(fit_title(title, area.width), focused),
-                theme,
-            )),
-        area,
-        &mut state,
-    );
+    let mut table = match id {
+        ListId::Claims => claims_table(app, state, &sorted, theme),
+        ListId::DeadLetters => dead_letters_table(app, state, &sorted, theme),
+        ListId::Reasons => reasons_table(app, state, &sorted, theme),
+        ListId::Inserts => inserts_table(app, state, &sorted),
+        _ => markers_table(app, state, &sorted, theme),
+    };
+    table.title = fit_title(table.title, area.width);
+    list_table(frame, area, table, app.focused() == Some(id), theme);
+}
+
+/// Claims in doubt: `consumer │ message key │ age │ attempts`, the total in the
+/// title (the database lists at most a page of them).
+fn claims_table(app: &App, state: &ListState, sorted: &str, theme: &Theme) -> ListTable<'static> {
+    let a = lists::claims(app);
+    let total = app
+        .snapshot
+        .as_ref()
+        .and_then(|s| s.database.as_ref())
+        .map_or(0, |d| d.claims_in_doubt_total);
+    let rows = a
+        .rows
+        .iter()
+        .map(|(_, c)| {
+            Row::new([
+                Cell::from(c.consumer.clone()),
+                Cell::from(c.message_key.clone()),
+                Cell::from(format::duration(c.age_seconds)).style(theme.crit),
+                Cell::from(c.attempts.to_string()),
+            ])
+        })
+        .collect();
+    ListTable {
+        title: format!(
+            " Side effects in doubt: {total} ({} listed, {sorted}) — sent or not? a retry reuses the provider key ",
+            a.count_label()
+        ),
+        header: Row::new(["consumer", "message key", "age", "attempts"]),
+        widths: vec![
+            Constraint::Length(14),
+            Constraint::Min(20),
+            Constraint::Length(9),
+            Constraint::Length(8),
+        ],
+        rows,
+        selected: a.selected(state),
+    }
+}
+
+/// The style of a dead letter's reason: a key conflict (same key, different
+/// payload) is the one that means data was refused.
+fn reason_style(reason: &str, otherwise: Style, theme: &Theme) -> Style {
+    if reason == "key_conflict" {
+        theme.crit
+    } else {
+        otherwise
+    }
+}
+
+/// Dead letters one by one: `id │ received │ consumer │ reason │ raw preview`.
+fn dead_letters_table(
+    app: &App,
+    state: &ListState,
+    sorted: &str,
+    theme: &Theme,
+) -> ListTable<'static> {
+    let a = lists::dead_letters(app);
+    let rows = a
+        .rows
+        .iter()
+        .map(|(_, d)| {
+            Row::new([
+                Cell::from(format!("#{}", d.id)),
+                Cell::from(format::clock(d.received_at)),
+                Cell::from(d.consumer.clone()),
+                Cell::from(d.reason.clone()).style(reason_style(&d.reason, theme.warn, theme)),
+                Cell::from(d.preview.clone()).style(theme.dim),
+            ])
+        })
+        .collect();
+    ListTable {
+        title: format!(
+            " Dead letters ({}, {sorted}) — Enter opens the raw bytes, y copies the key ",
+            a.count_label()
+        ),
+        header: Row::new(["id", "received", "consumer", "reason", "raw"]),
+        widths: vec![
+            Constraint::Length(6),
+            Constraint::Length(9),
+            Constraint::Length(14),
+            Constraint::Length(18),
+            Constraint::Min(10),
+        ],
+        rows,
+        selected: a.selected(state),
+    }
+}
+
+/// Dead letters by reason: `consumer │ reason │ total │ last hour`.
+fn reasons_table(app: &App, state: &ListState, sorted: &str, theme: &Theme) -> ListTable<'static> {
+    let a = lists::reasons(app);
+    let rows = a
+        .rows
+        .iter()
+        .map(|(_, d)| {
+            Row::new([
+                Cell::from(d.consumer.clone()),
+                Cell::from(d.reason.clone()).style(reason_style(&d.reason, theme.base, theme)),
+                Cell::from(d.total.to_string()),
+                Cell::from(d.last_hour.to_string()),
+            ])
+        })
+        .collect();
+    ListTable {
+        title: format!(" Dead letters by reason ({}, {sorted}) ", a.count_label()),
+        header: Row::new(["consumer", "reason", "total", "last h"]),
+        widths: vec![
+            Constraint::Length(14),
+            Constraint::Length(19),
+            Constraint::Length(7),
+            Constraint::Min(6),
+        ],
+        rows,
+        selected: a.selected(state),
+    }
+}
+
+/// Dedup rows inserted per consumer over the last minute.
+fn inserts_table(app: &App, state: &ListState, sorted: &str) -> ListTable<'static> {
+    let a = lists::inserts(app);
+    let rows = a
+        .rows
+        .iter()
+        .map(|(_, i)| {
+            Row::new([
+                Cell::from(i.consumer.clone()),
+                Cell::from(i.last_minute.to_string()),
+            ])
+        })
+        .collect();
+    ListTable {
+        title: format!(" Inserts ({}, {sorted}) ", a.count_label()),
+        header: Row::new(["consumer", "dedup rows / last minute"]),
+        widths: vec![Constraint::Length(18), Constraint::Min(8)],
+        rows,
+        selected: a.selected(state),
+    }
+}
+
+/// The timeline's markers: `at │ kind │ label`, the kind in its marker colour.
+fn markers_table(app: &App, state: &ListState, sorted: &str, theme: &Theme) -> ListTable<'static> {
+    let a = lists::markers(app);
+    let rows = a
+        .rows
+        .iter()
+        .map(|(_, m)| {
+            Row::new([
+                Cell::from(format::clock(m.at)),
+                Cell::from(m.kind.clone()).style(theme.marker(&m.kind)),
+                Cell::from(m.label.clone()),
+            ])
+        })
+        .collect();
+    ListTable {
+        title: format!(" Markers ({}, {sorted}) — m adds one ", a.count_label()),
+        header: Row::new(["at", "kind", "label"]),
+        widths: vec![
+            Constraint::Length(9),
+            Constraint::Length(8),
+            Constraint::Min(20),
+        ],
+        rows,
+        selected: a.selected(state),
+    }
 }
 
 /// One dead letter: who refused it and why, then its raw bytes as escaped text and
@@ -338,14 +346,7 @@ fn raw_view(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Layout::vertical([Constraint::Length(detail_rows), Constraint::Min(3)]).areas(area);
     let mut detail = vec![Line::from(vec![
         Span::styled("reason  ", theme.title),
-        Span::styled(
-            d.reason.clone(),
-            if d.reason == "key_conflict" {
-                theme.crit
-            } else {
-                theme.warn
-            },
-        ),
+        Span::styled(d.reason.clone(), reason_style(&d.reason, theme.warn, theme)),
     ])];
     detail.push(Line::from(vec![
         Span::styled("detail  ", theme.title),
