@@ -32,6 +32,7 @@ use ratatui::Frame;
 use crate::monitor::alerts::{DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
 use crate::monitor::markers::{glyph, TimelineMarker};
 use crate::monitor::series::Point;
+use crate::monitor::targets::BrokerStatus;
 use crate::monitor::{BrokerChart, ConsumerChart};
 use crate::tui::app::{App, RateWindow, CURSOR_STEPS};
 use crate::tui::format;
@@ -289,8 +290,60 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     markers_panel(frame, list_area, app, &plot, theme);
 }
 
-/// The chart with its axes, baselines, marker lane, legend and cursor line.
+/// The chart with its axes, baselines, marker lane, legend and cursor line:
+///
+/// ```text
+/// ┌ title: which consumers, the window, the scale, where the line comes from ┐
+/// │ y labels ┤ the lines (braille canvas), ▲ clipped peaks, ┄ baselines      │
+/// │          └──┴──────────┴──── the axis, a tick per marker ┊ history end   │
+/// │             time labels                                                  │
+/// │             marker lane                                                  │
+/// │ legend (or the cursor's values)                                          │
+/// └──────────────────────────────────────────────────────────────────────────┘
+/// ```
 fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme: &Theme) {
+    let block = panel(chart_title(app, plot), theme);
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    if inner.height < 6 || inner.width < Y_LABELS + 10 {
+        return;
+    }
+    // Rows: the plot, the axis, the time labels, the marker lane, the legend (two
+    // rows when narrow, so every consumer stays named).
+    let [plot_rows, axis_row, time_row, lane_row, legend_row] = Layout::vertical([
+        Constraint::Min(2),
+        Constraint::Length(1),
+        Constraint::Length(1),
+        Constraint::Length(1),
+        Constraint::Length(if app.compact() { 2 } else { 1 }),
+    ])
+    .areas(inner);
+    let [labels, canvas_area] =
+        Layout::horizontal([Constraint::Length(Y_LABELS), Constraint::Min(4)]).areas(plot_rows);
+    let grid = Grid {
+        area: canvas_area,
+        x0: -(plot.span as f64),
+        scale: plot.scale,
+    };
+    lines(frame, &grid, plot, theme);
+    let buf = frame.buffer_mut();
+    baselines(buf, &grid, theme);
+    clipped_peaks(buf, &grid, plot, theme);
+    y_labels(buf, labels, &grid, theme);
+    x_axis(buf, axis_row, &grid, plot, theme);
+    time_labels(buf, time_row, canvas_area, plot);
+    marker_lane(buf, axis_row, lane_row, &grid, plot, theme);
+    if let Some(step) = app.chart.cursor {
+        cursor(buf, canvas_area, legend_row, axis_row, step, plot, theme);
+    } else {
+        let line = legend(app, plot, theme);
+        frame.render_widget(Paragraph::new(line).wrap(Wrap { trim: true }), legend_row);
+    }
+}
+
+/// The chart's title: which consumers, the ratio's window, the span, the scale
+/// (with the clipped peaks), and where history ends and own scrapes begin.
+fn chart_title(app: &App, plot: &Plot<'_>) -> String {
     let which = match app
         .chart
         .consumer
@@ -299,6 +352,27 @@ fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme:
         Some(c) => format!("{}/{}", c.target, c.consumer),
         None => "all consumers".to_string(),
     };
+    if app.compact() {
+        // Under 100 columns: the same facts, short enough to be read whole.
+        let which = which.split('/').nth(1).unwrap_or("all").to_string();
+        let scale = match plot.scale {
+            Scale::Linear {
+                max, clipped: 0, ..
+            } => format!("y ≤ {max:.2}%"),
+            Scale::Linear { max, clipped, .. } => format!("y ≤ {max:.2}%, {clipped} ▲"),
+            Scale::Log { .. } => "log".to_string(),
+        };
+        let source = if plot.history_until.is_some() {
+            " · ◂ Prom┊live ▸"
+        } else {
+            ""
+        };
+        return format!(
+            " Dup % {} — {which} — {} · {scale}{source} ",
+            ratio_label(app.rate_window),
+            span_label(plot.span)
+        );
+    }
     let scale_note = match plot.scale {
         Scale::Linear {
             max, clipped: 0, ..
@@ -318,53 +392,38 @@ fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme:
             )
         })
         .unwrap_or_default();
-    let title = if app.compact() {
-        // Under 100 columns: the same facts, short enough to be read whole.
-        let which = which.split('/').nth(1).unwrap_or("all").to_string();
-        let scale = match plot.scale {
-            Scale::Linear {
-                max, clipped: 0, ..
-            } => format!("y ≤ {max:.2}%"),
-            Scale::Linear { max, clipped, .. } => format!("y ≤ {max:.2}%, {clipped} ▲"),
-            Scale::Log { .. } => "log".to_string(),
-        };
-        let source = if plot.history_until.is_some() {
-            " · ◂ Prom┊live ▸"
-        } else {
-            ""
-        };
-        format!(
-            " Dup % {} — {which} — {} · {scale}{source} ",
-            ratio_label(app.rate_window),
-            span_label(plot.span)
-        )
-    } else {
-        format!(
-            " Duplicate rate {} (w) — {which} — last {} · {scale_note}{source_note} ",
-            ratio_label(app.rate_window),
-            span_label(plot.span)
-        )
-    };
-    let block = panel(title, theme);
-    let inner = block.inner(area);
-    frame.render_widget(block, area);
-    if inner.height < 6 || inner.width < Y_LABELS + 10 {
-        return;
+    format!(
+        " Duplicate rate {} (w) — {which} — last {} · {scale_note}{source_note} ",
+        ratio_label(app.rate_window),
+        span_label(plot.span)
+    )
+}
+
+/// Where the plot's values fall on the screen: seconds before now to columns,
+/// percent to rows, over the canvas's cells.
+struct Grid {
+    area: Rect,
+    /// The left edge, in seconds before now (negative).
+    x0: f64,
+    scale: Scale,
+}
+
+impl Grid {
+    fn col(&self, secs_before: f64) -> u16 {
+        let f = ((secs_before - self.x0) / -self.x0).clamp(0.0, 1.0);
+        self.area.x + ((f * f64::from(self.area.width - 1)).round() as u16)
     }
-    // Rows: the plot, the axis, the time labels, the marker lane, the legend (two
-    // rows when narrow, so every consumer stays named).
-    let [plot_rows, axis_row, time_row, lane_row, legend_row] = Layout::vertical([
-        Constraint::Min(2),
-        Constraint::Length(1),
-        Constraint::Length(1),
-        Constraint::Length(1),
-        Constraint::Length(if app.compact() { 2 } else { 1 }),
-    ])
-    .areas(inner);
-    let [labels, canvas_area] =
-        Layout::horizontal([Constraint::Length(Y_LABELS), Constraint::Min(4)]).areas(plot_rows);
-    let x0 = -(plot.span as f64);
-    let scale = plot.scale;
+
+    fn row(&self, pct: f64) -> u16 {
+        let [lo, hi] = self.scale.bounds();
+        let f = ((self.scale.y(pct) - lo) / (hi - lo)).clamp(0.0, 1.0);
+        self.area.bottom() - 1 - (f * f64::from(self.area.height - 1)).round() as u16
+    }
+}
+
+/// Each consumer's runs as braille lines in its colour (a run of one point is a dot).
+fn lines(frame: &mut Frame, grid: &Grid, plot: &Plot<'_>, theme: &Theme) {
+    let scale = grid.scale;
     let series_styles: Vec<Color> = plot
         .series
         .iter()
@@ -372,7 +431,7 @@ fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme:
         .collect();
     frame.render_widget(
         Canvas::default()
-            .x_bounds([x0, 0.0])
+            .x_bounds([grid.x0, 0.0])
             .y_bounds(scale.bounds())
             .marker(Marker::Braille)
             .paint(|ctx| {
@@ -399,53 +458,43 @@ fn chart_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, theme:
                     }
                 }
             }),
-        canvas_area,
+        grid.area,
     );
-    let buf = frame.buffer_mut();
-    let col_of = |secs_before: f64| -> u16 {
-        let f = ((secs_before - x0) / -x0).clamp(0.0, 1.0);
-        canvas_area.x + ((f * f64::from(canvas_area.width - 1)).round() as u16)
-    };
-    let row_of = |pct: f64| -> u16 {
-        let [lo, hi] = scale.bounds();
-        let f = ((scale.y(pct) - lo) / (hi - lo)).clamp(0.0, 1.0);
-        canvas_area.bottom() - 1 - (f * f64::from(canvas_area.height - 1)).round() as u16
-    };
-    baselines(buf, canvas_area, &row_of, theme);
-    // Clipped peaks: ▲ on the top row, at their columns.
+}
+
+/// Clipped peaks: ▲ on the top row, at their columns.
+fn clipped_peaks(buf: &mut Buffer, grid: &Grid, plot: &Plot<'_>, theme: &Theme) {
     for (_, _, segs) in &plot.series {
         for (x, y) in segs.iter().flatten() {
-            if scale.clipped(*y) {
-                put(buf, col_of(*x), canvas_area.y, "▲", theme.crit);
+            if grid.scale.clipped(*y) {
+                put(buf, grid.col(*x), grid.area.y, "▲", theme.crit);
             }
         }
     }
-    // The y labels.
-    for (v, label) in scale.ticks() {
-        let row = row_of(v);
+}
+
+/// The y labels, right-aligned against their tick.
+fn y_labels(buf: &mut Buffer, labels: Rect, grid: &Grid, theme: &Theme) {
+    for (v, label) in grid.scale.ticks() {
+        let row = grid.row(v);
         let text = format!("{label:>w$}┤", w = usize::from(Y_LABELS) - 1);
         buf.set_string(labels.x, row, text, theme.dim);
     }
-    // The x axis with a tick per marker, the time labels under it.
+}
+
+/// The x axis, and on it where the Prometheus history ends (`┊`).
+fn x_axis(buf: &mut Buffer, axis_row: Rect, grid: &Grid, plot: &Plot<'_>, theme: &Theme) {
     buf.set_string(
-        canvas_area.x - 1,
+        grid.area.x - 1,
         axis_row.y,
-        format!("└{}", "─".repeat(usize::from(canvas_area.width))),
+        format!("└{}", "─".repeat(usize::from(grid.area.width))),
         theme.dim,
     );
     if let Some(t) = plot.history_until {
         let before = (plot.now - t).num_milliseconds() as f64 / 1000.0;
         if before < plot.span as f64 {
-            put(buf, col_of(-before), axis_row.y, "┊", theme.title);
+            put(buf, grid.col(-before), axis_row.y, "┊", theme.title);
         }
-    }
-    time_labels(buf, time_row, canvas_area, plot);
-    marker_lane(buf, axis_row, lane_row, canvas_area, plot, &col_of, theme);
-    if let Some(step) = app.chart.cursor {
-        cursor(buf, canvas_area, legend_row, axis_row, step, plot, theme);
-    } else {
-        let line = legend(app, plot, theme);
-        frame.render_widget(Paragraph::new(line).wrap(Wrap { trim: true }), legend_row);
     }
 }
 
@@ -457,12 +506,13 @@ fn put(buf: &mut Buffer, x: u16, y: u16, symbol: &str, style: Style) {
 
 /// The normal-day and deploy-day baselines: dotted rows where no data is drawn,
 /// named at their right end.
-fn baselines(buf: &mut Buffer, area: Rect, row_of: &dyn Fn(f64) -> u16, theme: &Theme) {
+fn baselines(buf: &mut Buffer, grid: &Grid, theme: &Theme) {
+    let area = grid.area;
     for (pct, name) in [
         (NORMAL_DAY_RATIO * 100.0, "normal day 0.01%"),
         (DEPLOY_DAY_RATIO * 100.0, "deploy day 0.4%"),
     ] {
-        let y = row_of(pct);
+        let y = grid.row(pct);
         for x in area.x..area.right() {
             if buf.cell((x, y)).is_some_and(|c| c.symbol() == " ") {
                 put(buf, x, y, "┄", theme.dim);
@@ -503,22 +553,21 @@ fn time_labels(buf: &mut Buffer, row: Rect, area: Rect, plot: &Plot<'_>) {
 /// with as much of the label as fits before the next marker — or, where there is
 /// more room before it (the newest deploy sits at the right edge), ending just
 /// left of the letter.
-#[allow(clippy::too_many_arguments)]
 fn marker_lane(
     buf: &mut Buffer,
     axis: Rect,
     lane: Rect,
-    area: Rect,
+    grid: &Grid,
     plot: &Plot<'_>,
-    col_of: &dyn Fn(f64) -> u16,
     theme: &Theme,
 ) {
+    let area = grid.area;
     let mut placed: Vec<(u16, &TimelineMarker)> = plot
         .markers
         .iter()
         .map(|m| {
             let secs = -(plot.now - m.at).num_milliseconds() as f64 / 1000.0;
-            (col_of(secs), *m)
+            (grid.col(secs), *m)
         })
         .collect();
     placed.sort_by_key(|(x, _)| *x);
@@ -741,6 +790,14 @@ fn markers_panel(frame: &mut Frame, area: Rect, app: &App, plot: &Plot<'_>, them
 /// The broker's own redelivery rate (RabbitMQ's exporter) beside the consumers'
 /// duplicate_dropped rate, in messages per second: every broker redelivery should
 /// end as a dropped duplicate, so the two lines should move together.
+///
+/// ```text
+/// ┌ Broker redeliveries vs duplicates dropped (msg/s) — rabbit: 2.0 redelivered/s… ┐
+/// │ 2.4│      ⡠⠊⠉⠢⡀   (the broker's line in the warning colour,   rabbit redel… │
+/// │    │ ⣀⣀⠔⠁    ⠈⠢⣀   each consumer's in its series colour)      trip dropped… │
+/// │   0└──────────────────────────────────────────────────────────────────────── │
+/// └────────────────────────────────────────────────────────────────────────────────┘
+/// ```
 fn broker_panel(
     frame: &mut Frame,
     area: Rect,
@@ -753,7 +810,6 @@ fn broker_panel(
         return;
     };
     let now = snap.taken_at;
-    let x0 = -(span as f64);
     let brokers: Vec<(&BrokerChart, Segments)> = snap
         .broker_charts
         .iter()
@@ -778,33 +834,62 @@ fn broker_panel(
     let y_max = (peak * 1.2).max(1.0);
     let mut datasets = Vec::new();
     for (b, segs) in &brokers {
-        for (k, seg) in segs.iter().enumerate() {
-            let mut d = Dataset::default()
-                .marker(Marker::Braille)
-                .graph_type(GraphType::Line)
-                .style(theme.warn)
-                .data(seg);
-            if k == 0 {
-                d = d.name(format!("{} redelivered/s", b.target));
-            }
-            datasets.push(d);
-        }
+        let name = format!("{} redelivered/s", b.target);
+        datasets.extend(rate_lines(segs, name, theme.warn));
     }
     for (i, name, segs) in &dropped {
-        for (k, seg) in segs.iter().enumerate() {
-            let mut d = Dataset::default()
+        datasets.extend(rate_lines(
+            segs,
+            format!("{name} dropped/s"),
+            theme.series(*i),
+        ));
+    }
+    let title = format!(
+        " Broker redeliveries vs duplicates dropped (msg/s) — {} ",
+        broker_status(&snap.brokers)
+    );
+    frame.render_widget(
+        Chart::new(datasets)
+            .block(panel(title, theme))
+            .x_axis(
+                Axis::default()
+                    .bounds([-(span as f64), 0.0])
+                    .style(theme.dim),
+            )
+            .y_axis(
+                Axis::default()
+                    .bounds([0.0, y_max])
+                    .labels(vec![Span::raw("0"), Span::raw(format!("{y_max:.1}"))])
+                    .style(theme.dim),
+            )
+            .legend_position(Some(ratatui::widgets::LegendPosition::TopRight))
+            .hidden_legend_constraints((Constraint::Percentage(50), Constraint::Percentage(100))),
+        area,
+    );
+}
+
+/// One rate as chart lines, one per run; only the first run is named, so the
+/// legend has one entry per rate.
+fn rate_lines<'a>(segs: &'a Segments, name: String, style: Style) -> Vec<Dataset<'a>> {
+    let mut name = Some(name);
+    segs.iter()
+        .map(|seg| {
+            let d = Dataset::default()
                 .marker(Marker::Braille)
                 .graph_type(GraphType::Line)
-                .style(theme.series(*i))
+                .style(style)
                 .data(seg);
-            if k == 0 {
-                d = d.name(format!("{name} dropped/s"));
+            match name.take() {
+                Some(n) => d.name(n),
+                None => d,
             }
-            datasets.push(d);
-        }
-    }
-    let status: Vec<String> = snap
-        .brokers
+        })
+        .collect()
+}
+
+/// Each broker's redelivery rate and queue depths as its exporter reports them.
+fn broker_status(brokers: &[BrokerStatus]) -> String {
+    let status: Vec<String> = brokers
         .iter()
         .map(|b| {
             if !b.up {
@@ -822,24 +907,7 @@ fn broker_panel(
             )
         })
         .collect();
-    let title = format!(
-        " Broker redeliveries vs duplicates dropped (msg/s) — {} ",
-        status.join(" · ")
-    );
-    frame.render_widget(
-        Chart::new(datasets)
-            .block(panel(title, theme))
-            .x_axis(Axis::default().bounds([x0, 0.0]).style(theme.dim))
-            .y_axis(
-                Axis::default()
-                    .bounds([0.0, y_max])
-                    .labels(vec![Span::raw("0"), Span::raw(format!("{y_max:.1}"))])
-                    .style(theme.dim),
-            )
-            .legend_position(Some(ratatui::widgets::LegendPosition::TopRight))
-            .hidden_legend_constraints((Constraint::Percentage(50), Constraint::Percentage(100))),
-        area,
-    );
+    status.join(" · ")
 }
 
 #[cfg(test)]
