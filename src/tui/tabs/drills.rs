@@ -16,8 +16,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
-use crate::drills::{Scenario, Verdict};
-use crate::tui::app::App;
+use crate::drills::{DrillReport, Scenario, Verdict};
+use crate::tui::app::{App, RunningDrill};
 use crate::tui::format;
 use crate::tui::lists::{self, ListId};
 use crate::tui::theme::Theme;
@@ -71,88 +71,25 @@ fn scenarios_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     );
 }
 
-/// The running drill's progress, or the last verdict with every check (scrolls).
+/// The running drill's progress, or the last verdict with every check (scrolls):
+///
+/// ```text
+/// ┌ Verdict (14 lines; PgUp/PgDn scroll) ──────────────────────────┐
+/// │  PASS   crash-before-ack (idempotent) run #12 in 840 ms        │
+/// │ deliveries 2  sms_sent 1  webhooks 0  duplicate_dropped 1 …    │
+/// │  ok   SMS actually sent: expected 1, got 1                     │
+/// │  FAIL …                                                        │
+/// └────────────────────────────────────────────────────────────────┘
+/// ```
 fn verdict_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let result: Vec<Line> = if let Some(r) = &app.drills.running {
-        let mut l = vec![Line::styled(
-            format!(
-                "running {} ({}) for {}…",
-                r.scenario,
-                r.mode.as_str(),
-                format::duration((app.now - r.started).num_seconds())
-            ),
-            theme.warn,
-        )];
-        l.extend(
-            r.progress
-                .iter()
-                .rev()
-                .take(12)
-                .rev()
-                .map(|p| Line::raw(format!("  {p}"))),
-        );
-        l
-    } else {
-        match &app.drills.last {
-            None => vec![
-                Line::styled("no drill run in this session yet", theme.dim),
-                Line::raw(""),
-                // One line, wrapped to the panel's width by the paragraph.
-                Line::raw(
-                    "A drill runs against the watched database and queue in its own corner \
-                     (its own queue namespace and device id): live rows are never touched. \
-                     Except live-redelivery: it re-publishes to the watched system itself, \
-                     only with [drills] allow_live (or in the demo) and after a confirmation.",
-                ),
-            ],
-            Some(Err(e)) => vec![Line::styled(
-                format!("the drill could not run: {e}"),
-                theme.crit,
-            )],
-            Some(Ok(r)) => {
-                let style = if r.verdict == Verdict::Pass {
-                    theme.ok
-                } else {
-                    theme.crit
-                };
-                let mut l = vec![
-                    Line::from(vec![
-                        Span::styled(format!(" {} ", r.verdict.as_str().to_uppercase()), style.add_modifier(Modifier::REVERSED)),
-                        Span::raw(format!("  {} ({}) run #{} in {} ms", r.scenario, r.mode.as_str(), r.run_id, r.duration_ms)),
-                    ]),
-                    Line::raw(format!(
-                        "deliveries {}  sms_sent {}  webhooks {}  duplicate_dropped {}  counter_delta {}  dead_lettered {}  state_ok {}",
-                        r.deliveries, r.sms_sent, r.webhooks_sent, r.duplicate_dropped, r.counter_delta, r.dead_lettered, r.state_ok
-                    )),
-                ];
-                if let Some(checks) = r.details.get("checks").and_then(|c| c.as_array()) {
-                    for c in checks {
-                        let ok = c.get("ok").and_then(|v| v.as_bool()).unwrap_or(false);
-                        l.push(Line::from(vec![
-                            Span::styled(
-                                if ok { " ok   " } else { " FAIL " },
-                                if ok { theme.ok } else { theme.crit },
-                            ),
-                            Span::raw(format!(
-                                "{}: expected {}, got {}",
-                                c.get("name").and_then(|v| v.as_str()).unwrap_or("?"),
-                                c.get("expected").cloned().unwrap_or_default(),
-                                c.get("actual").cloned().unwrap_or_default()
-                            )),
-                        ]));
-                    }
-                }
-                if r.mode == crate::engine::consumers::ConsumerMode::Naive
-                    && r.verdict == Verdict::Fail
-                {
-                    l.push(Line::styled(
-                        "naive mode: this failure is the harm the pattern prevents",
-                        theme.dim,
-                    ));
-                }
-                l
-            }
-        }
+    let result: Vec<Line> = match (&app.drills.running, &app.drills.last) {
+        (Some(r), _) => progress_lines(r, app, theme),
+        (None, None) => no_drill_lines(theme),
+        (None, Some(Err(e))) => vec![Line::styled(
+            format!("the drill could not run: {e}"),
+            theme.crit,
+        )],
+        (None, Some(Ok(r))) => verdict_lines(r, theme),
     };
     let total = result.len();
     let title = if total > usize::from(area.height.saturating_sub(2)) {
@@ -167,6 +104,86 @@ fn verdict_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             .block(panel(title, theme)),
         area,
     );
+}
+
+/// A drill under way: what runs for how long, and its last twelve progress lines.
+fn progress_lines(r: &RunningDrill, app: &App, theme: &Theme) -> Vec<Line<'static>> {
+    let mut l = vec![Line::styled(
+        format!(
+            "running {} ({}) for {}…",
+            r.scenario,
+            r.mode.as_str(),
+            format::duration((app.now - r.started).num_seconds())
+        ),
+        theme.warn,
+    )];
+    l.extend(
+        r.progress
+            .iter()
+            .rev()
+            .take(12)
+            .rev()
+            .map(|p| Line::raw(format!("  {p}"))),
+    );
+    l
+}
+
+/// Before the session's first drill: what a drill touches and what it never does.
+fn no_drill_lines(theme: &Theme) -> Vec<Line<'static>> {
+    vec![
+        Line::styled("no drill run in this session yet", theme.dim),
+        Line::raw(""),
+        // One line, wrapped to the panel's width by the paragraph.
+        Line::raw(
+            "A drill runs against the watched database and queue in its own corner \
+             (its own queue namespace and device id): live rows are never touched. \
+             Except live-redelivery: it re-publishes to the watched system itself, \
+             only with [drills] allow_live (or in the demo) and after a confirmation.",
+        ),
+    ]
+}
+
+/// A finished drill: the verdict, the counts, then each check, expected against got.
+fn verdict_lines(r: &DrillReport, theme: &Theme) -> Vec<Line<'static>> {
+    let style = if r.verdict == Verdict::Pass {
+        theme.ok
+    } else {
+        theme.crit
+    };
+    let mut l = vec![
+        Line::from(vec![
+            Span::styled(format!(" {} ", r.verdict.as_str().to_uppercase()), style.add_modifier(Modifier::REVERSED)),
+            Span::raw(format!("  {} ({}) run #{} in {} ms", r.scenario, r.mode.as_str(), r.run_id, r.duration_ms)),
+        ]),
+        Line::raw(format!(
+            "deliveries {}  sms_sent {}  webhooks {}  duplicate_dropped {}  counter_delta {}  dead_lettered {}  state_ok {}",
+            r.deliveries, r.sms_sent, r.webhooks_sent, r.duplicate_dropped, r.counter_delta, r.dead_lettered, r.state_ok
+        )),
+    ];
+    if let Some(checks) = r.details.get("checks").and_then(|c| c.as_array()) {
+        for c in checks {
+            let ok = c.get("ok").and_then(|v| v.as_bool()).unwrap_or(false);
+            l.push(Line::from(vec![
+                Span::styled(
+                    if ok { " ok   " } else { " FAIL " },
+                    if ok { theme.ok } else { theme.crit },
+                ),
+                Span::raw(format!(
+                    "{}: expected {}, got {}",
+                    c.get("name").and_then(|v| v.as_str()).unwrap_or("?"),
+                    c.get("expected").cloned().unwrap_or_default(),
+                    c.get("actual").cloned().unwrap_or_default()
+                )),
+            ]));
+        }
+    }
+    if r.mode == crate::engine::consumers::ConsumerMode::Naive && r.verdict == Verdict::Fail {
+        l.push(Line::styled(
+            "naive mode: this failure is the harm the pattern prevents",
+            theme.dim,
+        ));
+    }
+    l
 }
 
 fn history_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {

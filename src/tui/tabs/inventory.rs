@@ -92,57 +92,14 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             *last = &compact_header;
         }
     }
-    let detail_width = w[w.len() - 1];
     let mut height = 3u16;
     let rows: Vec<Row> = consumers::FLEET_CONSUMERS
         .iter()
         .filter(|c| app.matches(c))
         .map(|name| {
-            let risk = consumers::risk_class(name).unwrap_or(RiskClass::Accumulation);
-            let check = app
-                .inventory
-                .as_ref()
-                .and_then(|all| all.iter().find(|c| c.consumer == *name));
-            let (verdict, style) = match (check, &app.inventory) {
-                (Some(c), _) if c.verdict == Verdict::Pass => ("same result", theme.ok),
-                (Some(_), _) => ("DIFFERS", theme.crit),
-                (None, None) => ("checking…", theme.dim),
-                (None, Some(_)) => ("not run", theme.warn),
-            };
-            let mode = check.map(|c| c.mode.as_str()).unwrap_or("idempotent");
-            let detail = check.map(|c| c.detail.as_str()).unwrap_or("");
-            let cells: Vec<Vec<Line<'static>>> = if compact {
-                // The verdict heads its detail (a passing detail starts with it); the
-                // mode is the header's (one run checks every consumer in one mode).
-                let text = if detail.starts_with(verdict) {
-                    detail.to_string()
-                } else {
-                    format!("{verdict}: {detail}")
-                };
-                let mut last = wrapped(text.trim_end_matches([':', ' ']), detail_width);
-                if let Some(first) = last.first_mut() {
-                    *first = first.clone().style(style);
-                }
-                vec![
-                    wrapped(name, w[0]),
-                    wrapped(risk.as_str(), w[1]),
-                    wrapped(mechanism(risk), w[2]),
-                    last,
-                ]
-            } else {
-                vec![
-                    wrapped(name, w[0]),
-                    wrapped(risk.as_str(), w[1]),
-                    wrapped(mode, w[2]),
-                    wrapped(mechanism(risk), w[3]),
-                    vec![Line::styled(verdict, style)],
-                    wrapped(detail, detail_width),
-                ]
-            };
-            let lines = cells.iter().map(Vec::len).max().unwrap_or(1);
-            let lines = u16::try_from(lines).unwrap_or(1);
+            let (row, lines) = consumer_row(name, app, &w, theme);
             height += lines;
-            Row::new(cells.into_iter().map(Cell::from)).height(lines)
+            row
         })
         .collect();
     // The table first: the note below it only where three lines of it fit.
@@ -157,9 +114,66 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             )),
         table_area,
     );
-    if note_area.height < 3 {
-        return;
+    if note_area.height >= 3 {
+        note_panel(frame, note_area, theme);
     }
+}
+
+/// One consumer's row, wrapped to the column widths `w`, and how many lines it
+/// takes.
+fn consumer_row(name: &str, app: &App, w: &[u16], theme: &Theme) -> (Row<'static>, u16) {
+    let risk = consumers::risk_class(name).unwrap_or(RiskClass::Accumulation);
+    let check = app
+        .inventory
+        .as_ref()
+        .and_then(|all| all.iter().find(|c| c.consumer == name));
+    let (verdict, style) = match (check, &app.inventory) {
+        (Some(c), _) if c.verdict == Verdict::Pass => ("same result", theme.ok),
+        (Some(_), _) => ("DIFFERS", theme.crit),
+        (None, None) => ("checking…", theme.dim),
+        (None, Some(_)) => ("not run", theme.warn),
+    };
+    let mode = check.map(|c| c.mode.as_str()).unwrap_or("idempotent");
+    let detail = check.map(|c| c.detail.as_str()).unwrap_or("");
+    let detail_width = w[w.len() - 1];
+    let cells: Vec<Vec<Line<'static>>> = if app.compact() {
+        // The verdict heads its detail (a passing detail starts with it); the
+        // mode is the header's (one run checks every consumer in one mode).
+        let text = if detail.starts_with(verdict) {
+            detail.to_string()
+        } else {
+            format!("{verdict}: {detail}")
+        };
+        let mut last = wrapped(text.trim_end_matches([':', ' ']), detail_width);
+        if let Some(first) = last.first_mut() {
+            *first = first.clone().style(style);
+        }
+        vec![
+            wrapped(name, w[0]),
+            wrapped(risk.as_str(), w[1]),
+            wrapped(mechanism(risk), w[2]),
+            last,
+        ]
+    } else {
+        vec![
+            wrapped(name, w[0]),
+            wrapped(risk.as_str(), w[1]),
+            wrapped(mode, w[2]),
+            wrapped(mechanism(risk), w[3]),
+            vec![Line::styled(verdict, style)],
+            wrapped(detail, detail_width),
+        ]
+    };
+    let lines = cells.iter().map(Vec::len).max().unwrap_or(1);
+    let lines = u16::try_from(lines).unwrap_or(1);
+    (
+        Row::new(cells.into_iter().map(Cell::from)).height(lines),
+        lines,
+    )
+}
+
+/// What the twice check does, and the review rule it stands for.
+fn note_panel(frame: &mut Frame, area: Rect, theme: &Theme) {
     frame.render_widget(
         Paragraph::new(vec![
             Line::raw("The twice check delivers a fleet trace once, then every message twice in a row, on a scratch SQLite database with its own sandbox provider, and compares rows, SMS, webhooks and counters."),
@@ -167,6 +181,6 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         ])
         .wrap(Wrap { trim: true })
         .block(panel(" How ", theme)),
-        note_area,
+        area,
     );
 }
