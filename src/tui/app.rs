@@ -271,7 +271,8 @@ impl App {
             })
     }
 
-    /// Apply one action. Returns the I/O to perform.
+    /// Apply one action. Returns the I/O to perform. One line per action: what an
+    /// action does beyond a line is a method of its own below.
     pub fn update(&mut self, action: Action) -> Vec<Effect> {
         let mut effects = Vec::new();
         match action {
@@ -279,45 +280,13 @@ impl App {
             Action::NextTab => self.switch(self.tab.offset(1)),
             Action::PrevTab => self.switch(self.tab.offset(-1)),
             Action::GoTo(t) => self.switch(t),
-            Action::ToggleHelp => {
-                self.help = match self.help {
-                    Some(_) => None,
-                    None => Some(0),
-                }
-            }
-            Action::ToggleFreeze => {
-                self.missed_while_frozen = 0;
-                self.frozen_at = match self.frozen_at {
-                    Some(_) => {
-                        effects.push(Effect::Monitor(MonitorCommand::PollNow));
-                        None
-                    }
-                    None => Some(self.now),
-                };
-            }
-            Action::StartPrompt(kind) => {
-                self.help = None;
-                self.prompt = Some(Prompt {
-                    kind,
-                    text: String::new(),
-                });
-            }
-            Action::PromptInput(c) => {
-                if let Some(p) = &mut self.prompt {
-                    p.text.push(c);
-                    if p.kind == PromptKind::Filter {
-                        self.filter = p.text.clone();
-                    }
-                }
-            }
-            Action::PromptBackspace => {
-                if let Some(p) = &mut self.prompt {
-                    p.text.pop();
-                    if p.kind == PromptKind::Filter {
-                        self.filter = p.text.clone();
-                    }
-                }
-            }
+            Action::ToggleHelp => self.help = if self.help.is_some() { None } else { Some(0) },
+            Action::ToggleFreeze => effects.extend(self.toggle_freeze()),
+            Action::StartPrompt(kind) => self.start_prompt(kind),
+            Action::PromptInput(c) => self.edit_prompt(|text| text.push(c)),
+            Action::PromptBackspace => self.edit_prompt(|text| {
+                text.pop();
+            }),
             Action::PromptDone => effects.extend(self.prompt_done()),
             Action::Back => effects.extend(self.back()),
             Action::ZoomIn => effects.push(Effect::Monitor(MonitorCommand::ZoomIn)),
@@ -330,107 +299,26 @@ impl App {
             Action::End => self.scroll(isize::MAX / 2),
             Action::Left => self.sideways(-1),
             Action::Right => self.sideways(1),
-            Action::Sort => {
-                if let Some(id) = self.focused() {
-                    let n = id.sorts().len();
-                    let l = self.list_mut(id);
-                    l.sort = (l.sort + 1) % n;
-                    l.reversed = false;
-                    self.status = Some(format!("{} sorted by {}", id.title(), id.sorts()[l.sort]));
-                }
-            }
-            Action::SortReverse => {
-                if let Some(id) = self.focused() {
-                    let l = self.list_mut(id);
-                    l.reversed = !l.reversed;
-                }
-            }
+            Action::Sort => self.next_sort(),
+            Action::SortReverse => self.reverse_sort(),
             Action::Enter => effects.extend(self.enter()),
-            Action::CycleConsumer => {
-                let n = self.chart_names().len();
-                self.chart.consumer = match self.chart.consumer {
-                    None if n > 0 => Some(0),
-                    Some(i) if i + 1 < n => Some(i + 1),
-                    _ => None,
-                };
-            }
-            Action::ToggleMarkerKind(kind) => {
-                if !self.chart.hidden_kinds.remove(kind) {
-                    self.chart.hidden_kinds.insert(kind.to_string());
-                }
-            }
+            Action::CycleConsumer => self.cycle_consumer(),
+            Action::ToggleMarkerKind(kind) => self.toggle_marker_kind(kind),
             Action::ToggleLogScale => self.chart.log = !self.chart.log,
             Action::CycleRateWindow => self.rate_window = self.rate_window.next(),
-            Action::ToggleDrillMode => {
-                self.drills.mode = match self.drills.mode {
-                    ConsumerMode::Idempotent => ConsumerMode::Naive,
-                    ConsumerMode::Naive => ConsumerMode::SeenSet,
-                    ConsumerMode::SeenSet => ConsumerMode::Idempotent,
-                };
-                self.drills.confirming = false;
-            }
+            Action::ToggleDrillMode => self.next_drill_mode(),
             Action::Confirm => effects.extend(self.confirm()),
             Action::ReplayDeadLetter => self.ask_replay(),
             Action::Acknowledge => self.mark_alert(false),
             Action::Silence => self.mark_alert(true),
             Action::Copy => effects.extend(self.copy()),
             Action::Export => effects.push(Effect::Export),
-            Action::Deploy => {
-                if self.demo {
-                    self.status = Some("simulated deploy: consumers restart mid-flight".into());
-                    effects.push(Effect::Deploy);
-                }
-            }
-            Action::Click { column, row } => {
-                if row == 0 {
-                    if let Some(i) = tab_spans(self.width, self.tab)
-                        .iter()
-                        .position(|(a, b)| (*a..=*b).contains(&column))
-                    {
-                        self.switch(Tab::ALL[i]);
-                    }
-                }
-            }
-            Action::Resize { width, height } => {
-                if width != self.width {
-                    effects.push(Effect::Monitor(MonitorCommand::ChartColumns(
-                        chart_columns(width),
-                    )));
-                }
-                self.width = width;
-                self.height = height;
-            }
-            Action::Snapshot(snapshot) => {
-                if self.frozen() {
-                    self.missed_while_frozen += 1;
-                } else {
-                    self.now = snapshot.taken_at;
-                    self.snapshot = Some(snapshot);
-                    self.clamp_selections();
-                }
-            }
-            Action::DrillProgress(line) => {
-                if let Some(r) = &mut self.drills.running {
-                    r.progress.push(line);
-                    let excess = r.progress.len().saturating_sub(200);
-                    r.progress.drain(..excess);
-                }
-            }
-            Action::DrillFinished(result) => {
-                self.drills.running = None;
-                self.drills.verdict_scroll = 0;
-                self.status = Some(match &result {
-                    Ok(r) => format!(
-                        "drill {} ({}): {}",
-                        r.scenario,
-                        r.mode.as_str(),
-                        r.verdict.as_str()
-                    ),
-                    Err(e) => format!("drill failed to run: {e}"),
-                });
-                self.drills.last = Some(result);
-                effects.push(Effect::Monitor(MonitorCommand::PollNow));
-            }
+            Action::Deploy => effects.extend(self.deploy()),
+            Action::Click { column, row } => self.click(column, row),
+            Action::Resize { width, height } => effects.extend(self.resize(width, height)),
+            Action::Snapshot(snapshot) => self.take_snapshot(snapshot),
+            Action::DrillProgress(line) => self.drill_progress(line),
+            Action::DrillFinished(result) => effects.push(self.drill_finished(result)),
             Action::TwiceChecked(checks) => self.inventory = Some(checks),
             Action::Status(line) => self.status = Some(line),
             Action::Tick(now) => {
@@ -440,6 +328,150 @@ impl App {
             }
         }
         effects
+    }
+
+    /// Freeze the screen (snapshots are counted, not shown), or thaw it and poll now.
+    fn toggle_freeze(&mut self) -> Option<Effect> {
+        self.missed_while_frozen = 0;
+        match self.frozen_at.take() {
+            Some(_) => Some(Effect::Monitor(MonitorCommand::PollNow)),
+            None => {
+                self.frozen_at = Some(self.now);
+                None
+            }
+        }
+    }
+
+    fn start_prompt(&mut self, kind: PromptKind) {
+        self.help = None;
+        self.prompt = Some(Prompt {
+            kind,
+            text: String::new(),
+        });
+    }
+
+    /// Edit the open prompt's text; the filter follows its prompt as it is typed.
+    fn edit_prompt(&mut self, edit: impl FnOnce(&mut String)) {
+        if let Some(p) = &mut self.prompt {
+            edit(&mut p.text);
+            if p.kind == PromptKind::Filter {
+                self.filter = p.text.clone();
+            }
+        }
+    }
+
+    /// The focused list by its next column (`s`), ascending again.
+    fn next_sort(&mut self) {
+        if let Some(id) = self.focused() {
+            let n = id.sorts().len();
+            let l = self.list_mut(id);
+            l.sort = (l.sort + 1) % n;
+            l.reversed = false;
+            self.status = Some(format!("{} sorted by {}", id.title(), id.sorts()[l.sort]));
+        }
+    }
+
+    fn reverse_sort(&mut self) {
+        if let Some(id) = self.focused() {
+            let l = self.list_mut(id);
+            l.reversed = !l.reversed;
+        }
+    }
+
+    /// The chart's consumer: all, then each one, then all again.
+    fn cycle_consumer(&mut self) {
+        let n = self.chart_names().len();
+        self.chart.consumer = match self.chart.consumer {
+            None if n > 0 => Some(0),
+            Some(i) if i + 1 < n => Some(i + 1),
+            _ => None,
+        };
+    }
+
+    fn toggle_marker_kind(&mut self, kind: &'static str) {
+        if !self.chart.hidden_kinds.remove(kind) {
+            self.chart.hidden_kinds.insert(kind.to_string());
+        }
+    }
+
+    /// idempotent → naive → seen-set → idempotent; a pending confirmation is for
+    /// the old mode, so it goes.
+    fn next_drill_mode(&mut self) {
+        self.drills.mode = match self.drills.mode {
+            ConsumerMode::Idempotent => ConsumerMode::Naive,
+            ConsumerMode::Naive => ConsumerMode::SeenSet,
+            ConsumerMode::SeenSet => ConsumerMode::Idempotent,
+        };
+        self.drills.confirming = false;
+    }
+
+    /// `D`: a simulated deploy, in the demo only.
+    fn deploy(&mut self) -> Option<Effect> {
+        if !self.demo {
+            return None;
+        }
+        self.status = Some("simulated deploy: consumers restart mid-flight".into());
+        Some(Effect::Deploy)
+    }
+
+    /// A click on the tab bar switches to the tab under it.
+    fn click(&mut self, column: u16, row: u16) {
+        if row != 0 {
+            return;
+        }
+        if let Some(i) = tab_spans(self.width, self.tab)
+            .iter()
+            .position(|(a, b)| (*a..=*b).contains(&column))
+        {
+            self.switch(Tab::ALL[i]);
+        }
+    }
+
+    /// A new terminal size; a new width changes how many points the chart needs.
+    fn resize(&mut self, width: u16, height: u16) -> Option<Effect> {
+        let columns = (width != self.width)
+            .then(|| Effect::Monitor(MonitorCommand::ChartColumns(chart_columns(width))));
+        self.width = width;
+        self.height = height;
+        columns
+    }
+
+    /// A poll's snapshot: shown, unless the screen is frozen (then only counted).
+    fn take_snapshot(&mut self, snapshot: Arc<Snapshot>) {
+        if self.frozen() {
+            self.missed_while_frozen += 1;
+        } else {
+            self.now = snapshot.taken_at;
+            self.snapshot = Some(snapshot);
+            self.clamp_selections();
+        }
+    }
+
+    /// A running drill's progress line; the last 200 are kept.
+    fn drill_progress(&mut self, line: String) {
+        if let Some(r) = &mut self.drills.running {
+            r.progress.push(line);
+            let excess = r.progress.len().saturating_sub(200);
+            r.progress.drain(..excess);
+        }
+    }
+
+    /// A drill's end: its verdict on the status line and in the panel, and a poll
+    /// now so its run and marker show at once.
+    fn drill_finished(&mut self, result: Result<Box<DrillReport>, String>) -> Effect {
+        self.drills.running = None;
+        self.drills.verdict_scroll = 0;
+        self.status = Some(match &result {
+            Ok(r) => format!(
+                "drill {} ({}): {}",
+                r.scenario,
+                r.mode.as_str(),
+                r.verdict.as_str()
+            ),
+            Err(e) => format!("drill failed to run: {e}"),
+        });
+        self.drills.last = Some(result);
+        Effect::Monitor(MonitorCommand::PollNow)
     }
 
     fn switch(&mut self, tab: Tab) {
@@ -684,49 +716,56 @@ impl App {
                 Vec::new()
             }
             AlertObject::DeadLetters { consumer, reason } => {
-                self.switch(Tab::Tables);
-                self.raw = None;
-                self.focus.insert(Tab::Tables, ListId::DeadLetters);
-                let listed = lists::dead_letters(self)
-                    .rows
-                    .iter()
-                    .filter(|(_, d)| d.consumer == consumer && d.reason == reason)
-                    .max_by_key(|(_, d)| d.id)
-                    .map(|(k, _)| k.clone());
-                if listed.is_some() {
-                    self.list_mut(ListId::DeadLetters).selected = listed;
-                    return Vec::new();
-                }
-                // Older than the newest ones listed (a burst of other dead letters
-                // came after it): its group knows its id, and it opens by id.
-                let newest_id = self
-                    .snapshot
-                    .as_ref()
-                    .and_then(|s| s.database.as_ref())
-                    .and_then(|d| {
-                        d.dead_letters
-                            .iter()
-                            .find(|g| g.consumer == consumer && g.reason == reason)
-                    })
-                    .and_then(|g| g.newest_id);
-                let Some(id) = newest_id else {
-                    return Vec::new();
-                };
-                self.list_mut(ListId::DeadLetters).selected = Some(id.to_string());
-                self.status = Some(format!(
-                    "from alert: dead letter #{id} ({consumer} {reason}) is older than the listed ones: opened by id"
-                ));
-                self.raw = Some(RawView {
-                    id,
-                    ..RawView::default()
-                });
-                vec![Effect::Monitor(MonitorCommand::OpenDeadLetter(Some(id)))]
+                self.jump_to_dead_letters(&consumer, &reason)
             }
             AlertObject::Device { device_id } => {
                 self.switch(Tab::Vehicles);
                 self.open_vehicle(device_id)
             }
         }
+    }
+
+    /// An alert about a consumer's dead letters of one reason: the newest of them
+    /// selected on the Tables tab, or opened by id when it is older than the
+    /// listed page.
+    fn jump_to_dead_letters(&mut self, consumer: &str, reason: &str) -> Vec<Effect> {
+        self.switch(Tab::Tables);
+        self.raw = None;
+        self.focus.insert(Tab::Tables, ListId::DeadLetters);
+        let listed = lists::dead_letters(self)
+            .rows
+            .iter()
+            .filter(|(_, d)| d.consumer == consumer && d.reason == reason)
+            .max_by_key(|(_, d)| d.id)
+            .map(|(k, _)| k.clone());
+        if listed.is_some() {
+            self.list_mut(ListId::DeadLetters).selected = listed;
+            return Vec::new();
+        }
+        // Older than the newest ones listed (a burst of other dead letters
+        // came after it): its group knows its id, and it opens by id.
+        let newest_id = self
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.database.as_ref())
+            .and_then(|d| {
+                d.dead_letters
+                    .iter()
+                    .find(|g| g.consumer == consumer && g.reason == reason)
+            })
+            .and_then(|g| g.newest_id);
+        let Some(id) = newest_id else {
+            return Vec::new();
+        };
+        self.list_mut(ListId::DeadLetters).selected = Some(id.to_string());
+        self.status = Some(format!(
+            "from alert: dead letter #{id} ({consumer} {reason}) is older than the listed ones: opened by id"
+        ));
+        self.raw = Some(RawView {
+            id,
+            ..RawView::default()
+        });
+        vec![Effect::Monitor(MonitorCommand::OpenDeadLetter(Some(id)))]
     }
 
     /// `a` acknowledges (kept, out of the badge), `z` silences (hidden) the selected
