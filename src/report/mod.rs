@@ -8,7 +8,7 @@
 //! session's own series) or by `idemwatch report` from a fresh poll of the
 //! configured sources. Sits above the monitor and below the TUI and the CLI.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -28,6 +28,17 @@ pub enum Format {
     Html,
     Json,
     Csv,
+}
+
+impl Format {
+    /// The file extension an export in this format takes.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Html => "html",
+            Format::Json => "json",
+            Format::Csv => "csv",
+        }
+    }
 }
 
 /// One point of a consumer's window, in the shape of `snapshot --json`'s history.
@@ -266,5 +277,76 @@ impl Report {
     /// Write it to `path` (created or replaced).
     pub fn write(&self, format: Format, path: &Path) -> std::io::Result<()> {
         std::fs::write(path, self.render(format))
+    }
+
+    /// The name an export of this report takes in a directory: the window's end to
+    /// the second, so a directory of exports lists in time order and a later
+    /// window never replaces an earlier one.
+    pub fn file_name(&self, format: Format) -> String {
+        format!(
+            "idemwatch-report-{}.{}",
+            self.to.format("%Y%m%d-%H%M%S"),
+            format.extension()
+        )
+    }
+
+    /// Write it into `dir` (created if missing) under [`Report::file_name`]: the
+    /// path, and whether it was written (the dashboard's `e` names the path either
+    /// way on its status line).
+    pub fn export_into(&self, format: Format, dir: &Path) -> (PathBuf, std::io::Result<()>) {
+        let path = dir.join(self.file_name(format));
+        let written = std::fs::create_dir_all(dir).and_then(|()| self.write(format, &path));
+        (path, written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report_to(to: DateTime<Utc>) -> Report {
+        Report {
+            from: to - chrono::Duration::minutes(15),
+            to,
+            generated_at: to,
+            source: "dashboard".into(),
+            consumers: Vec::new(),
+            markers: Vec::new(),
+            alerts: Vec::new(),
+            dead_letters: Vec::new(),
+            claims_in_doubt_total: 0,
+            claims_in_doubt: Vec::new(),
+            drill_runs: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_export_is_named_by_its_window_end_in_a_directory_it_creates() {
+        let to = chrono::TimeZone::with_ymd_and_hms(&Utc, 2026, 11, 30, 4, 12, 3).unwrap();
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let dir = scratch.path().join("reports");
+        let (path, written) = report_to(to).export_into(Format::Html, &dir);
+        written.expect("written");
+        assert_eq!(path, dir.join("idemwatch-report-20261130-041203.html"));
+        let page = std::fs::read_to_string(&path).expect("the page");
+        assert!(page.starts_with("<!DOCTYPE html>"), "{}", &page[..40]);
+        let (json, written) = report_to(to).export_into(Format::Json, &dir);
+        written.expect("written");
+        assert_eq!(
+            json.file_name().unwrap(),
+            "idemwatch-report-20261130-041203.json"
+        );
+    }
+
+    #[test]
+    fn an_export_that_cannot_be_written_still_names_its_path() {
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        // A file where the directory should be.
+        let blocked = scratch.path().join("reports");
+        std::fs::write(&blocked, "").expect("a file");
+        let (path, written) = report_to(Utc::now()).export_into(Format::Csv, &blocked);
+        assert!(written.is_err());
+        assert!(path.starts_with(&blocked) && path.extension().unwrap() == "csv");
     }
 }

@@ -105,6 +105,8 @@ fn translate(event: Event, app: &App) -> Option<Action> {
     }
 }
 
+/// Carry out one effect the app asked for. The slow ones (export, replay, drill)
+/// run on their own tasks and come back as actions, so the loop never waits.
 fn perform(
     effect: Effect,
     app: &App,
@@ -116,119 +118,129 @@ fn perform(
         Effect::Monitor(cmd) => {
             let _ = monitor.try_send(cmd);
         }
-        Effect::Copy(text) => {
-            // OSC 52: the terminal (or tmux, or the SSH client's terminal) puts the
-            // text on its clipboard; the dashboard never touches a local clipboard.
-            use std::io::Write;
-            let mut out = std::io::stdout();
-            let _ = write!(out, "\x1b]52;c;{}\x07", base64(text.as_bytes()));
-            let _ = out.flush();
-        }
-        Effect::Export => {
-            let Some(snapshot) = app.snapshot.clone() else {
-                let _ = tx.send(Action::Status(
-                    "nothing to export before the first poll".into(),
-                ));
-                return;
-            };
-            let dir = opts.report_dir.clone();
-            let tx = tx.clone();
-            tokio::task::spawn_blocking(move || {
-                let report = crate::report::Report::from_snapshot(&snapshot);
-                let name = format!(
-                    "idemwatch-report-{}.html",
-                    report.to.format("%Y%m%d-%H%M%S")
-                );
-                let path = dir.join(name);
-                let line = match std::fs::create_dir_all(&dir)
-                    .and_then(|()| report.write(crate::report::Format::Html, &path))
-                {
-                    Ok(()) => format!("report written to {}", path.display()),
-                    Err(e) => format!("report not written to {}: {e}", path.display()),
-                };
-                let _ = tx.send(Action::Status(line));
-            });
-        }
+        Effect::Copy(text) => copy(&text),
+        Effect::Export => export(app, opts, tx),
         Effect::Deploy => {
             if let Some(demo) = &opts.demo {
                 demo.deploy();
             }
         }
-        Effect::AddMarker { label } => {
-            let Some(demo) = opts.demo.clone() else {
-                return;
-            };
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                if let Err(e) = demo.add_marker(&label).await {
-                    let _ = tx.send(Action::Status(format!("marker not saved: {e}")));
-                }
-            });
-        }
-        Effect::ReplayDeadLetter(id) => {
-            let Some(target) = opts.drill_target.clone() else {
-                let _ = tx.send(Action::Status(
-                    "no engine database and queue to replay into".into(),
-                ));
-                return;
-            };
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let line = match crate::engine::replay::replay_by_id(
-                    &target.db_url,
-                    &target.queue_url,
-                    id,
-                )
-                .await
-                {
-                    Ok(r) => match r.letters.first() {
-                        Some(l) if r.replayed == 1 => format!(
-                            "dead letter #{id} replayed to {} (replay {})",
-                            l.queue.as_deref().unwrap_or("?"),
-                            l.replay_count
-                        ),
-                        Some(l) => format!(
-                            "dead letter #{id} not replayed: {} is not a consumer of this engine",
-                            l.consumer
-                        ),
-                        None => format!("dead letter #{id} is gone"),
-                    },
-                    Err(e) => format!("dead letter #{id} not replayed: {e}"),
-                };
-                let _ = tx.send(Action::Status(line));
-            });
-        }
-        Effect::StartDrill { scenario, mode } => {
-            let Some(target) = opts.drill_target.clone() else {
-                let _ = tx.send(Action::DrillFinished(Err(
-                    "no database to drill against".into()
-                )));
-                return;
-            };
-            let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<String>();
-            let forward = tx.clone();
-            tokio::spawn(async move {
-                while let Some(line) = progress_rx.recv().await {
-                    let _ = forward.send(Action::DrillProgress(line));
-                }
-            });
-            let done = tx.clone();
-            let options = target.options(scenario, mode);
-            tokio::spawn(async move {
-                let result = match options {
-                    Ok(mut o) => {
-                        o.progress = Some(progress_tx);
-                        drills::run(o)
-                            .await
-                            .map(Box::new)
-                            .map_err(|e| e.to_string())
-                    }
-                    Err(e) => Err(e.to_string()),
-                };
-                let _ = done.send(Action::DrillFinished(result));
-            });
-        }
+        Effect::AddMarker { label } => add_marker(label, opts, tx),
+        Effect::ReplayDeadLetter(id) => replay_dead_letter(id, opts, tx),
+        Effect::StartDrill { scenario, mode } => start_drill(scenario, mode, opts, tx),
     }
+}
+
+/// OSC 52: the terminal (or tmux, or the SSH client's terminal) puts the text on
+/// its clipboard; the dashboard never touches a local clipboard.
+fn copy(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    let _ = write!(out, "\x1b]52;c;{}\x07", base64(text.as_bytes()));
+    let _ = out.flush();
+}
+
+/// `e`: the window on screen as an HTML report in the report directory (named by
+/// the report, [`crate::report::Report::export_into`]); the path on the status line.
+fn export(app: &App, opts: &TuiOptions, tx: &mpsc::UnboundedSender<Action>) {
+    let Some(snapshot) = app.snapshot.clone() else {
+        let _ = tx.send(Action::Status(
+            "nothing to export before the first poll".into(),
+        ));
+        return;
+    };
+    let dir = opts.report_dir.clone();
+    let tx = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        let report = crate::report::Report::from_snapshot(&snapshot);
+        let line = match report.export_into(crate::report::Format::Html, &dir) {
+            (path, Ok(())) => format!("report written to {}", path.display()),
+            (path, Err(e)) => format!("report not written to {}: {e}", path.display()),
+        };
+        let _ = tx.send(Action::Status(line));
+    });
+}
+
+/// `m` in the demo: the demo writes the marker where the monitor reads markers.
+fn add_marker(label: String, opts: &TuiOptions, tx: &mpsc::UnboundedSender<Action>) {
+    let Some(demo) = opts.demo.clone() else {
+        return;
+    };
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        if let Err(e) = demo.add_marker(&label).await {
+            let _ = tx.send(Action::Status(format!("marker not saved: {e}")));
+        }
+    });
+}
+
+/// A dead letter back onto its consumer's queue; what became of it on the status line.
+fn replay_dead_letter(id: i64, opts: &TuiOptions, tx: &mpsc::UnboundedSender<Action>) {
+    let Some(target) = opts.drill_target.clone() else {
+        let _ = tx.send(Action::Status(
+            "no engine database and queue to replay into".into(),
+        ));
+        return;
+    };
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        let replayed =
+            crate::engine::replay::replay_by_id(&target.db_url, &target.queue_url, id).await;
+        let line = match replayed {
+            Ok(r) => match r.letters.first() {
+                Some(l) if r.replayed == 1 => format!(
+                    "dead letter #{id} replayed to {} (replay {})",
+                    l.queue.as_deref().unwrap_or("?"),
+                    l.replay_count
+                ),
+                Some(l) => format!(
+                    "dead letter #{id} not replayed: {} is not a consumer of this engine",
+                    l.consumer
+                ),
+                None => format!("dead letter #{id} is gone"),
+            },
+            Err(e) => format!("dead letter #{id} not replayed: {e}"),
+        };
+        let _ = tx.send(Action::Status(line));
+    });
+}
+
+/// A drill with the options its target builds ([`drills::DrillTarget::options`]),
+/// its progress lines forwarded as actions, its report as the last one.
+fn start_drill(
+    scenario: drills::Scenario,
+    mode: ConsumerMode,
+    opts: &TuiOptions,
+    tx: &mpsc::UnboundedSender<Action>,
+) {
+    let Some(target) = opts.drill_target.clone() else {
+        let _ = tx.send(Action::DrillFinished(Err(
+            "no database to drill against".into()
+        )));
+        return;
+    };
+    let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<String>();
+    let forward = tx.clone();
+    tokio::spawn(async move {
+        while let Some(line) = progress_rx.recv().await {
+            let _ = forward.send(Action::DrillProgress(line));
+        }
+    });
+    let done = tx.clone();
+    let options = target.options(scenario, mode);
+    tokio::spawn(async move {
+        let result = match options {
+            Ok(mut o) => {
+                o.progress = Some(progress_tx);
+                drills::run(o)
+                    .await
+                    .map(Box::new)
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let _ = done.send(Action::DrillFinished(result));
+    });
 }
 
 /// Standard base64 (RFC 4648, padded) for OSC 52; a dozen lines are lighter than a
