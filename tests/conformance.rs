@@ -714,9 +714,9 @@ async fn a_vehicle_batch_is_decided_as_if_one_by_one(db: &TestDb) {
         .iter()
         .map(|(d, s, t, v)| Message::new(vehicle_event(&format!("34-VB-B{d}"), *s, t, *v)))
         .collect();
-    let single: Vec<Envelope> = trace
+    let single: Vec<Message> = trace
         .iter()
-        .map(|(d, s, t, v)| vehicle_event(&format!("34-VB-S{d}"), *s, t, *v))
+        .map(|(d, s, t, v)| Message::new(vehicle_event(&format!("34-VB-S{d}"), *s, t, *v)))
         .collect();
     let mut got = Vec::new();
     for chunk in batched.chunks(37) {
@@ -724,12 +724,7 @@ async fn a_vehicle_batch_is_decided_as_if_one_by_one(db: &TestDb) {
     }
     let mut want = Vec::new();
     for env in &single {
-        want.push(
-            store
-                .apply_vehicle_event(env, &env.fingerprint(), true)
-                .await
-                .unwrap(),
-        );
+        want.push(store.apply_vehicle_event(env, true).await.unwrap());
     }
     let label = |o: &store::VehicleOutcome| match o {
         store::VehicleOutcome::KeyConflict { .. } => "conflict".to_string(),

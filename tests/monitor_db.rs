@@ -4,7 +4,7 @@
 
 use chrono::Utc;
 use idemwatch::config::DatabaseConfig;
-use idemwatch::engine::envelope::Envelope;
+use idemwatch::engine::envelope::{Envelope, Message};
 use idemwatch::engine::store::{self, Store};
 use idemwatch::monitor::db::{DbPoller, SourceStatus};
 use idemwatch::monitor::vehicles::VehicleAnomaly;
@@ -46,7 +46,7 @@ async fn a_late_event_far_behind_does_not_fake_a_gap() {
     let s = f.store.as_ref();
     for seq in 1..=30 {
         let env = envelope("v7", seq, "position");
-        s.apply_vehicle_event(&env, &env.fingerprint(), true)
+        s.apply_vehicle_event(&Message::new(env), true)
             .await
             .unwrap();
     }

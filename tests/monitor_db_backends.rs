@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::Utc;
 use common::backends::{Kind, TestDb};
 use idemwatch::config::DatabaseConfig;
-use idemwatch::engine::envelope::{Envelope, RejectReason};
+use idemwatch::engine::envelope::{Envelope, Message, RejectReason};
 use idemwatch::engine::store::{self, BusinessWrite, MarkerKind, Store};
 use idemwatch::monitor::alerts::{self, AlertKind};
 use idemwatch::monitor::db::{CountMethod, DbPoller, SourceStatus};
@@ -200,7 +200,7 @@ async fn vehicle_anomalies_and_detail_come_from_history(db: &TestDb) {
     let s = f.store.as_ref();
     for (seq, event) in [(10, "ignition_on"), (12, "ignition_off"), (9, "position")] {
         let env = envelope("34-ABC-123", seq, event);
-        s.apply_vehicle_event(&env, &env.fingerprint(), true)
+        s.apply_vehicle_event(&Message::new(env), true)
             .await
             .unwrap();
     }

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::backends::{Kind, TestDb};
-use idemwatch::engine::envelope::{Envelope, Fingerprint, RejectReason};
+use idemwatch::engine::envelope::{Envelope, Message, RejectReason};
 use idemwatch::engine::store::{self, Failure, StoreError};
 use sqlx::{ConnectOptions, Connection};
 
@@ -65,8 +65,7 @@ async fn a_row_the_database_refuses_is_a_content_failure(db: &TestDb) {
     )
     .unwrap();
     env.seq = u64::MAX;
-    let fp = Fingerprint::from_stored("fp".into());
-    let r = s.apply_vehicle_event(&env, &fp, true).await;
+    let r = s.apply_vehicle_event(&Message::new(env), true).await;
     assert_eq!(failure(r), Failure::Content);
 }
 

@@ -91,15 +91,11 @@ where
             }
         }
         ConsumerMode::Idempotent => {
+            // The claim and the message the sweeper re-drives it from, together.
+            let request = claim_request(consumer, env);
             let claim = match deps
                 .store
-                .claim_side_effect(
-                    consumer,
-                    key,
-                    fingerprint,
-                    &provider_key(consumer, key),
-                    deps.claim_lease,
-                )
+                .claim_one(consumer, &request, deps.claim_lease)
                 .await?
             {
                 ClaimOutcome::KeyConflict { stored } => return Ok(conflict(stored.as_str())),
@@ -116,7 +112,6 @@ where
                 ClaimOutcome::Fresh(c) => (c, false),
                 ClaimOutcome::InDoubt(c) => (c, true),
             };
-            keep_message(deps, consumer, env).await;
             let (claim, in_doubt) = claim;
             if in_doubt {
                 tracing::warn!(consumer, key = %key, attempts = claim.attempts,
@@ -173,20 +168,6 @@ where
                 }
             }
         }
-    }
-}
-
-/// Keep the message beside its claim, for the claim sweeper (`engine::sweeper`).
-/// Best effort: without it the claim is still re-driven by a redelivery.
-async fn keep_message(deps: &Deps, consumer: &str, env: &Message) {
-    let message = env.to_json_line();
-    if let Err(e) = deps
-        .store
-        .keep_claim_message(consumer, env.key().as_str(), message.as_bytes())
-        .await
-    {
-        tracing::warn!(consumer, key = %env.key(), error = %e,
-            "could not keep the claim's message: only a redelivery can re-drive it");
     }
 }
 

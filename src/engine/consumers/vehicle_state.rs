@@ -53,11 +53,7 @@ impl Consumer for VehicleStateConsumer {
     async fn handle(&self, env: &Message, _crash: &CrashPlan) -> Result<Outcome, HandleError> {
         // Seen-set adds nothing to a naturally idempotent write: it runs guarded.
         let guarded = self.mode != ConsumerMode::Naive;
-        let outcome = self
-            .deps
-            .store
-            .apply_vehicle_event(env, env.fingerprint(), guarded)
-            .await?;
+        let outcome = self.deps.store.apply_vehicle_event(env, guarded).await?;
         Ok(outcome_of(outcome))
     }
 }

@@ -1,13 +1,16 @@
 //! The consumers' statements that are the same on every backend, written once over
 //! the dialect layer; each backend's [`Store`](super::Store) calls them on its pool.
-//! What needs a backend's own atomic form (the batch writes, the claim, the vehicle
-//! upsert, retention) stays in `sqlite.rs`, `postgres.rs` and `mysql.rs`. Times
-//! written here are the process clock's on every backend.
+//! What needs a backend's own atomic form (the batch writes — a single claim or
+//! vehicle event is a batch of one — and retention) stays in `sqlite.rs`,
+//! `postgres.rs` and `mysql.rs`. Times written here are the process clock's on every
+//! backend.
 
 use chrono::{DateTime, Utc};
 
 use super::dialect::{binds, first, retrying, BindValue, Kind, Sql};
-use super::{duplicate_or_conflict, ClaimFinish, DedupOutcome, StoreResult};
+use super::{
+    duplicate_or_conflict, Backend, BusinessWrite, ClaimFinish, DedupOutcome, StoreResult,
+};
 use crate::engine::envelope::{Fingerprint, MessageKey, RejectReason};
 
 /// See [`Store::ping`](super::Store::ping).
@@ -47,6 +50,28 @@ pub(super) async fn mark_seen(
     let values = binds![consumer, key.as_str(), fingerprint.as_str(), Utc::now()];
     retrying(|| async { Ok(sql.execute(&insert, &values).await?) }).await?;
     Ok(())
+}
+
+/// See [`Store::apply_unguarded`](super::Store::apply_unguarded): the business write
+/// alone, in a write transaction of its own (SQLite's `BEGIN IMMEDIATE`: no busy
+/// snapshot), a MariaDB deadlock retried.
+pub(super) async fn apply_unguarded(sql: &dyn Sql, write: &BusinessWrite) -> StoreResult<()> {
+    let BusinessWrite::CountZoneExit { device_id } = write;
+    let on_key = match sql.backend() {
+        Backend::Mysql => "ON DUPLICATE KEY UPDATE",
+        Backend::Sqlite | Backend::Postgres => "ON CONFLICT (device_id) DO UPDATE SET",
+    };
+    let upsert = format!(
+        "INSERT INTO trip_counters (device_id, zone_exits) VALUES (?, 1)
+         {on_key} zone_exits = trip_counters.zone_exits + 1"
+    );
+    let values = binds![device_id];
+    retrying(|| async {
+        let mut tx = sql.begin().await?;
+        tx.execute(&upsert, &values).await?;
+        Ok(tx.commit().await?)
+    })
+    .await
 }
 
 /// One claim's result as a statement of its own: the provider's final answer

@@ -425,7 +425,9 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     }
 
     /// Naive mode: apply `write` with no dedup at all. For drills only.
-    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()>;
+    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
+        consumer_sql::apply_unguarded(&*self.sql().0, write).await
+    }
 
     // ---- natural mode -------------------------------------------------------
 
@@ -435,30 +437,34 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     ///
     /// Invariant: state never goes backwards; every distinct event is in history
     /// exactly once; a late event is kept with `applied = false` ("the late truth is
-    /// not lost, but it cannot rewrite today"). With `guarded = false` (naive) the
-    /// upsert overwrites whatever arrives last.
+    /// not lost, but it cannot rewrite today"). With `guarded = false` (naive, drills
+    /// only) the upsert overwrites whatever arrives last.
+    ///
+    /// Guarded, this is [`Store::apply_vehicle_batch`] of one event, so a single event
+    /// and a batch cannot decide differently; naive, it is written once for every
+    /// backend (`vehicle_sql.rs`).
     async fn apply_vehicle_event(
         &self,
-        env: &Envelope,
-        fingerprint: &Fingerprint,
+        msg: &Message,
         guarded: bool,
-    ) -> StoreResult<VehicleOutcome>;
+    ) -> StoreResult<VehicleOutcome> {
+        if !guarded {
+            return vehicle_sql::apply_unguarded(&*self.sql().0, msg).await;
+        }
+        self.apply_vehicle_batch(std::slice::from_ref(msg))
+            .await?
+            .pop()
+            .ok_or(StoreError::Internal(
+                "apply_vehicle_batch returned no outcome",
+            ))
+    }
 
     /// [`Store::apply_vehicle_event`] (guarded) for a batch, in ONE transaction: one
     /// outcome per event, in order, each exactly what one-by-one calls in order would
     /// have decided — an event earlier in the batch counts as stored, and the newest
     /// event per device wins inside the batch as across batches (see
-    /// `vehicle_batch.rs`). The default calls [`Store::apply_vehicle_event`] per event.
-    async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
-        let mut outcomes = Vec::with_capacity(envs.len());
-        for env in envs {
-            outcomes.push(
-                self.apply_vehicle_event(env, env.fingerprint(), true)
-                    .await?,
-            );
-        }
-        Ok(outcomes)
-    }
+    /// `vehicle_batch.rs`). The backend's native statements.
+    async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>>;
 
     // ---- side effects (two-phase claim) -------------------------------------
 
@@ -468,6 +474,11 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     /// `failed` does nothing; one that finds a claim older than `lease` takes it over
     /// (compare-and-set on `claimed_at`, attempts + 1) and must resend with the SAME
     /// provider key, so the provider's own dedup closes the send/record window.
+    ///
+    /// [`Store::claim_batch`] of one request, so a single claim and a batch cannot
+    /// decide differently. It carries no message: the claim it takes keeps an empty
+    /// one, which the claim sweeper cannot re-drive (a redelivery can). The consumers
+    /// claim through [`Store::claim_batch`] with their message.
     async fn claim_side_effect(
         &self,
         consumer: &str,
@@ -475,7 +486,29 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         fingerprint: &Fingerprint,
         provider_key: &str,
         lease: Duration,
-    ) -> StoreResult<ClaimOutcome>;
+    ) -> StoreResult<ClaimOutcome> {
+        let request = ClaimRequest {
+            key: key.clone(),
+            fingerprint: fingerprint.clone(),
+            provider_key: provider_key.to_string(),
+            message: Vec::new(),
+        };
+        self.claim_one(consumer, &request, lease).await
+    }
+
+    /// [`Store::claim_batch`] of one request: the claim and its message in one
+    /// transaction, decided as a batch would.
+    async fn claim_one(
+        &self,
+        consumer: &str,
+        request: &ClaimRequest,
+        lease: Duration,
+    ) -> StoreResult<ClaimOutcome> {
+        self.claim_batch(consumer, std::slice::from_ref(request), lease)
+            .await?
+            .pop()
+            .ok_or(StoreError::Internal("claim_batch returned no outcome"))
+    }
 
     /// Phase 3: record the provider's answer on the claim.
     async fn finish_side_effect(
@@ -509,32 +542,13 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     /// Phase 1 for a batch, in ONE transaction: each request decided exactly as
     /// one-by-one [`Store::claim_side_effect`] calls in order would have (see
     /// `claim_batch.rs`), with the same invariants, and each claim taken (fresh or in
-    /// doubt) keeping its request's message. The default claims one by one.
+    /// doubt) keeping its request's message. The backend's native statements.
     async fn claim_batch(
         &self,
         consumer: &str,
         requests: &[ClaimRequest],
         lease: Duration,
-    ) -> StoreResult<Vec<ClaimOutcome>> {
-        let mut outcomes = Vec::with_capacity(requests.len());
-        for r in requests {
-            let outcome = self
-                .claim_side_effect(consumer, &r.key, &r.fingerprint, &r.provider_key, lease)
-                .await?;
-            if matches!(outcome, ClaimOutcome::Fresh(_) | ClaimOutcome::InDoubt(_)) {
-                // Best effort: without it the claim is still re-driven by a redelivery.
-                if let Err(e) = self
-                    .keep_claim_message(consumer, r.key.as_str(), &r.message)
-                    .await
-                {
-                    tracing::warn!(consumer, key = %r.key, error = %e,
-                        "could not keep the claim's message: only a redelivery can re-drive it");
-                }
-            }
-            outcomes.push(outcome);
-        }
-        Ok(outcomes)
-    }
+    ) -> StoreResult<Vec<ClaimOutcome>>;
 
     /// Phase 3 for a batch, in ONE transaction: [`Store::finish_side_effect`] or
     /// [`Store::release_claim`] per result. The default records them one by one.

@@ -21,7 +21,7 @@ use super::claim_batch;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey};
+use crate::engine::envelope::{Fingerprint, Message, MessageKey};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/mysql");
 
@@ -183,10 +183,10 @@ impl MysqlStore {
     /// would, the new history rows in one multi-row `INSERT IGNORE` and the state
     /// upserts in rounds (round k: each device's k-th applied event, so no row twice in
     /// a statement and each device in order). If the history insert wrote fewer rows
-    /// than decided, a writer outside the locks stored one in between: the transaction
-    /// is rolled back and the batch decided one event at a time instead, as
-    /// `record_batch_tx` does. A deadlock between two batches locking new devices'
-    /// gaps is retried whole by [`retrying`].
+    /// than decided, another batch of a device new to both stored one in between (gap
+    /// locks do not keep two batches apart): the transaction is rolled back as a lost
+    /// race and, like a deadlock between two such batches, retried whole by
+    /// [`retrying`], whose new read sees the other batch's rows.
     async fn vehicle_batch_tx(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         let batch = VehicleBatch::new(envs)?;
         let devices = batch.devices();
@@ -238,12 +238,9 @@ impl MysqlStore {
             let written = q.build().execute(&mut *tx).await?.rows_affected();
             if written != chunk.len() as u64 {
                 tx.rollback().await?;
-                tracing::debug!("a racing writer stored a history row of this batch: one by one");
-                let mut outcomes = Vec::with_capacity(envs.len());
-                for env in envs {
-                    outcomes.push(self.vehicle_tx(env, env.fingerprint(), true).await?);
-                }
-                return Ok(outcomes);
+                return Err(StoreError::RowVanished {
+                    key: "a history row stored by another writer during the batch".into(),
+                });
             }
         }
         let update = vehicle_upsert_update("VALUES(last_seq) > last_seq");
@@ -270,105 +267,20 @@ impl MysqlStore {
         Ok(outcomes)
     }
 
-    async fn vehicle_tx(
-        &self,
-        env: &Envelope,
-        fingerprint: &Fingerprint,
-        guarded: bool,
-    ) -> StoreResult<VehicleOutcome> {
-        let facts = VehicleFacts::of(env)?;
-        let now = naive(Utc::now());
-        let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT IGNORE INTO vehicle_history
-               (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash)
-             VALUES (?, ?, ?, ?, ?, TRUE, ?, ?)",
-        )
-        .bind(&env.device_id)
-        .bind(facts.seq)
-        .bind(facts.event_type)
-        .bind(naive(env.occurred_at))
-        .bind(now)
-        .bind(&facts.payload)
-        .bind(fingerprint.as_str())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 0 && guarded {
-            let stored: String = sqlx::query_scalar(
-                "SELECT payload_hash FROM vehicle_history
-                 WHERE device_id = ? AND seq = ? AND event_type = ? LOCK IN SHARE MODE",
-            )
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(vehicle_duplicate_or_conflict(stored, fingerprint));
-        }
-        // `newer` is the guard; unguarded (naive) writes always win.
-        let newer = if guarded {
-            "VALUES(last_seq) > last_seq"
-        } else {
-            "TRUE"
-        };
-        let upsert = format!(
-            "{VEHICLE_UPSERT_HEAD} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) {}",
-            vehicle_upsert_update(newer)
-        );
-        sqlx::query(&upsert)
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .bind(facts.ignition)
-            .bind(facts.zone)
-            .bind(facts.lat)
-            .bind(facts.lon)
-            .bind(naive(env.occurred_at))
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        let (seq, event_type): (i64, String) = sqlx::query_as(
-            "SELECT last_seq, last_event_type FROM vehicle_state WHERE device_id = ? FOR UPDATE",
-        )
-        .bind(&env.device_id)
-        .fetch_one(&mut *tx)
-        .await?;
-        let applied = seq == facts.seq && event_type == facts.event_type;
-        if !applied {
-            sqlx::query(
-                "UPDATE vehicle_history SET applied = FALSE
-                 WHERE device_id = ? AND seq = ? AND event_type = ?",
-            )
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(if applied {
-            VehicleOutcome::Applied
-        } else {
-            VehicleOutcome::Late
-        })
-    }
-
     /// Phase 1 of a batch in one transaction, as PostgreSQL's: the batch's stored
     /// dedup rows and claims read once with `SELECT … FOR UPDATE` in key order (row
     /// locks on the stored keys; InnoDB's gap locks keep a new key from being inserted
-    /// by anyone else, the one-by-one path's `INSERT IGNORE` included, until COMMIT),
+    /// by anyone else until COMMIT),
     /// every request decided by `claim_batch.rs` as one-by-one calls would, then the
     /// fresh keys' dedup rows and claims in two multi-row inserts and each takeover's
     /// compare-and-set on the stored `claimed_at`. An insert or a takeover that does
     /// not take (a writer the locks did not hold off) rolls the transaction back as a
-    /// lost race ([`StoreError::RowVanished`], an infrastructure retry, never a dead
-    /// letter); two batches that gap-lock the same new keys and then both insert are a
-    /// deadlock InnoDB breaks, retried whole by [`retrying`].
+    /// lost race ([`StoreError::RowVanished`]); two batches that gap-lock the same new
+    /// keys and then both insert are a deadlock InnoDB breaks; both are retried whole
+    /// by [`retrying`].
     ///
-    /// The claim time is the process clock, as [`Self::claim_tx`]'s and the claim
-    /// sweeper's lease checks on this backend, cut to the microseconds `DATETIME(6)`
+    /// The claim time is the process clock, as the claim sweeper's lease checks on
+    /// this backend, cut to the microseconds `DATETIME(6)`
     /// keeps so the claims returned are the ones stored.
     async fn claim_batch_tx(
         &self,
@@ -456,81 +368,6 @@ impl MysqlStore {
         tx.commit().await?;
         Ok(outcomes)
     }
-
-    async fn claim_tx(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-        provider_key: &str,
-        lease: Duration,
-    ) -> StoreResult<ClaimOutcome> {
-        let now = Utc::now();
-        let mut tx = self.pool.begin().await?;
-        if insert_dedup(&mut tx, consumer, key, fingerprint).await? {
-            sqlx::query(
-                "INSERT INTO side_effect_claims
-                   (consumer, message_key, provider_key, state, claimed_at, attempts)
-                 VALUES (?, ?, ?, 'claimed', ?, 1)",
-            )
-            .bind(consumer)
-            .bind(key.as_str())
-            .bind(provider_key)
-            .bind(naive(now))
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(ClaimOutcome::Fresh(Claim {
-                consumer: consumer.to_string(),
-                message_key: key.to_string(),
-                provider_key: provider_key.to_string(),
-                state: ClaimState::Claimed,
-                claimed_at: now,
-                finished_at: None,
-                attempts: 1,
-                detail: None,
-            }));
-        }
-        let stored = stored_hash(&mut tx, consumer, key).await?;
-        if let DedupOutcome::KeyConflict { stored } = duplicate_or_conflict(stored, fingerprint) {
-            tx.commit().await?;
-            return Ok(ClaimOutcome::KeyConflict { stored });
-        }
-        let row = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
-             WHERE consumer = ? AND message_key = ? FOR UPDATE"
-        ))
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            tx.commit().await?;
-            return Ok(ClaimOutcome::Done(ClaimState::Sent));
-        };
-        let mut claim = claim_from_row(&row)?;
-        let outcome = match claim_step(&claim, now, lease) {
-            ClaimStep::Done(state) => ClaimOutcome::Done(state),
-            ClaimStep::Busy => ClaimOutcome::Busy,
-            ClaimStep::TakeOver => {
-                // The row is locked FOR UPDATE: this transaction owns the takeover.
-                sqlx::query(
-                    "UPDATE side_effect_claims SET claimed_at = ?, attempts = attempts + 1
-                     WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
-                )
-                .bind(naive(now))
-                .bind(consumer)
-                .bind(key.as_str())
-                .execute(&mut *tx)
-                .await?;
-                claim.attempts += 1;
-                claim.claimed_at = now;
-                ClaimOutcome::InDoubt(claim)
-            }
-        };
-        tx.commit().await?;
-        Ok(outcome)
-    }
 }
 
 async fn apply_write(conn: &mut sqlx::MySqlConnection, write: &BusinessWrite) -> StoreResult<()> {
@@ -583,11 +420,6 @@ async fn stored_hash(
     .await?)
 }
 
-/// Key columns use a binary collation (keys are case-sensitive), which the driver
-/// reports as VARBINARY; selecting them through CAST(… AS CHAR) gives text back.
-pub(super) const CLAIM_COLUMNS: &str = "CAST(consumer AS CHAR) AS consumer, \
-     CAST(message_key AS CHAR) AS message_key, provider_key, state, claimed_at, finished_at, attempts, detail";
-
 pub(super) fn claim_from_row(row: &MySqlRow) -> StoreResult<Claim> {
     let state: String = row.try_get("state")?;
     Ok(Claim {
@@ -632,38 +464,8 @@ impl Store for MysqlStore {
         retrying(|| self.record_batch_tx(consumer, items)).await
     }
 
-    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
-        retrying(|| async {
-            let mut tx = self.pool.begin().await?;
-            apply_write(&mut tx, write).await?;
-            tx.commit().await?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn apply_vehicle_event(
-        &self,
-        env: &Envelope,
-        fingerprint: &Fingerprint,
-        guarded: bool,
-    ) -> StoreResult<VehicleOutcome> {
-        retrying(|| self.vehicle_tx(env, fingerprint, guarded)).await
-    }
-
     async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         retrying(|| self.vehicle_batch_tx(envs)).await
-    }
-
-    async fn claim_side_effect(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-        provider_key: &str,
-        lease: Duration,
-    ) -> StoreResult<ClaimOutcome> {
-        retrying(|| self.claim_tx(consumer, key, fingerprint, provider_key, lease)).await
     }
 
     async fn claim_batch(

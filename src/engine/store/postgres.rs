@@ -18,7 +18,7 @@ use super::repair_sql::CLAIM_COLUMNS;
 use super::vehicle_batch::VehicleBatch;
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey};
+use crate::engine::envelope::Message;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/postgres");
 
@@ -66,55 +66,6 @@ impl PostgresStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
-}
-
-async fn apply_write(conn: &mut sqlx::PgConnection, write: &BusinessWrite) -> StoreResult<()> {
-    match write {
-        BusinessWrite::CountZoneExit { device_id } => {
-            sqlx::query(
-                "INSERT INTO trip_counters (device_id, zone_exits) VALUES ($1, 1)
-                 ON CONFLICT (device_id) DO UPDATE SET zone_exits = trip_counters.zone_exits + 1",
-            )
-            .bind(device_id)
-            .execute(conn)
-            .await?;
-        }
-    }
-    Ok(())
-}
-
-/// Insert the dedup row; true when this call recorded it first.
-async fn insert_dedup(
-    conn: &mut sqlx::PgConnection,
-    consumer: &str,
-    key: &MessageKey,
-    fingerprint: &Fingerprint,
-) -> StoreResult<bool> {
-    Ok(sqlx::query(
-        "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
-         VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
-    )
-    .bind(consumer)
-    .bind(key.as_str())
-    .bind(fingerprint.as_str())
-    .execute(conn)
-    .await?
-    .rows_affected()
-        == 1)
-}
-
-async fn stored_hash(
-    conn: &mut sqlx::PgConnection,
-    consumer: &str,
-    key: &MessageKey,
-) -> StoreResult<String> {
-    Ok(sqlx::query_scalar(
-        "SELECT payload_hash FROM processed_messages WHERE consumer = $1 AND message_key = $2",
-    )
-    .bind(consumer)
-    .bind(key.as_str())
-    .fetch_one(conn)
-    .await?)
 }
 
 pub(super) fn claim_from_row(row: &PgRow) -> StoreResult<Claim> {
@@ -205,13 +156,6 @@ impl Store for PostgresStore {
         }
         tx.commit().await?;
         Ok(outcomes)
-    }
-
-    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await?;
-        apply_write(&mut tx, write).await?;
-        tx.commit().await?;
-        Ok(())
     }
 
     /// In one transaction: the batch's devices locked (a transaction-scoped advisory
@@ -344,150 +288,6 @@ impl Store for PostgresStore {
         }
         tx.commit().await?;
         Ok(outcomes)
-    }
-
-    async fn apply_vehicle_event(
-        &self,
-        env: &Envelope,
-        fingerprint: &Fingerprint,
-        guarded: bool,
-    ) -> StoreResult<VehicleOutcome> {
-        let facts = VehicleFacts::of(env)?;
-        let payload: serde_json::Value =
-            serde_json::from_str(&facts.payload).unwrap_or(serde_json::Value::Null);
-        let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO vehicle_history
-               (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash)
-             VALUES ($1, $2, $3, $4, now(), true, $5, $6) ON CONFLICT DO NOTHING",
-        )
-        .bind(&env.device_id)
-        .bind(facts.seq)
-        .bind(facts.event_type)
-        .bind(env.occurred_at)
-        .bind(&payload)
-        .bind(fingerprint.as_str())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 0 && guarded {
-            let stored: String = sqlx::query_scalar(
-                "SELECT payload_hash FROM vehicle_history
-                 WHERE device_id = $1 AND seq = $2 AND event_type = $3",
-            )
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(vehicle_duplicate_or_conflict(stored, fingerprint));
-        }
-        let upsert = format!(
-            "{VEHICLE_UPSERT_HEAD} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now()) {}",
-            vehicle_upsert_tail(guarded)
-        );
-        let applied = sqlx::query(&upsert)
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .bind(facts.ignition)
-            .bind(facts.zone)
-            .bind(facts.lat)
-            .bind(facts.lon)
-            .bind(env.occurred_at)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            == 1;
-        if !applied {
-            sqlx::query(
-                "UPDATE vehicle_history SET applied = false
-                 WHERE device_id = $1 AND seq = $2 AND event_type = $3",
-            )
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(if applied {
-            VehicleOutcome::Applied
-        } else {
-            VehicleOutcome::Late
-        })
-    }
-
-    async fn claim_side_effect(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-        provider_key: &str,
-        lease: Duration,
-    ) -> StoreResult<ClaimOutcome> {
-        let mut tx = self.pool.begin().await?;
-        if insert_dedup(&mut tx, consumer, key, fingerprint).await? {
-            let row = sqlx::query(&format!(
-                "INSERT INTO side_effect_claims
-                   (consumer, message_key, provider_key, state, claimed_at, attempts)
-                 VALUES ($1, $2, $3, 'claimed', clock_timestamp(), 1)
-                 RETURNING {CLAIM_COLUMNS}"
-            ))
-            .bind(consumer)
-            .bind(key.as_str())
-            .bind(provider_key)
-            .fetch_one(&mut *tx)
-            .await?;
-            let claim = claim_from_row(&row)?;
-            tx.commit().await?;
-            return Ok(ClaimOutcome::Fresh(claim));
-        }
-        let stored = stored_hash(&mut tx, consumer, key).await?;
-        if let DedupOutcome::KeyConflict { stored } = duplicate_or_conflict(stored, fingerprint) {
-            tx.commit().await?;
-            return Ok(ClaimOutcome::KeyConflict { stored });
-        }
-        let row = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS}, clock_timestamp() AS now FROM side_effect_claims
-             WHERE consumer = $1 AND message_key = $2"
-        ))
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            tx.commit().await?;
-            return Ok(ClaimOutcome::Done(ClaimState::Sent));
-        };
-        let claim = claim_from_row(&row)?;
-        let now: DateTime<Utc> = row.try_get("now")?;
-        let outcome = match claim_step(&claim, now, lease) {
-            ClaimStep::Done(state) => ClaimOutcome::Done(state),
-            ClaimStep::Busy => ClaimOutcome::Busy,
-            ClaimStep::TakeOver => {
-                // Compare-and-set on claimed_at: of several racing redeliveries, one
-                // re-reads the row after the winner's commit and finds it changed.
-                let taken = sqlx::query(&format!(
-                    "UPDATE side_effect_claims
-                     SET claimed_at = clock_timestamp(), attempts = attempts + 1
-                     WHERE consumer = $1 AND message_key = $2 AND state = 'claimed' AND claimed_at = $3
-                     RETURNING {CLAIM_COLUMNS}"
-                ))
-                .bind(consumer)
-                .bind(key.as_str())
-                .bind(claim.claimed_at)
-                .fetch_optional(&mut *tx)
-                .await?;
-                match taken {
-                    Some(row) => ClaimOutcome::InDoubt(claim_from_row(&row)?),
-                    None => ClaimOutcome::Busy,
-                }
-            }
-        };
-        tx.commit().await?;
-        Ok(outcome)
     }
 
     /// Phase 1 of a batch in one transaction: the keys locked (a transaction-scoped

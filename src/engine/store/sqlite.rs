@@ -17,12 +17,11 @@ use sqlx::sqlite::SqliteSynchronous;
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::claim_batch;
-use super::repair_sql::CLAIM_COLUMNS;
 use super::sqlite_conn::{connect_sqlite, HeldConnection, OneWriteTx};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Envelope, Fingerprint, Message, MessageKey};
+use crate::engine::envelope::Message;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/sqlite");
 
@@ -62,21 +61,6 @@ impl SqliteStore {
     async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
-}
-
-async fn apply_write(conn: &mut sqlx::SqliteConnection, write: &BusinessWrite) -> StoreResult<()> {
-    match write {
-        BusinessWrite::CountZoneExit { device_id } => {
-            sqlx::query(
-                "INSERT INTO trip_counters (device_id, zone_exits) VALUES (?, 1)
-                 ON CONFLICT (device_id) DO UPDATE SET zone_exits = zone_exits + 1",
-            )
-            .bind(device_id)
-            .execute(conn)
-            .await?;
-        }
-    }
-    Ok(())
 }
 
 pub(super) fn claim_from_row(row: &sqlx::sqlite::SqliteRow) -> StoreResult<Claim> {
@@ -166,92 +150,6 @@ impl Store for SqliteStore {
         tx.check(written)?;
         tx.finish();
         Ok(outcomes)
-    }
-
-    async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
-        apply_write(&mut tx, write).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn apply_vehicle_event(
-        &self,
-        env: &Envelope,
-        fingerprint: &Fingerprint,
-        guarded: bool,
-    ) -> StoreResult<VehicleOutcome> {
-        let facts = VehicleFacts::of(env)?;
-        let now = ts(Utc::now());
-        let occurred_at = ts(env.occurred_at);
-        let mut tx = self.begin().await?;
-        // Insert-once into history, optimistically applied (most events are in order).
-        let inserted = sqlx::query(
-            "INSERT INTO vehicle_history
-               (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash)
-             VALUES (?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT DO NOTHING",
-        )
-        .bind(&env.device_id)
-        .bind(facts.seq)
-        .bind(facts.event_type)
-        .bind(&occurred_at)
-        .bind(&now)
-        .bind(&facts.payload)
-        .bind(fingerprint.as_str())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 0 && guarded {
-            let stored: String = sqlx::query_scalar(
-                "SELECT payload_hash FROM vehicle_history
-                 WHERE device_id = ? AND seq = ? AND event_type = ?",
-            )
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(vehicle_duplicate_or_conflict(stored, fingerprint));
-        }
-        // The seq guard lives in the WHERE of the upsert: the database compares, so
-        // two concurrent writers cannot both "win" with different seqs.
-        let upsert = format!(
-            "{VEHICLE_UPSERT_HEAD} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) {}",
-            vehicle_upsert_tail(guarded)
-        );
-        let applied = sqlx::query(&upsert)
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .bind(facts.ignition)
-            .bind(facts.zone)
-            .bind(facts.lat)
-            .bind(facts.lon)
-            .bind(&occurred_at)
-            .bind(&now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            == 1;
-        if !applied {
-            // The late truth is kept, but it cannot rewrite today.
-            sqlx::query(
-                "UPDATE vehicle_history SET applied = 0
-                 WHERE device_id = ? AND seq = ? AND event_type = ?",
-            )
-            .bind(&env.device_id)
-            .bind(facts.seq)
-            .bind(facts.event_type)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(if applied {
-            VehicleOutcome::Applied
-        } else {
-            VehicleOutcome::Late
-        })
     }
 
     async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
@@ -467,105 +365,6 @@ impl Store for SqliteStore {
         tx.check(written)?;
         tx.finish();
         Ok(())
-    }
-
-    async fn claim_side_effect(
-        &self,
-        consumer: &str,
-        key: &MessageKey,
-        fingerprint: &Fingerprint,
-        provider_key: &str,
-        lease: Duration,
-    ) -> StoreResult<ClaimOutcome> {
-        let now = Utc::now();
-        let mut tx = self.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
-             VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(key.as_str())
-        .bind(fingerprint.as_str())
-        .bind(ts(now))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 1 {
-            sqlx::query(
-                "INSERT INTO side_effect_claims
-                   (consumer, message_key, provider_key, state, claimed_at, attempts)
-                 VALUES (?, ?, ?, 'claimed', ?, 1)",
-            )
-            .bind(consumer)
-            .bind(key.as_str())
-            .bind(provider_key)
-            .bind(ts(now))
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(ClaimOutcome::Fresh(Claim {
-                consumer: consumer.to_string(),
-                message_key: key.to_string(),
-                provider_key: provider_key.to_string(),
-                state: ClaimState::Claimed,
-                claimed_at: parse_ts(&ts(now)),
-                finished_at: None,
-                attempts: 1,
-                detail: None,
-            }));
-        }
-        let stored: String = sqlx::query_scalar(
-            "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?",
-        )
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
-        if let DedupOutcome::KeyConflict { stored } = duplicate_or_conflict(stored, fingerprint) {
-            tx.commit().await?;
-            return Ok(ClaimOutcome::KeyConflict { stored });
-        }
-        let row = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = ? AND message_key = ?"
-        ))
-        .bind(consumer)
-        .bind(key.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            // A dedup row without a claim: recorded by another mode. Already done.
-            tx.commit().await?;
-            return Ok(ClaimOutcome::Done(ClaimState::Sent));
-        };
-        let mut claim = claim_from_row(&row)?;
-        let outcome = match claim_step(&claim, now, lease) {
-            ClaimStep::Done(state) => ClaimOutcome::Done(state),
-            ClaimStep::Busy => ClaimOutcome::Busy,
-            ClaimStep::TakeOver => {
-                // Take over the in-doubt claim, compare-and-set on claimed_at so only
-                // one of several racing redeliveries owns the retry.
-                let took = sqlx::query(
-                    "UPDATE side_effect_claims SET claimed_at = ?, attempts = attempts + 1
-                     WHERE consumer = ? AND message_key = ? AND state = 'claimed' AND claimed_at = ?",
-                )
-                .bind(ts(now))
-                .bind(consumer)
-                .bind(key.as_str())
-                .bind(ts(claim.claimed_at))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if took == 1 {
-                    claim.attempts += 1;
-                    claim.claimed_at = parse_ts(&ts(now));
-                    ClaimOutcome::InDoubt(claim)
-                } else {
-                    ClaimOutcome::Busy
-                }
-            }
-        };
-        tx.commit().await?;
-        Ok(outcome)
     }
 
     async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {

@@ -6,6 +6,12 @@
 //! baseline all take their statement from here, so a column rule cannot drift
 //! between them.
 
+use chrono::Utc;
+
+use super::dialect::{binds, retrying, Sql};
+use super::{Backend, StoreResult, VehicleFacts, VehicleOutcome};
+use crate::engine::envelope::Message;
+
 /// `INSERT … (9 columns)`; a backend adds its `VALUES` or `SELECT` and the tail.
 pub(crate) const VEHICLE_UPSERT_HEAD: &str = "INSERT INTO vehicle_state
     (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
@@ -60,4 +66,55 @@ pub(crate) fn vehicle_upsert_update(newer: &str) -> String {
            last_event_type = IF({newer}, VALUES(last_event_type), last_event_type),
            last_seq = IF({newer}, VALUES(last_seq), last_seq)"
     )
+}
+
+/// [`Store::apply_vehicle_event`](super::Store::apply_vehicle_event) naive (drills
+/// only), written once for every backend: the event into history once (a row already
+/// there is left as it is), then the state overwritten with no seq guard, in one
+/// transaction. Always `Applied`: nothing is decided, which is the point of the
+/// naive mode.
+pub(super) async fn apply_unguarded(sql: &dyn Sql, msg: &Message) -> StoreResult<VehicleOutcome> {
+    let facts = VehicleFacts::of(msg)?;
+    let now = Utc::now();
+    let history = sql.insert_or_skip(
+        "INTO vehicle_history
+           (device_id, seq, event_type, occurred_at, received_at, applied, payload, payload_hash)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    );
+    let tail = match sql.backend() {
+        Backend::Mysql => vehicle_upsert_update("TRUE"),
+        Backend::Sqlite | Backend::Postgres => vehicle_upsert_tail(false).to_string(),
+    };
+    let upsert = format!("{VEHICLE_UPSERT_HEAD} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) {tail}");
+    let payload = serde_json::Value::Object(msg.payload.clone());
+    let device = msg.device_id.as_str();
+    let history_values = binds![
+        device,
+        facts.seq,
+        facts.event_type,
+        msg.occurred_at,
+        now,
+        true,
+        &payload,
+        msg.fingerprint().as_str(),
+    ];
+    let state_values = binds![
+        device,
+        facts.seq,
+        facts.event_type,
+        facts.ignition,
+        facts.zone,
+        facts.lat,
+        facts.lon,
+        msg.occurred_at,
+        now,
+    ];
+    retrying(|| async {
+        let mut tx = sql.begin().await?;
+        tx.execute(&history, &history_values).await?;
+        tx.execute(&upsert, &state_values).await?;
+        tx.commit().await?;
+        Ok(VehicleOutcome::Applied)
+    })
+    .await
 }

@@ -252,7 +252,11 @@ pub(crate) struct Done {
 
 /// Run a whole transaction again when the database rolled it back as a deadlock
 /// victim (InnoDB, when several transactions insert the same new key at once; see
-/// [`mysql::is_deadlock`]). Other errors, and other backends, pass straight through.
+/// [`mysql::is_deadlock`]) or it rolled itself back as a lost race
+/// ([`StoreError::RowVanished`](super::StoreError::RowVanished): a row another writer
+/// committed between its read and its write, which the next try reads). Other errors
+/// pass straight through, and after 8 tries these do too (an infrastructure failure:
+/// the delivery is retried later).
 pub(crate) async fn retrying<T, F, Fut>(mut attempt: F) -> super::StoreResult<T>
 where
     F: FnMut() -> Fut,
@@ -261,14 +265,23 @@ where
     let mut tries = 0u32;
     loop {
         match attempt().await {
-            Err(super::StoreError::Db(e)) if mysql::is_deadlock(&e) && tries < 8 => {
+            Err(e) if tries < 8 && retried_whole(&e) => {
                 tries += 1;
-                tracing::debug!(tries, error = %e, "retrying a deadlocked transaction");
+                tracing::debug!(tries, error = %e, "retrying a deadlocked or raced transaction");
                 let pause = std::time::Duration::from_millis(5 * u64::from(tries));
                 tokio::time::sleep(pause).await;
             }
             other => return other,
         }
+    }
+}
+
+/// A deadlock victim or a lost race: see [`retrying`].
+fn retried_whole(e: &super::StoreError) -> bool {
+    match e {
+        super::StoreError::Db(db) => mysql::is_deadlock(db),
+        super::StoreError::RowVanished { .. } => true,
+        _ => false,
     }
 }
 
