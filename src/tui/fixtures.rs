@@ -188,6 +188,8 @@ fn history(seq: i64, event_type: &str, received: i64, applied: bool) -> HistoryE
     }
 }
 
+/// One poll of the demo at `at`, every tab's data, assembled from the parts below
+/// (each one what a screen test needs of one source).
 pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
     let names = [
         "vehicle-state",
@@ -203,223 +205,16 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
     Snapshot {
         poll: 42,
         taken_at: at,
-        targets: vec![TargetStatus {
-            name: "demo-engine".into(),
-            url: "http://127.0.0.1:40123/metrics".into(),
-            status: SourceStatus::Up,
-            scraped_at: Some(at),
-            down_since: None,
-            scrape_ms: Some(2),
-            samples: 131,
-            process_start_time: Some(1_700_000_000.0),
-            last_restart: Some(now() - Duration::seconds(95)),
-            durability: Some(Durability::Durable),
-            http: BTreeMap::from([(
-                "/v1/trips/{device}/notes".to_string(),
-                BTreeMap::from([
-                    ("executed".to_string(), reading(120.0, 0.5)),
-                    ("replayed".to_string(), reading(4.0, 0.02)),
-                    ("conflict".to_string(), reading(1.0, 0.0)),
-                ]),
-            )]),
-            seen_set_bypassed: BTreeMap::new(),
-            ingress: BTreeMap::from([(
-                "mqtt".to_string(),
-                IngressReading {
-                    received: reading(48_210.0, 40.2),
-                    dup_flagged: reading(31.0, 0.1),
-                },
-            )]),
-        }],
+        targets: targets(at),
         consumers: vec![
             consumer(names[0], 5120.0, 8.0, 21.0, 0.001),
             consumer(names[1], 410.0, 0.6, 3.0, 0.0),
             consumer(names[2], 410.0, 0.6, 3.0, 0.003),
             consumer(names[3], 201.0, 0.3, 1.0, 0.0),
         ],
-        database: Some(DbStats {
-            url: "sqlite:///home/op/.local/share/idemwatch/demo/demo.db".into(),
-            status: SourceStatus::Up,
-            polled_at: at,
-            duration_ms: 3,
-            dedup: Some(DedupStats {
-                inserts: names
-                    .iter()
-                    .skip(1)
-                    .map(|c| ConsumerInserts {
-                        consumer: c.to_string(),
-                        last_minute: 36,
-                    })
-                    .collect(),
-                total_rows: Some(RowEstimate {
-                    rows: 1021,
-                    method: CountMethod::Exact,
-                }),
-                oldest_processed_at: Some(now() - Duration::seconds(3600)),
-                oldest_age_seconds: Some(3600),
-                retention_seconds: 7 * 86_400,
-                purge_stalled: false,
-            }),
-            claims_in_doubt_total: 1,
-            claims_in_doubt: vec![InDoubtClaim {
-                consumer: "zone-exit-sms".into(),
-                message_key: "34-SIM-0003:311:zone_exit".into(),
-                claimed_at: now() - Duration::seconds(140),
-                age_seconds: 140,
-                attempts: 2,
-            }],
-            dead_letters: vec![
-                DeadLetterGroup {
-                    consumer: "vehicle-state".into(),
-                    reason: "invalid_field".into(),
-                    total: 2,
-                    last_hour: 2,
-                    newest_at: Some(now() - Duration::seconds(30)),
-                    newest_id: Some(8),
-                },
-                DeadLetterGroup {
-                    consumer: "trip-counter".into(),
-                    reason: "key_conflict".into(),
-                    total: 1,
-                    last_hour: 1,
-                    newest_at: Some(now() - Duration::seconds(50)),
-                    newest_id: Some(7),
-                },
-            ],
-            recent_dead_letters: vec![
-                DeadLetterRow {
-                    id: 8,
-                    consumer: "vehicle-state".into(),
-                    reason: "invalid_field".into(),
-                    received_at: now() - Duration::seconds(30),
-                    detail: Some("seq: expected an unsigned integer".into()),
-                    size: 63,
-                    preview: r#"{"device_id":"34-SIM-0003","seq":"oops","event_type":"position"}"#
-                        .into(),
-                    message_key: None,
-                    device_id: Some("34-SIM-0003".into()),
-                },
-                DeadLetterRow {
-                    id: 7,
-                    consumer: "trip-counter".into(),
-                    reason: "key_conflict".into(),
-                    received_at: now() - Duration::seconds(50),
-                    detail: Some("same key 34-SIM-0003:311:zone_exit, different payload".into()),
-                    size: conflict_raw().len() as i64,
-                    preview: crate::monitor::bytes::escaped(&conflict_raw())
-                        .chars()
-                        .take(80)
-                        .collect(),
-                    message_key: Some("34-SIM-0003:311:zone_exit".into()),
-                    device_id: Some("34-SIM-0003".into()),
-                },
-            ],
-            markers: markers.clone(),
-            drill_runs: vec![
-                DrillRunSummary {
-                    id: 2,
-                    scenario: "crash-before-ack".into(),
-                    mode: "idempotent".into(),
-                    started_at: Some(now() - Duration::seconds(22)),
-                    finished_at: Some(now() - Duration::seconds(20)),
-                    verdict: Some("pass".into()),
-                },
-                DrillRunSummary {
-                    id: 1,
-                    scenario: "out-of-order".into(),
-                    mode: "naive".into(),
-                    started_at: Some(now() - Duration::seconds(300)),
-                    finished_at: Some(now() - Duration::seconds(299)),
-                    verdict: Some("fail".into()),
-                },
-            ],
-            vehicles: Some(VehicleAnomalies {
-                rows_examined: 5120,
-                truncated: false,
-                late_events_in_window: 1,
-                anomalies: vec![
-                    VehicleAnomaly::LateEvent {
-                        device_id: "34-SIM-0007".into(),
-                        seq: 318,
-                        event_type: "ignition_on".into(),
-                        received_at: now() - Duration::seconds(40),
-                    },
-                    VehicleAnomaly::StateBehind {
-                        device_id: "DRILL-1-ab12".into(),
-                        state_seq: 900,
-                        newest_applied_seq: 901,
-                    },
-                    VehicleAnomaly::SequenceGap {
-                        device_id: "34-SIM-0011".into(),
-                        after_seq: 40,
-                        before_seq: 43,
-                        missing: 2,
-                    },
-                ],
-            }),
-            failures: Vec::new(),
-        }),
-        alerts: vec![
-            alert(
-                Severity::Critical,
-                AlertKind::ClaimsInDoubt { count: 1 },
-                AlertObject::Claim {
-                    consumer: "zone-exit-sms".into(),
-                    message_key: "34-SIM-0003:311:zone_exit".into(),
-                },
-                "1 side-effect claim(s) in doubt: the send may or may not have happened",
-                80,
-            ),
-            alert(
-                Severity::Critical,
-                AlertKind::DeadLetterBurst {
-                    consumer: "trip-counter".into(),
-                    reason: "key_conflict".into(),
-                    count: 1.0,
-                    window_seconds: 300,
-                },
-                AlertObject::DeadLetters {
-                    consumer: "trip-counter".into(),
-                    reason: "key_conflict".into(),
-                },
-                "trip-counter: 1 key_conflict dead letter(s) in 5 min: same key, different payload",
-                50,
-            ),
-            Alert {
-                cause: Cause::Drill {
-                    what: "a drill's own device".into(),
-                },
-                ..alert(
-                    Severity::Critical,
-                    AlertKind::StateBehind { devices: 1 },
-                    AlertObject::Device {
-                        device_id: "DRILL-1-ab12".into(),
-                    },
-                    "1 vehicle state(s) behind their applied history",
-                    300,
-                )
-            },
-        ],
-        ended_alerts: vec![AlertRecord {
-            alert: alert(
-                Severity::Warning,
-                AlertKind::DuplicateRateHigh {
-                    target: "demo-engine".into(),
-                    consumer: "vehicle-state".into(),
-                    ratio: 0.012,
-                    window_seconds: 60,
-                    deploy_window: false,
-                },
-                AlertObject::Consumer {
-                    target: "demo-engine".into(),
-                    consumer: "vehicle-state".into(),
-                },
-                "demo-engine/vehicle-state: 1.20% duplicates over the last minute",
-                560,
-            ),
-            started: now() - Duration::seconds(560),
-            ended: Some(now() - Duration::seconds(470)),
-        }],
+        database: database(at, &names, &markers),
+        alerts: alerts(),
+        ended_alerts: ended_alerts(),
         dead_letter: Some(DeadLetterDetail {
             id: 7,
             consumer: "trip-counter".into(),
@@ -431,55 +226,8 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
         markers,
         history: None,
         history_source: None,
-        vehicle: Some(VehicleDetail {
-            device_id: "34-SIM-0007".into(),
-            state: Some(StateRow {
-                device_id: "34-SIM-0007".into(),
-                last_seq: 319,
-                last_event_type: "ignition_off".into(),
-                ignition: Some("off".into()),
-                occurred_at: Some(now() - Duration::seconds(381)),
-                updated_at: Some(now() - Duration::seconds(45)),
-            }),
-            history: vec![
-                DetailEvent {
-                    event: history(317, "position", 50, true),
-                    late: false,
-                },
-                DetailEvent {
-                    event: history(319, "ignition_off", 45, true),
-                    late: false,
-                },
-                DetailEvent {
-                    event: history(318, "ignition_on", 40, false),
-                    late: true,
-                },
-            ],
-            truncated: false,
-        }),
-        charts: names
-            .iter()
-            .enumerate()
-            .map(|(i, c)| ConsumerChart {
-                target: "demo-engine".into(),
-                consumer: c.to_string(),
-                span_seconds: 900,
-                history_until: None,
-                processed_per_s: ratio_series(0.0)
-                    .into_iter()
-                    .map(|p| Point {
-                        at: p.at,
-                        value: p.value.map(|_| 8.0),
-                    })
-                    .collect(),
-                duplicates_per_s: rate_series(0.5 + i as f64 * 0.2),
-                duplicate_ratio: ratio_series(0.004 + i as f64 * 0.001),
-                duplicate_ratio_1m: ratio_series(0.004 + i as f64 * 0.001),
-                duplicate_ratio_5m: ratio_series(0.004 + i as f64 * 0.001),
-                redelivered_per_s: rate_series(0.8 + i as f64 * 0.2),
-                dead_lettered_per_s: rate_series(0.0),
-            })
-            .collect(),
+        vehicle: vehicle(),
+        charts: charts(&names),
         brokers: vec![BrokerStatus {
             target: "rabbitmq".into(),
             kind: BrokerKind::RabbitMq,
@@ -494,4 +242,302 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             redelivered_per_s: rate_series(2.6),
         }],
     }
+}
+
+/// One engine, up, with an HTTP edge and an MQTT ingress.
+fn targets(at: DateTime<Utc>) -> Vec<TargetStatus> {
+    vec![TargetStatus {
+        name: "demo-engine".into(),
+        url: "http://127.0.0.1:40123/metrics".into(),
+        status: SourceStatus::Up,
+        scraped_at: Some(at),
+        down_since: None,
+        scrape_ms: Some(2),
+        samples: 131,
+        process_start_time: Some(1_700_000_000.0),
+        last_restart: Some(now() - Duration::seconds(95)),
+        durability: Some(Durability::Durable),
+        http: BTreeMap::from([(
+            "/v1/trips/{device}/notes".to_string(),
+            BTreeMap::from([
+                ("executed".to_string(), reading(120.0, 0.5)),
+                ("replayed".to_string(), reading(4.0, 0.02)),
+                ("conflict".to_string(), reading(1.0, 0.0)),
+            ]),
+        )]),
+        seen_set_bypassed: BTreeMap::new(),
+        ingress: BTreeMap::from([(
+            "mqtt".to_string(),
+            IngressReading {
+                received: reading(48_210.0, 40.2),
+                dup_flagged: reading(31.0, 0.1),
+            },
+        )]),
+    }]
+}
+
+/// The engine's database: a claim in doubt, two dead letters (one a key conflict), drill runs, vehicle anomalies.
+fn database(at: DateTime<Utc>, names: &[&str], markers: &[TimelineMarker]) -> Option<DbStats> {
+    Some(DbStats {
+        url: "sqlite:///home/op/.local/share/idemwatch/demo/demo.db".into(),
+        status: SourceStatus::Up,
+        polled_at: at,
+        duration_ms: 3,
+        dedup: Some(DedupStats {
+            inserts: names
+                .iter()
+                .skip(1)
+                .map(|c| ConsumerInserts {
+                    consumer: c.to_string(),
+                    last_minute: 36,
+                })
+                .collect(),
+            total_rows: Some(RowEstimate {
+                rows: 1021,
+                method: CountMethod::Exact,
+            }),
+            oldest_processed_at: Some(now() - Duration::seconds(3600)),
+            oldest_age_seconds: Some(3600),
+            retention_seconds: 7 * 86_400,
+            purge_stalled: false,
+        }),
+        claims_in_doubt_total: 1,
+        claims_in_doubt: vec![InDoubtClaim {
+            consumer: "zone-exit-sms".into(),
+            message_key: "34-SIM-0003:311:zone_exit".into(),
+            claimed_at: now() - Duration::seconds(140),
+            age_seconds: 140,
+            attempts: 2,
+        }],
+        dead_letters: vec![
+            DeadLetterGroup {
+                consumer: "vehicle-state".into(),
+                reason: "invalid_field".into(),
+                total: 2,
+                last_hour: 2,
+                newest_at: Some(now() - Duration::seconds(30)),
+                newest_id: Some(8),
+            },
+            DeadLetterGroup {
+                consumer: "trip-counter".into(),
+                reason: "key_conflict".into(),
+                total: 1,
+                last_hour: 1,
+                newest_at: Some(now() - Duration::seconds(50)),
+                newest_id: Some(7),
+            },
+        ],
+        recent_dead_letters: recent_dead_letters(),
+        markers: markers.to_vec(),
+        drill_runs: drill_runs(),
+        vehicles: vehicle_anomalies(),
+        failures: Vec::new(),
+    })
+}
+
+/// The newest dead letters: a bad field, and the key conflict the raw view opens.
+fn recent_dead_letters() -> Vec<DeadLetterRow> {
+    vec![
+        DeadLetterRow {
+            id: 8,
+            consumer: "vehicle-state".into(),
+            reason: "invalid_field".into(),
+            received_at: now() - Duration::seconds(30),
+            detail: Some("seq: expected an unsigned integer".into()),
+            size: 63,
+            preview: r#"{"device_id":"34-SIM-0003","seq":"oops","event_type":"position"}"#.into(),
+            message_key: None,
+            device_id: Some("34-SIM-0003".into()),
+        },
+        DeadLetterRow {
+            id: 7,
+            consumer: "trip-counter".into(),
+            reason: "key_conflict".into(),
+            received_at: now() - Duration::seconds(50),
+            detail: Some("same key 34-SIM-0003:311:zone_exit, different payload".into()),
+            size: conflict_raw().len() as i64,
+            preview: crate::monitor::bytes::escaped(&conflict_raw())
+                .chars()
+                .take(80)
+                .collect(),
+            message_key: Some("34-SIM-0003:311:zone_exit".into()),
+            device_id: Some("34-SIM-0003".into()),
+        },
+    ]
+}
+
+/// A passed drill and a failed naive one.
+fn drill_runs() -> Vec<DrillRunSummary> {
+    vec![
+        DrillRunSummary {
+            id: 2,
+            scenario: "crash-before-ack".into(),
+            mode: "idempotent".into(),
+            started_at: Some(now() - Duration::seconds(22)),
+            finished_at: Some(now() - Duration::seconds(20)),
+            verdict: Some("pass".into()),
+        },
+        DrillRunSummary {
+            id: 1,
+            scenario: "out-of-order".into(),
+            mode: "naive".into(),
+            started_at: Some(now() - Duration::seconds(300)),
+            finished_at: Some(now() - Duration::seconds(299)),
+            verdict: Some("fail".into()),
+        },
+    ]
+}
+
+/// One of each ordering anomaly.
+fn vehicle_anomalies() -> Option<VehicleAnomalies> {
+    Some(VehicleAnomalies {
+        rows_examined: 5120,
+        truncated: false,
+        late_events_in_window: 1,
+        anomalies: vec![
+            VehicleAnomaly::LateEvent {
+                device_id: "34-SIM-0007".into(),
+                seq: 318,
+                event_type: "ignition_on".into(),
+                received_at: now() - Duration::seconds(40),
+            },
+            VehicleAnomaly::StateBehind {
+                device_id: "DRILL-1-ab12".into(),
+                state_seq: 900,
+                newest_applied_seq: 901,
+            },
+            VehicleAnomaly::SequenceGap {
+                device_id: "34-SIM-0011".into(),
+                after_seq: 40,
+                before_seq: 43,
+                missing: 2,
+            },
+        ],
+    })
+}
+
+/// Two incidents (a claim in doubt, a key-conflict burst) and a drill's own alert.
+fn alerts() -> Vec<Alert> {
+    vec![
+        alert(
+            Severity::Critical,
+            AlertKind::ClaimsInDoubt { count: 1 },
+            AlertObject::Claim {
+                consumer: "zone-exit-sms".into(),
+                message_key: "34-SIM-0003:311:zone_exit".into(),
+            },
+            "1 side-effect claim(s) in doubt: the send may or may not have happened",
+            80,
+        ),
+        alert(
+            Severity::Critical,
+            AlertKind::DeadLetterBurst {
+                consumer: "trip-counter".into(),
+                reason: "key_conflict".into(),
+                count: 1.0,
+                window_seconds: 300,
+            },
+            AlertObject::DeadLetters {
+                consumer: "trip-counter".into(),
+                reason: "key_conflict".into(),
+            },
+            "trip-counter: 1 key_conflict dead letter(s) in 5 min: same key, different payload",
+            50,
+        ),
+        Alert {
+            cause: Cause::Drill {
+                what: "a drill's own device".into(),
+            },
+            ..alert(
+                Severity::Critical,
+                AlertKind::StateBehind { devices: 1 },
+                AlertObject::Device {
+                    device_id: "DRILL-1-ab12".into(),
+                },
+                "1 vehicle state(s) behind their applied history",
+                300,
+            )
+        },
+    ]
+}
+
+/// An alert that held and ended in the window.
+fn ended_alerts() -> Vec<AlertRecord> {
+    vec![AlertRecord {
+        alert: alert(
+            Severity::Warning,
+            AlertKind::DuplicateRateHigh {
+                target: "demo-engine".into(),
+                consumer: "vehicle-state".into(),
+                ratio: 0.012,
+                window_seconds: 60,
+                deploy_window: false,
+            },
+            AlertObject::Consumer {
+                target: "demo-engine".into(),
+                consumer: "vehicle-state".into(),
+            },
+            "demo-engine/vehicle-state: 1.20% duplicates over the last minute",
+            560,
+        ),
+        started: now() - Duration::seconds(560),
+        ended: Some(now() - Duration::seconds(470)),
+    }]
+}
+
+/// A vehicle whose late ignition_on was not applied.
+fn vehicle() -> Option<VehicleDetail> {
+    Some(VehicleDetail {
+        device_id: "34-SIM-0007".into(),
+        state: Some(StateRow {
+            device_id: "34-SIM-0007".into(),
+            last_seq: 319,
+            last_event_type: "ignition_off".into(),
+            ignition: Some("off".into()),
+            occurred_at: Some(now() - Duration::seconds(381)),
+            updated_at: Some(now() - Duration::seconds(45)),
+        }),
+        history: vec![
+            DetailEvent {
+                event: history(317, "position", 50, true),
+                late: false,
+            },
+            DetailEvent {
+                event: history(319, "ignition_off", 45, true),
+                late: false,
+            },
+            DetailEvent {
+                event: history(318, "ignition_on", 40, false),
+                late: true,
+            },
+        ],
+        truncated: false,
+    })
+}
+
+/// Each consumer's 15-minute chart, each a little higher than the last.
+fn charts(names: &[&str]) -> Vec<ConsumerChart> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ConsumerChart {
+            target: "demo-engine".into(),
+            consumer: c.to_string(),
+            span_seconds: 900,
+            history_until: None,
+            processed_per_s: ratio_series(0.0)
+                .into_iter()
+                .map(|p| Point {
+                    at: p.at,
+                    value: p.value.map(|_| 8.0),
+                })
+                .collect(),
+            duplicates_per_s: rate_series(0.5 + i as f64 * 0.2),
+            duplicate_ratio: ratio_series(0.004 + i as f64 * 0.001),
+            duplicate_ratio_1m: ratio_series(0.004 + i as f64 * 0.001),
+            duplicate_ratio_5m: ratio_series(0.004 + i as f64 * 0.001),
+            redelivered_per_s: rate_series(0.8 + i as f64 * 0.2),
+            dead_lettered_per_s: rate_series(0.0),
+        })
+        .collect()
 }
