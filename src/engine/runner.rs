@@ -967,4 +967,103 @@ mod tests {
         old.take(1);
         assert!(!old.is_stale(Duration::from_secs(9)));
     }
+
+    fn delivery(id: i64, body: Vec<u8>) -> Delivery {
+        Delivery {
+            id,
+            queue: "q".into(),
+            body,
+            delivery_count: 1,
+            attempts: 1,
+            redelivered: false,
+            lease_token: "t".into(),
+        }
+    }
+
+    fn event(seq: u64, event_type: &str) -> Vec<u8> {
+        format!(
+            r#"{{"device_id":"34-G-1","seq":{seq},"event_type":"{event_type}","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"X"}}}}"#
+        )
+        .into_bytes()
+    }
+
+    fn leased(bodies: Vec<Vec<u8>>) -> Leased {
+        let deliveries = bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| delivery(i as i64 + 1, b))
+            .collect();
+        Leased::new(deliveries, Instant::now())
+    }
+
+    fn ids(batch: &Batch) -> Vec<i64> {
+        batch.deliveries.iter().map(|(d, _)| d.id).collect()
+    }
+
+    /// A gathering batch (zone-exit-sms on a fleet's queue: few of the events are its
+    /// own) takes deliveries until it holds `want` of its own, or `limit` deliveries,
+    /// or GATHER_MAX_BYTES of bodies, whichever comes first — and says whether it
+    /// may take more by the same three bounds.
+    #[test]
+    fn a_gathering_batch_stops_at_its_own_events_its_limit_or_its_bytes() {
+        let wants = |env: &Envelope| env.event_type == super::super::envelope::EventType::ZoneExit;
+        let gathered = |bodies: Vec<Vec<u8>>, want, limit| {
+            let mut held = leased(bodies);
+            let mut batch = held.take(0);
+            batch.gather(&mut held, want, limit, wants);
+            (batch, held)
+        };
+        // Zone exits at odd seqs, ignition-ons between them.
+        let mixed = |seq: u64| event(seq, ["ignition_on", "zone_exit"][(seq % 2) as usize]);
+        let six = || (1..=6).map(mixed).collect::<Vec<_>>();
+        // Two of its own: the third delivery is the second zone exit.
+        let (batch, held) = gathered(six(), 2, 10);
+        assert_eq!((ids(&batch), batch.own), (vec![1, 2, 3], 2));
+        let bytes: usize = (1..=3).map(|seq| mixed(seq).len()).sum();
+        assert_eq!(batch.bytes, bytes);
+        assert_eq!(held.deliveries.len(), 3);
+        assert!(!batch.wants_more(2, 10));
+        assert!(batch.wants_more(3, 10));
+        // The limit: four deliveries, two of them its own.
+        let (batch, _) = gathered(six(), 10, 4);
+        assert_eq!((ids(&batch), batch.own), (vec![1, 2, 3, 4], 2));
+        assert!(!batch.wants_more(10, 4));
+        assert!(batch.wants_more(10, 5));
+        // The bytes: two bodies of 4 MiB fill it exactly; one byte less takes one more.
+        let half = GATHER_MAX_BYTES / 2;
+        let (batch, _) = gathered(vec![vec![b' '; half], vec![b' '; half], mixed(1)], 10, 10);
+        assert_eq!(
+            (ids(&batch), batch.own, batch.bytes),
+            (vec![1, 2], 0, GATHER_MAX_BYTES)
+        );
+        assert!(!batch.wants_more(10, 10));
+        let (batch, _) = gathered(
+            vec![vec![b' '; half], vec![b' '; half - 1], mixed(1)],
+            10,
+            10,
+        );
+        assert_eq!((ids(&batch), batch.own), (vec![1, 2, 3], 1));
+        // The delivery that crosses the bound is taken whole; then it stops.
+        assert!(batch.bytes > GATHER_MAX_BYTES && !batch.wants_more(10, 10));
+    }
+
+    /// Gathering across leases is for a pipelined worker whose `gather` is above its
+    /// batch; otherwise each batch is `lease_batch` deliveries.
+    #[test]
+    fn a_batch_gathers_only_when_pipelined_and_gather_is_above_the_batch() {
+        let limit = |pipeline, lease_batch, gather| {
+            RunnerSettings {
+                pipeline,
+                lease_batch,
+                gather,
+                ..RunnerSettings::default()
+            }
+            .gather_limit()
+        };
+        assert_eq!(limit(true, 100, 1000), Some(1000));
+        assert_eq!(limit(true, 100, 101), Some(101));
+        assert_eq!(limit(true, 100, 100), None);
+        assert_eq!(limit(true, 100, 50), None);
+        assert_eq!(limit(false, 100, 1000), None);
+    }
 }

@@ -317,3 +317,248 @@ pub fn fleet(deps: &Deps, mode: ConsumerMode) -> Vec<Arc<dyn Consumer>> {
         .filter_map(|n| build(n, deps, mode))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::envelope::Envelope;
+    use crate::engine::seen_set::SeenSetConfig;
+
+    /// Deps over a real SQLite store in `dir` (nothing here reaches a provider).
+    async fn deps(dir: &tempfile::TempDir) -> Deps {
+        let url = format!("sqlite://{}", dir.path().join("consumers.db").display());
+        let store = super::super::store::open(&url).await.unwrap();
+        let metrics = Arc::new(Metrics::new());
+        Deps {
+            seen_set: GuardedSeenSet::open(
+                &SeenSetConfig::default(),
+                store.clone(),
+                metrics.clone(),
+            )
+            .unwrap(),
+            store,
+            provider: ProviderClient::new("http://127.0.0.1:9", "http://127.0.0.1:9"),
+            metrics,
+            claim_lease: Duration::from_secs(60),
+            provider_concurrency: 1,
+        }
+    }
+
+    const MODES: [ConsumerMode; 3] = [
+        ConsumerMode::Idempotent,
+        ConsumerMode::SeenSet,
+        ConsumerMode::Naive,
+    ];
+
+    /// SPEC §2's table, consumer by consumer: its name, the events it acts on (the
+    /// rest the runner acks as skipped without calling it), its risk class, and the
+    /// mode it was built in — which the claim sweeper reads to re-drive the claims of
+    /// idempotent consumers only (a naive or seen-set handler must never send for a
+    /// claim it did not take).
+    #[tokio::test]
+    async fn each_fleet_consumer_is_built_as_the_spec_table_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = deps(&dir).await;
+        use EventType::*;
+        let table: [(&str, &[EventType], RiskClass); 4] = [
+            ("vehicle-state", &EventType::ALL, RiskClass::Natural),
+            ("trip-counter", &[ZoneExit], RiskClass::Accumulation),
+            ("zone-exit-sms", &[ZoneExit], RiskClass::ExternalSideEffect),
+            ("erp-webhook", &[IgnitionOff], RiskClass::ExternalSideEffect),
+        ];
+        assert_eq!(FLEET_CONSUMERS, table.map(|(name, _, _)| name));
+        for mode in MODES {
+            let built = fleet(&deps, mode);
+            assert_eq!(built.len(), table.len());
+            for ((name, wanted, risk), consumer) in table.iter().zip(&built) {
+                assert_eq!((consumer.name(), consumer.mode()), (*name, mode));
+                let one = build(name, &deps, mode).expect("a fleet consumer builds");
+                assert_eq!((one.name(), one.mode()), (*name, mode));
+                for event in EventType::ALL {
+                    assert_eq!(
+                        one.wants(event),
+                        wanted.contains(&event),
+                        "{name} wants {event}?"
+                    );
+                }
+                assert_eq!(risk_class(name), Some(*risk), "{name}");
+            }
+        }
+        assert!(build("sms-to-everyone", &deps, ConsumerMode::Idempotent).is_none());
+        assert_eq!(risk_class("sms-to-everyone"), None);
+    }
+
+    /// The words are what the inventory shows and what `--mode` and the JSON take:
+    /// a mode reads as its serde (and command-line) name, an outcome as its JSON word.
+    #[test]
+    fn modes_outcomes_and_risk_classes_keep_their_words() {
+        for mode in MODES {
+            assert_eq!(serde_json::json!(mode), mode.as_str());
+        }
+        assert_eq!(
+            MODES.map(ConsumerMode::as_str),
+            ["idempotent", "seen-set", "naive"]
+        );
+        let outcomes = [
+            DeliveryOutcome::Processed,
+            DeliveryOutcome::Late,
+            DeliveryOutcome::Duplicate,
+            DeliveryOutcome::Skipped,
+            DeliveryOutcome::DeadLettered,
+            DeliveryOutcome::Retry,
+        ];
+        for o in outcomes {
+            assert_eq!(serde_json::json!(o), o.as_str());
+            assert_eq!(o.to_string(), o.as_str());
+        }
+        assert_eq!(
+            outcomes.map(DeliveryOutcome::as_str),
+            [
+                "processed",
+                "late",
+                "duplicate",
+                "skipped",
+                "dead_lettered",
+                "retry"
+            ]
+        );
+        assert_eq!(
+            [
+                RiskClass::Natural,
+                RiskClass::Accumulation,
+                RiskClass::ExternalSideEffect
+            ]
+            .map(RiskClass::as_str),
+            ["natural", "accumulation", "external side effect"]
+        );
+    }
+
+    /// A consumer that handles one message at a time and fails the store on odd seqs
+    /// with the error its `seq` names.
+    struct OneAtATime;
+
+    #[async_trait]
+    impl Consumer for OneAtATime {
+        fn name(&self) -> &'static str {
+            "one-at-a-time"
+        }
+        fn mode(&self) -> ConsumerMode {
+            ConsumerMode::Idempotent
+        }
+        fn wants(&self, _event: EventType) -> bool {
+            true
+        }
+        async fn handle(&self, env: &Message, _crash: &CrashPlan) -> Result<Outcome, HandleError> {
+            match env.seq {
+                1 => Err(StoreError::OutOfRange {
+                    what: "seq",
+                    value: "1".into(),
+                }
+                .into()),
+                3 => Err(StoreError::RowVanished {
+                    key: env.key().to_string(),
+                }
+                .into()),
+                5 => Err(StoreError::Internal("a bug").into()),
+                _ => Ok(Outcome::Duplicate),
+            }
+        }
+    }
+
+    /// The default `handle_batch` decides each message alone, in order: one message's
+    /// store error is that message's fate (by whose fault it is), never its
+    /// neighbours'.
+    #[tokio::test]
+    async fn the_default_batch_is_each_message_alone_in_order() {
+        let messages: Vec<Message> = (0..7)
+            .map(|seq| {
+                Message::new(Envelope {
+                    message_id: None,
+                    device_id: "34-ONE-1".into(),
+                    seq,
+                    event_type: EventType::IgnitionOn,
+                    occurred_at: chrono::DateTime::from_timestamp(1_764_475_923, 0).unwrap(),
+                    payload: Default::default(),
+                })
+            })
+            .collect();
+        let outcomes = OneAtATime
+            .handle_batch(&messages, &CrashPlan::none())
+            .await
+            .unwrap();
+        let fates: Vec<String> = outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Rejected(r) => r.reason.to_string(),
+                Outcome::Retry(r) => format!("{:?}", r.cause),
+                o => o.fate().to_string(),
+            })
+            .collect();
+        assert_eq!(
+            fates,
+            [
+                "duplicate",
+                "store_rejected",
+                "duplicate",
+                "Infra { kind: Store, after: None }",
+                "duplicate",
+                "Message",
+                "duplicate"
+            ]
+        );
+    }
+
+    fn zone_exit(device: &str, seq: u64, zone: &str) -> Message {
+        let line = format!(
+            r#"{{"device_id":"{device}","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T07:12:03+03:00","payload":{{"zone":"{zone}","phone":"+905551112233"}}}}"#
+        );
+        Message::parse(line.as_bytes()).unwrap()
+    }
+
+    /// What the provider receives names the event, and is the same for every
+    /// delivery of it (a resend must be byte-identical for the provider to replay it):
+    /// the SMS says which vehicle left which zone when (in UTC), the ERP's trip end
+    /// carries the device, seq, key and time it can file the trip under.
+    #[test]
+    fn what_the_provider_receives_names_the_event() {
+        let exit = zone_exit("34-TXT-1", 7, "Kadıköy");
+        assert_eq!(
+            zone_exit_sms::sms_text(&exit),
+            "Your vehicle 34-TXT-1 left zone Kadıköy at 2026-11-30T04:12:03Z."
+        );
+        assert_eq!(
+            zone_exit_sms::sms_text(&zone_exit("34-TXT-1", 7, "Kadıköy")),
+            zone_exit_sms::sms_text(&exit)
+        );
+        assert_eq!(
+            erp_webhook::trip_end_body(&exit),
+            serde_json::json!({
+                "event": "trip_end",
+                "device_id": "34-TXT-1",
+                "seq": 7,
+                "message_key": "34-TXT-1:7:zone_exit",
+                "occurred_at": "2026-11-30T04:12:03Z",
+            })
+        );
+    }
+
+    /// The provider key is derived from the consumer and the message key alone (the
+    /// same after the claim row is gone), differs per consumer and per event, and
+    /// keeps its stored form: a new form would make the provider send again what it
+    /// already sent under the old key.
+    #[test]
+    fn the_provider_key_is_one_per_consumer_and_event_and_keeps_its_form() {
+        let key = zone_exit("34-PK-1", 1, "X").key().clone();
+        let other = zone_exit("34-PK-1", 2, "X").key().clone();
+        let k = provider_key(zone_exit_sms::NAME, &key);
+        assert_eq!(k, "idemwatch-7544aacb71cb928c575b2d9032d00671");
+        assert_eq!(provider_key(zone_exit_sms::NAME, &key), k);
+        assert_ne!(provider_key(erp_webhook::NAME, &key), k);
+        assert_ne!(provider_key(zone_exit_sms::NAME, &other), k);
+        let exit = zone_exit("34-PK-1", 1, "X");
+        let request = claim_request(zone_exit_sms::NAME, &exit);
+        assert_eq!((&request.key, &request.provider_key), (&key, &k));
+        assert_eq!(&request.fingerprint, exit.fingerprint());
+        assert_eq!(request.message, exit.to_json_line().into_bytes());
+    }
+}

@@ -478,3 +478,27 @@ fn conflict(stored: &str) -> Outcome {
         format!("key already recorded with fingerprint {stored}"),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The claim's detail tells an operator reading `claims` whether this delivery
+    /// sent the effect or the provider replayed an earlier send, and with what status;
+    /// the effect counted is `sent` or `suppressed` accordingly.
+    #[test]
+    fn a_sent_claim_says_whether_the_provider_sent_or_replayed() {
+        let reply = |replayed| ProviderReply {
+            status: 202,
+            replayed,
+            body: String::new(),
+        };
+        assert_eq!(sent_detail(&reply(false)), "sent (202)");
+        assert_eq!(
+            sent_detail(&reply(true)),
+            "provider replayed its first response (202)"
+        );
+        assert_eq!(sent_or_replayed(&reply(false)), EffectResult::Sent);
+        assert_eq!(sent_or_replayed(&reply(true)), EffectResult::Suppressed);
+    }
+}
