@@ -4,74 +4,66 @@
 //! ack committed with the business rows there would be no redelivery to study, and
 //! real brokers never share a transaction with the consumer's database either.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use sqlx::sqlite::{SqliteRow, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use rusqlite::types::ValueRef;
+use rusqlite::Connection;
+use sqlx::sqlite::SqliteSynchronous;
+use sqlx::SqlitePool;
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
-use crate::engine::store::sqlite_conn::{connect_sqlite, Held, HeldConnection};
+use crate::engine::store::sqlite_conn::connect_sqlite;
+use crate::engine::store::sqlite_thread::{db, SqliteThread};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/queue-sqlite");
 
-/// Two pools on one file, with different fsync policies.
+/// The queue's file: sqlx for the migrations and the reads (depth) and the purge,
+/// and the file's [`SqliteThread`] for everything on the engine's hot path —
+/// publish, lease, ack, nack — so each is one hand-off to that thread whatever the
+/// number of rows, and the publishers and the lease/ack writer of this process queue
+/// for that one connection instead of meeting in SQLite's busy handler.
 ///
-/// Publishes commit with `synchronous = FULL`: losing one to a power cut would lose
-/// a message. Leases, acks and nacks commit with `NORMAL` (still crash-safe under
-/// WAL; only an OS crash or power cut can undo the last few): an ack undone that way
-/// is a redelivery, which the consumers' dedup absorbs — that is what the pattern is
-/// for — and a lease undone is a delivery that comes back early. Paying an fsync for
-/// each would put the queue, not the business database, on the critical path.
-///
-/// Leases, acks and nacks go through one [`HeldConnection`] of the `NORMAL` pool:
-/// on the engine's hot path the pool's pings cost more than the statements.
-/// Only single autocommit statements run on it, so a caller that gives up half-way
-/// leaves it clean.
+/// Two fsync policies on that one connection. Publishes commit with `synchronous =
+/// FULL`: losing one to a power cut would lose a message. Leases, acks and nacks
+/// commit with `NORMAL` (still crash-safe under WAL; only an OS crash or power cut
+/// can undo the last few): an ack undone that way is a redelivery, which the
+/// consumers' dedup absorbs — that is what the pattern is for — and a lease undone
+/// is a delivery that comes back early. Paying an fsync for each would put the
+/// queue, not the business database, on the critical path.
 #[derive(Debug, Clone)]
 pub struct EmbeddedQueue {
     pool: SqlitePool,
-    deliveries: SqlitePool,
-    writer: Arc<HeldConnection>,
+    thread: SqliteThread,
     url: String,
 }
 
-/// Deliveries per row when a lease is read back. Each row crosses from SQLite's
-/// thread to ours with a wake-up of its own, so the fewer the better; but a row is one
-/// value, and SQLite caps a value at 1e9 bytes: 32 bodies stay under it up to ~30 MB
-/// a body.
-const PACKED_PER_ROW: i64 = 32;
+/// A lease: hide up to `?5` visible rows of queue `?3` (visible at `?4`, now) under
+/// token `?2` until `?1`, and hand them back. One statement: SQLite runs it under its
+/// write lock, so two workers never lease the same row. The body comes back as its
+/// bytes whatever its storage class (see [`body`]).
+const LEASE: &str = "UPDATE queue_messages SET visible_at = ?1,
+       delivery_count = delivery_count + 1, lease_token = ?2
+     WHERE id IN (SELECT id FROM queue_messages WHERE queue = ?3 AND visible_at <= ?4
+                  ORDER BY visible_at, id LIMIT ?5)
+     RETURNING id, delivery_count, delivery_count - uncounted, body";
 
-/// Ids per acking DELETE, rows per publishing INSERT.
-const ACK_CHUNK: usize = 500;
+/// An ack: delete the row only while the lease is still ours.
+const ACK: &str = "DELETE FROM queue_messages WHERE id = ?1 AND lease_token = ?2";
 
-/// Deliveries grouped by the lease that holds them, in first-seen order.
-fn by_lease(deliveries: &[Delivery]) -> Vec<(&str, Vec<i64>)> {
-    let mut leases: Vec<(&str, Vec<i64>)> = Vec::new();
-    for d in deliveries {
-        match leases.iter_mut().find(|(t, _)| *t == d.lease_token) {
-            Some((_, ids)) => ids.push(d.id),
-            None => leases.push((&d.lease_token, vec![d.id])),
-        }
-    }
-    leases
-}
+/// A return: visible again at `?1`, counted toward the attempts or (`?4 = 1`) not.
+const NACK: &str = "UPDATE queue_messages
+     SET visible_at = ?1, lease_token = NULL, uncounted = uncounted + ?4
+     WHERE id = ?2 AND lease_token = ?3";
 
-/// Delete the rows of one lease: only while the lease is still ours.
-fn delete_leased<'a>(token: &'a str, ids: &'a [i64]) -> QueryBuilder<'a, Sqlite> {
-    let mut q = QueryBuilder::new("DELETE FROM queue_messages WHERE lease_token = ");
-    q.push_bind(token).push(" AND id IN ");
-    q.push_tuples(ids, |mut t, id| {
-        t.push_bind(*id);
-    });
-    q
-}
+const PUBLISH: &str = "INSERT INTO queue_messages (queue, body, published_at, visible_at)
+     VALUES (?1, ?2, ?3, ?3)";
 
 /// One lease: a token and a visibility deadline for up to `max` rows.
 struct Lease {
+    queue: String,
     token: String,
     now: i64,
     until: i64,
@@ -79,9 +71,10 @@ struct Lease {
 }
 
 impl Lease {
-    fn new(max: usize, visibility: Duration) -> Self {
+    fn new(queue: &str, max: usize, visibility: Duration) -> Self {
         let now = now_ms();
         Lease {
+            queue: queue.to_string(),
             token: format!("{:016x}", rand::random::<u64>()),
             now,
             until: now.saturating_add(millis(visibility)),
@@ -89,109 +82,70 @@ impl Lease {
         }
     }
 
-    /// Two statements: hide the visible rows under this lease (SQLite runs the
-    /// `UPDATE` under its write lock, so two workers never lease the same row), then
-    /// read them back packed, up to [`PACKED_PER_ROW`] to a row. The driver hands every result row from SQLite's
-    /// thread to ours with a wake-up of its own; a batch of 100 bodies as 100 rows
-    /// (an `UPDATE … RETURNING`) cost more in those hand-offs than in SQL. Each
-    /// delivery is packed as `id,count,length:` and then its body's bytes as they are
-    /// (SQLite's `||` keeps a blob's bytes, NULs and invalid UTF-8 included; the length
-    /// is of the bytes even for a body stored as text), so any
-    /// body (a malformed message's too) comes back intact without an encoding step.
-    fn push<'a>(&'a self, q: &mut QueryBuilder<'a, Sqlite>, queue: &'a str) {
-        q.push("UPDATE queue_messages SET visible_at = ")
-            .push_bind(self.until)
-            .push(", delivery_count = delivery_count + 1, lease_token = ")
-            .push_bind(&self.token)
-            .push(" WHERE id IN (SELECT id FROM queue_messages WHERE queue = ")
-            .push_bind(queue)
-            .push(" AND visible_at <= ")
-            .push_bind(self.now)
-            .push(" ORDER BY visible_at, id LIMIT ")
-            .push_bind(self.max)
-            .push(
-                "); SELECT CAST(group_concat(id || ',' || delivery_count || ',' \
-                 || (delivery_count - uncounted) || ',' \
-                 || length(CAST(body AS BLOB)) || ':' || body, '') AS BLOB)",
-            )
-            .push(" FROM queue_messages WHERE queue = ")
-            .push_bind(queue)
-            .push(" AND visible_at = ")
-            .push_bind(self.until)
-            .push(" AND lease_token = ")
-            .push_bind(&self.token)
-            .push(" GROUP BY id / ")
-            .push(PACKED_PER_ROW);
-    }
-
-    /// The deliveries in the packed rows [`Self::push`] reads back, in id order.
-    fn deliveries(&self, queue: &str, rows: &[SqliteRow]) -> Result<Vec<Delivery>, sqlx::Error> {
+    /// Run the lease on `conn` (the queue's thread): its deliveries in id order.
+    fn take(self, conn: &Connection) -> rusqlite::Result<Vec<Delivery>> {
+        if self.max == 0 {
+            return Ok(Vec::new());
+        }
+        let mut lease = conn.prepare_cached(LEASE)?;
+        let mut rows = lease.query(rusqlite::params![
+            self.until, self.token, self.queue, self.now, self.max
+        ])?;
         let mut deliveries = Vec::new();
-        for row in rows {
-            let packed: &[u8] = row.try_get(0)?;
-            let mut rest = packed;
-            while !rest.is_empty() {
-                let (
-                    Packed {
-                        id,
-                        count,
-                        attempts,
-                        body,
-                    },
-                    after,
-                ) = unpack_one(rest).ok_or_else(|| {
-                    sqlx::Error::Decode("lease row: not id,count,attempts,length:body".into())
-                })?;
-                deliveries.push(Delivery {
-                    id,
-                    queue: queue.to_string(),
-                    body: body.to_vec(),
-                    delivery_count: count,
-                    attempts,
-                    redelivered: count > 1,
-                    lease_token: self.token.clone(),
-                });
-                rest = after;
-            }
+        while let Some(row) = rows.next()? {
+            let count: u32 = row.get(1)?;
+            deliveries.push(Delivery {
+                id: row.get(0)?,
+                queue: self.queue.clone(),
+                body: body(row.get_ref(3)?)?,
+                delivery_count: count,
+                attempts: row.get(2)?,
+                redelivered: count > 1,
+                lease_token: self.token.clone(),
+            });
         }
         deliveries.sort_by_key(|d| d.id);
         Ok(deliveries)
     }
 }
 
-/// One delivery of a packed lease row.
-#[derive(Debug, PartialEq)]
-struct Packed<'a> {
-    id: i64,
-    count: u32,
-    attempts: u32,
-    body: &'a [u8],
+/// A body's bytes: a blob as `publish` writes it, or a row written by hand as text
+/// (its UTF-8 bytes, not cut at a character count).
+fn body(value: ValueRef<'_>) -> rusqlite::Result<Vec<u8>> {
+    match value {
+        ValueRef::Blob(b) | ValueRef::Text(b) => Ok(b.to_vec()),
+        other => Err(rusqlite::Error::FromSqlConversionFailure(
+            3,
+            other.data_type(),
+            "a queue body is a blob or text".into(),
+        )),
+    }
 }
 
-/// One `id,count,attempts,length:body` off the front of a packed lease row, and what
-/// follows.
-fn unpack_one(packed: &[u8]) -> Option<(Packed<'_>, &[u8])> {
-    fn number<T: std::str::FromStr>(s: &[u8], end: u8) -> Option<(T, &[u8])> {
-        let at = s.iter().position(|&b| b == end)?;
-        let n = std::str::from_utf8(&s[..at]).ok()?.parse().ok()?;
-        Some((n, &s[at + 1..]))
+/// Delete the rows of `done` still held under their lease, in one transaction: the
+/// number deleted (a stale lease's rows are not).
+fn ack_all(conn: &mut Connection, done: &[(i64, String)]) -> rusqlite::Result<usize> {
+    if done.is_empty() {
+        return Ok(0);
     }
-    let (id, s) = number::<i64>(packed, b',')?;
-    let (count, s) = number::<u32>(s, b',')?;
-    let (attempts, s) = number::<u32>(s, b',')?;
-    let (len, s) = number::<usize>(s, b':')?;
-    (s.len() >= len).then(|| {
-        let body = &s[..len];
-        (
-            Packed {
-                id,
-                count,
-                attempts,
-                body,
-            },
-            &s[len..],
-        )
-    })
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let mut acked = 0;
+    {
+        let mut ack = tx.prepare_cached(ACK)?;
+        for (id, token) in done {
+            acked += ack.execute(rusqlite::params![id, token])?;
+        }
+    }
+    tx.commit()?;
+    Ok(acked)
+}
+
+/// What an ack needs of a delivery, owned (it travels to the queue's thread).
+fn acks(deliveries: &[Delivery]) -> Vec<(i64, String)> {
+    deliveries
+        .iter()
+        .map(|d| (d.id, d.lease_token.clone()))
+        .collect()
 }
 
 fn now_ms() -> i64 {
@@ -206,17 +160,39 @@ impl EmbeddedQueue {
     pub async fn open(url: &str) -> QueueResult<Self> {
         let pool = connect_sqlite(url, 4, SqliteSynchronous::Full).await?;
         MIGRATOR.run(&pool).await?;
-        let deliveries = connect_sqlite(url, 4, SqliteSynchronous::Normal).await?;
+        let thread = SqliteThread::for_url(url, SqliteSynchronous::Normal)?;
         Ok(EmbeddedQueue {
             pool,
-            deliveries,
-            writer: Arc::new(HeldConnection::default()),
+            thread,
             url: url.to_string(),
         })
     }
 
-    async fn writer(&self) -> QueueResult<Held<'_>> {
-        Ok(self.writer.take(&self.deliveries).await?)
+    /// A return of `delivery`, counted toward its attempts or not.
+    async fn give_back(
+        &self,
+        delivery: &Delivery,
+        delay: Duration,
+        counted: bool,
+    ) -> QueueResult<()> {
+        let visible_at = now_ms().saturating_add(millis(delay));
+        let (id, token) = (delivery.id, delivery.lease_token.clone());
+        let uncounted = i64::from(!counted);
+        self.thread
+            .run(move |conn| {
+                conn.prepare_cached(NACK)?
+                    .execute(rusqlite::params![visible_at, id, token, uncounted])?;
+                Ok::<_, QueueError>(())
+            })
+            .await
+    }
+}
+
+/// A queue job's result: rusqlite's error as the `sqlx::Error` the engine reads, or
+/// the thread's own failure.
+impl From<rusqlite::Error> for QueueError {
+    fn from(e: rusqlite::Error) -> Self {
+        QueueError::Db(db(e))
     }
 }
 
@@ -224,28 +200,22 @@ impl EmbeddedQueue {
 impl Queue for EmbeddedQueue {
     async fn publish(&self, queues: &[String], bodies: &[Vec<u8>]) -> QueueResult<()> {
         super::check_body_sizes(bodies)?;
-        let now = now_ms();
-        // Multi-row inserts, in publish order (ids follow it): one call to SQLite's
-        // thread per chunk instead of one per message.
-        let rows: Vec<(&String, &Vec<u8>)> = bodies
-            .iter()
-            .flat_map(|body| queues.iter().map(move |queue| (queue, body)))
-            .collect();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        for chunk in rows.chunks(ACK_CHUNK) {
-            let mut q = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO queue_messages (queue, body, published_at, visible_at) ",
-            );
-            q.push_values(chunk, |mut row, (queue, body)| {
-                row.push_bind(*queue)
-                    .push_bind(body.as_slice())
-                    .push_bind(now)
-                    .push_bind(now);
-            });
-            q.build().execute(&mut *tx).await?;
+        if queues.is_empty() || bodies.is_empty() {
+            return Ok(());
         }
-        tx.commit().await?;
-        Ok(())
+        let now = now_ms();
+        let (queues, bodies) = (queues.to_vec(), bodies.to_vec());
+        self.thread
+            .run(move |conn| {
+                // This transaction alone is fsynced: a message published is kept.
+                conn.execute_batch("PRAGMA synchronous = FULL")?;
+                let published = publish_all(conn, &queues, &bodies, now);
+                let back = conn.execute_batch("PRAGMA synchronous = NORMAL");
+                published?;
+                back?;
+                Ok::<_, QueueError>(())
+            })
+            .await
     }
 
     async fn lease(
@@ -254,12 +224,10 @@ impl Queue for EmbeddedQueue {
         max: usize,
         visibility: Duration,
     ) -> QueueResult<Vec<Delivery>> {
-        let lease = Lease::new(max, visibility);
-        let mut q = QueryBuilder::new("");
-        lease.push(&mut q, queue);
-        let mut w = self.writer().await?;
-        let rows = q.build().fetch_all(w.conn()).await;
-        Ok(lease.deliveries(queue, &w.keep(rows)?)?)
+        let lease = Lease::new(queue, max, visibility);
+        self.thread
+            .run(move |conn| Ok::<_, QueueError>(lease.take(conn)?))
+            .await
     }
 
     async fn ack_then_lease(
@@ -269,106 +237,46 @@ impl Queue for EmbeddedQueue {
         max: usize,
         visibility: Duration,
     ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
-        // The usual case, one lease acked: both statements in one call to SQLite's
-        // thread (each still its own transaction), not two.
-        let leases = by_lease(done);
-        let (token, ids) = match leases.as_slice() {
-            [] => return (Ok(()), self.lease(queue, max, visibility).await),
-            [(token, ids)] if ids.len() <= ACK_CHUNK => (*token, ids.as_slice()),
-            _ => {
-                let acked = self.ack_batch(done).await.map(|_| ());
-                return (acked, self.lease(queue, max, visibility).await);
-            }
-        };
-        let lease = Lease::new(max, visibility);
-        let mut q = delete_leased(token, ids);
-        q.push("; ");
-        lease.push(&mut q, queue);
-        let mut w = match self.writer().await {
-            Ok(w) => w,
-            Err(e) => return (Err(QueueError::Other(format!("ack not sent: {e}"))), Err(e)),
-        };
-        let rows = q.build().fetch_all(w.conn()).await;
-        match w.keep(rows) {
-            Ok(rows) => match lease.deliveries(queue, &rows) {
-                Ok(d) => (Ok(()), Ok(d)),
-                Err(e) => (Ok(()), Err(e.into())),
-            },
-            // The DELETE failed, or the UPDATE after it: the ack may or may not have
-            // happened (a redelivery the dedup absorbs) and nothing was leased.
-            Err(e) => (
-                Err(QueueError::Other(format!(
-                    "ack (with the next lease) failed: {e}"
-                ))),
-                Err(e.into()),
-            ),
+        // Both in one hand-off to the queue's thread, each its own transaction: the
+        // ack commits whatever the lease does.
+        let done = acks(done);
+        let lease = Lease::new(queue, max, visibility);
+        let both = self
+            .thread
+            .run(move |conn| {
+                let acked = ack_all(conn, &done).map(|_| ()).map_err(QueueError::from);
+                let leased = lease.take(conn).map_err(QueueError::from);
+                Ok::<_, QueueError>((acked, leased))
+            })
+            .await;
+        match both {
+            Ok(both) => both,
+            // The thread could not run the job (queueing for it timed out, or it is
+            // gone): nothing was acked and nothing leased.
+            Err(e) => (Err(QueueError::Other(format!("ack not sent: {e}"))), Err(e)),
         }
     }
 
     async fn ack(&self, delivery: &Delivery) -> QueueResult<bool> {
-        let mut w = self.writer().await?;
-        let done = sqlx::query("DELETE FROM queue_messages WHERE id = ? AND lease_token = ?")
-            .bind(delivery.id)
-            .bind(&delivery.lease_token)
-            .execute(w.conn())
-            .await;
-        Ok(w.keep(done)?.rows_affected() == 1)
+        Ok(self.ack_batch(std::slice::from_ref(delivery)).await? == 1)
     }
 
     async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
-        // One DELETE per lease (a batch is usually one lease), each row still proven
-        // by its lease token; one transaction when there are several.
-        let leases = by_lease(deliveries);
-        match leases.as_slice() {
-            [] => return Ok(0),
-            [(token, ids)] if ids.len() <= ACK_CHUNK => {
-                let mut q = delete_leased(token, ids);
-                let mut w = self.writer().await?;
-                let done = q.build().execute(w.conn()).await;
-                return Ok(w.keep(done)?.rows_affected() as usize);
-            }
-            _ => {}
+        if deliveries.is_empty() {
+            return Ok(0);
         }
-        let mut tx = self.deliveries.begin_with("BEGIN IMMEDIATE").await?;
-        let mut acked = 0;
-        for (token, ids) in &leases {
-            for chunk in ids.chunks(ACK_CHUNK) {
-                let mut q = delete_leased(token, chunk);
-                acked += q.build().execute(&mut *tx).await?.rows_affected() as usize;
-            }
-        }
-        tx.commit().await?;
-        Ok(acked)
+        let done = acks(deliveries);
+        self.thread
+            .run(move |conn| Ok::<_, QueueError>(ack_all(conn, &done)?))
+            .await
     }
 
     async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
-        let mut w = self.writer().await?;
-        let done = sqlx::query(
-            "UPDATE queue_messages SET visible_at = ?, lease_token = NULL
-             WHERE id = ? AND lease_token = ?",
-        )
-        .bind(now_ms().saturating_add(millis(delay)))
-        .bind(delivery.id)
-        .bind(&delivery.lease_token)
-        .execute(w.conn())
-        .await;
-        w.keep(done)?;
-        Ok(())
+        self.give_back(delivery, delay, true).await
     }
 
     async fn nack_uncounted(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
-        let mut w = self.writer().await?;
-        let done = sqlx::query(
-            "UPDATE queue_messages SET visible_at = ?, lease_token = NULL, uncounted = uncounted + 1
-             WHERE id = ? AND lease_token = ?",
-        )
-        .bind(now_ms().saturating_add(millis(delay)))
-        .bind(delivery.id)
-        .bind(&delivery.lease_token)
-        .execute(w.conn())
-        .await;
-        w.keep(done)?;
-        Ok(())
+        self.give_back(delivery, delay, false).await
     }
 
     async fn depth(&self, queue: &str) -> QueueResult<QueueDepth> {
@@ -397,6 +305,26 @@ impl Queue for EmbeddedQueue {
     fn redacted_url(&self) -> String {
         redact_url(&self.url)
     }
+}
+
+/// One row per (message, queue), in publish order (ids follow it), in one
+/// transaction.
+fn publish_all(
+    conn: &mut Connection,
+    queues: &[String],
+    bodies: &[Vec<u8>],
+    now: i64,
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    {
+        let mut insert = tx.prepare_cached(PUBLISH)?;
+        for body in bodies {
+            for queue in queues {
+                insert.execute(rusqlite::params![queue, body, now])?;
+            }
+        }
+    }
+    tx.commit()
 }
 
 #[cfg(test)]
@@ -560,34 +488,6 @@ mod tests {
         let got = q.lease("t", 10, Duration::from_secs(5)).await.unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].body, "Kadıköy".as_bytes());
-    }
-
-    #[test]
-    fn a_packed_row_cut_short_or_garbled_is_an_error_not_a_guess() {
-        let packed = |id, count, attempts, body| Packed {
-            id,
-            count,
-            attempts,
-            body,
-        };
-        assert_eq!(
-            unpack_one(b"12,3,2,2:ab7,1,1,0:"),
-            Some((packed(12, 3, 2, &b"ab"[..]), &b"7,1,1,0:"[..]))
-        );
-        assert_eq!(
-            unpack_one(b"7,1,1,0:"),
-            Some((packed(7, 1, 1, &b""[..]), &b""[..]))
-        );
-        for bad in [
-            &b"12,3,3,5:ab"[..],
-            b"12,3,2:ab",
-            b"x,1,1,1:a",
-            b"12,3,3,-1:a",
-            b"12,3,-1,1:a",
-            b"",
-        ] {
-            assert_eq!(unpack_one(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
     }
 
     #[tokio::test]

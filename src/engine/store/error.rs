@@ -108,6 +108,9 @@ fn classify(e: &sqlx::Error) -> Failure {
         sqlx::Error::Database(db) => {
             if let Some(e) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
                 sqlite::failure(e)
+            } else if let Some(e) = db.try_downcast_ref::<super::sqlite_thread::SqliteThreadError>()
+            {
+                sqlite::failure(e)
             } else if let Some(e) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
                 postgres::failure(e.code())
             } else if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {

@@ -26,7 +26,9 @@ pub mod postgres;
 pub mod repair;
 mod repair_sql;
 pub mod sqlite;
+mod sqlite_batch;
 pub(crate) mod sqlite_conn;
+pub(crate) mod sqlite_thread;
 mod vehicle_batch;
 pub(crate) mod vehicle_sql;
 

@@ -1,18 +1,20 @@
-//! SQLite's connection plumbing, apart from the store's statements: the pool options
-//! the store and the embedded queue share, and the one held connection a single
-//! writer's statements run on (the store's batch writes, the queue's leases and
-//! acks), with the write transaction that travels as plain SQL on it.
+//! SQLite's connection plumbing for sqlx, apart from the store's statements: the
+//! pool options the store and the embedded queue share. Their hot paths (the
+//! store's batch writes, the queue's publish, leases and acks) do not go through
+//! sqlx but through the file's own thread (`sqlite_thread.rs`), with the same
+//! pragmas.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
-use tokio::sync::{Mutex, MutexGuard};
 
 use super::{StoreError, StoreResult};
+
+/// How long a statement waits for another writer's lock before it fails busy: writers
+/// wait for each other instead of failing (sqlx's pools and the file's thread alike).
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Pool options shared by the store and the embedded queue: WAL, a generous busy
 /// timeout (writers wait for each other instead of failing), and the fsync policy
@@ -26,7 +28,7 @@ pub(crate) async fn connect_sqlite(
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(synchronous)
-        .busy_timeout(Duration::from_secs(30))
+        .busy_timeout(BUSY_TIMEOUT)
         .foreign_keys(true);
     if let Some(parent) = opts.get_filename().parent() {
         if !parent.as_os_str().is_empty() {
@@ -44,96 +46,4 @@ pub(crate) async fn connect_sqlite(
         .test_before_acquire(false)
         .connect_with(opts)
         .await?)
-}
-
-/// One connection kept apart from its pool for a single writer's statements, opened
-/// on first use and closed after a failure (the next use opens a fresh one). A pooled
-/// statement costs two extra calls to SQLite's thread (the pool pings a connection
-/// when it is acquired and when it is returned); SQLite has one writer at a time
-/// anyway. The store's batch writes and the embedded queue's leases and acks use it.
-#[derive(Debug, Default)]
-pub(crate) struct HeldConnection(Mutex<Option<SqliteConnection>>);
-
-/// [`HeldConnection`] taken by one user.
-pub(crate) struct Held<'a>(MutexGuard<'a, Option<SqliteConnection>>);
-
-impl HeldConnection {
-    /// Wait for the connection, opening it from `pool` if there is none.
-    pub(crate) async fn take<'a>(&'a self, pool: &SqlitePool) -> Result<Held<'a>, sqlx::Error> {
-        let mut conn = self.0.lock().await;
-        if conn.is_none() {
-            *conn = Some(pool.acquire().await?.detach());
-        }
-        Ok(Held(conn))
-    }
-}
-
-impl Held<'_> {
-    pub(crate) fn conn(&mut self) -> &mut SqliteConnection {
-        self.0
-            .as_mut()
-            .expect("opened by HeldConnection::take, closed only on the way out")
-    }
-
-    /// One call's result; after a failure the connection is closed.
-    pub(crate) fn keep<T>(&mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        if result.is_err() {
-            self.close();
-        }
-        result
-    }
-
-    /// Close the connection: SQLite rolls back a transaction left open on it.
-    fn close(&mut self) {
-        *self.0 = None;
-    }
-}
-
-/// A write transaction run as plain SQL on the store's held batch connection:
-/// `BEGIN IMMEDIATE` travels with the first statements and `COMMIT` with the last, so
-/// a batch costs two calls to SQLite's thread instead of six (`Transaction` sends
-/// `BEGIN` and `COMMIT` as calls of their own, each waiting for an acknowledgement,
-/// and the pool pings a connection when it is returned). Every call to that thread
-/// is a hand-off between threads, and on a small VM hand-offs, not SQL, were most of
-/// a batch's cost. Holding one connection serializes batches, which SQLite's single
-/// writer does anyway.
-///
-/// Anything short of [`Self::finish`] (an error, or the future dropped half-way)
-/// closes the connection (the next batch opens another): SQLite rolls back an open
-/// transaction when its connection closes, so no half-done transaction, and no
-/// write lock, can outlive the batch.
-pub(super) struct OneWriteTx<'a> {
-    held: Held<'a>,
-    done: bool,
-}
-
-impl<'a> OneWriteTx<'a> {
-    pub(super) async fn begin(pool: &SqlitePool, writer: &'a HeldConnection) -> StoreResult<Self> {
-        Ok(OneWriteTx {
-            held: writer.take(pool).await?,
-            done: false,
-        })
-    }
-
-    pub(super) fn conn(&mut self) -> &mut SqliteConnection {
-        self.held.conn()
-    }
-
-    /// One call's result; after a failure the connection is closed (rolled back).
-    pub(super) fn check<T>(&mut self, result: Result<T, sqlx::Error>) -> StoreResult<T> {
-        Ok(self.held.keep(result)?)
-    }
-
-    /// Committed: the connection stays for the next batch.
-    pub(super) fn finish(mut self) {
-        self.done = true;
-    }
-}
-
-impl Drop for OneWriteTx<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.held.close();
-        }
-    }
 }

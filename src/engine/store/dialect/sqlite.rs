@@ -7,8 +7,9 @@ use sqlx::{Row, Sqlite};
 use super::super::{Backend, Failure};
 use super::{parse_text_time, text_time, BindValue, Catalog, Cell, Done, Kind};
 
-/// SQLite's extended result codes (<https://www.sqlite.org/rescode.html>).
-pub(crate) fn failure(e: &sqlx::sqlite::SqliteError) -> Failure {
+/// SQLite's extended result codes (<https://www.sqlite.org/rescode.html>), from sqlx's
+/// driver or from the engine's own SQLite thread (`store/sqlite_thread.rs`) alike.
+pub(crate) fn failure<E: sqlx::error::DatabaseError + ?Sized>(e: &E) -> Failure {
     let code: i32 = sqlx::error::DatabaseError::code(e)
         .and_then(|c| c.parse().ok())
         .unwrap_or(1);

@@ -1,0 +1,457 @@
+//! One SQLite connection on an OS thread of its own per database file, fed whole
+//! jobs through a bounded channel: the engine's SQLite hot path (the embedded queue's
+//! publish, leases and acks) runs here instead of through sqlx.
+//!
+//! Why hand-written: sqlx's SQLite driver also keeps each connection on a worker
+//! thread, but every call — each statement, each `BEGIN`/`COMMIT`, each result row —
+//! is a hand-off to that thread and back, and on a small shared machine those
+//! hand-offs, not SQL, were most of a batch's cost (BENCHMARKS.md, "rusqlite against
+//! sqlx": the same statements are ~2× faster through SQLite's C API). Here a job is a
+//! closure over a [`rusqlite::Connection`] that runs whole on the thread — prepared
+//! statements from the connection's cache, one `BEGIN IMMEDIATE … COMMIT` where it
+//! writes — so a batch costs one hand-off there and one back. sqlx stays for
+//! migrations, reads and everything that is not the hot path.
+//!
+//! The rules a job keeps:
+//! - **Whole or not at all.** A job whose caller has gone (its future dropped, its
+//!   wait timed out) before the job started is skipped; one that started runs to its
+//!   end on the thread, and its transaction commits or rolls back there (rusqlite's
+//!   `Transaction` rolls back when dropped, also on a panic). After every job the
+//!   thread checks that the connection is back in autocommit, and closes it when a
+//!   `ROLLBACK` cannot bring it there: no transaction, and no write lock, outlives
+//!   its job — the same atomicity a crash gives.
+//! - **Every wait bounded**: queueing for the thread (the pool's acquire timeout) and
+//!   the answer (the busy timeout on top): a stuck thread is an outage error, not a
+//!   hang.
+//! - **Errors keep their meaning.** A rusqlite error becomes a `sqlx::Error` whose
+//!   classification ([`super::Failure`]) reads the same SQLite result codes as sqlx's
+//!   own errors do (`dialect/sqlite.rs`): busy, locked, I/O are an outage, never a
+//!   dead letter; a constraint is the content's fault only where it is for sqlx.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
+use tokio::sync::{mpsc, oneshot};
+
+use super::sqlite_conn::BUSY_TIMEOUT;
+use super::{StoreError, StoreResult};
+
+/// What the thread runs: the connection, or why there is none.
+type Job = Box<dyn FnOnce(Result<&mut Connection, rusqlite::Error>) + Send>;
+
+/// Jobs waiting for the thread. Callers beyond it wait (bounded) to hand theirs over.
+const QUEUED_JOBS: usize = 64;
+
+/// How long a caller waits to hand a job to the thread: the sqlx pool's acquire
+/// timeout, which this wait replaces.
+const HANDOFF_WAIT: Duration = Duration::from_secs(60);
+
+/// How a connection is opened: the fsync policy and how long a statement waits for
+/// another writer's lock before it fails busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ThreadOptions {
+    /// `PRAGMA synchronous`: `FULL` or `NORMAL`.
+    pub synchronous: &'static str,
+    pub busy_timeout: Duration,
+}
+
+/// A handle on one file's thread; clones share it. The thread ends when the last
+/// handle is dropped (its channel closes), closing the connection.
+#[derive(Clone)]
+pub(crate) struct SqliteThread {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    jobs: mpsc::Sender<Job>,
+    path: PathBuf,
+    options: ThreadOptions,
+}
+
+impl std::fmt::Debug for SqliteThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteThread")
+            .field("path", &self.inner.path)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+/// The threads of this process, by file: two handles opened on one file share one
+/// thread, so its writers queue in the channel instead of meeting in SQLite's busy
+/// handler.
+static THREADS: Mutex<Option<HashMap<PathBuf, Weak<Inner>>>> = Mutex::new(None);
+
+impl SqliteThread {
+    /// The thread of a `sqlite://` URL's file (the URL read as sqlx reads it), with
+    /// the fsync policy `synchronous` and the pools' busy timeout.
+    pub(crate) fn for_url(url: &str, synchronous: SqliteSynchronous) -> StoreResult<Self> {
+        let path = SqliteConnectOptions::from_str(url)?
+            .get_filename()
+            .to_path_buf();
+        let synchronous = match synchronous {
+            SqliteSynchronous::Off => "OFF",
+            SqliteSynchronous::Normal => "NORMAL",
+            SqliteSynchronous::Full => "FULL",
+            SqliteSynchronous::Extra => "EXTRA",
+        };
+        let options = ThreadOptions {
+            synchronous,
+            busy_timeout: BUSY_TIMEOUT,
+        };
+        // No thread to be had (out of threads or memory): an outage.
+        Self::for_file(&path, options).map_err(|e| StoreError::Db(sqlx::Error::Io(e)))
+    }
+
+    /// The thread of `path` (the file must exist and be migrated: sqlx opens it
+    /// first), started if this process has none. `options` are those of the first
+    /// opener while the thread lives.
+    pub(crate) fn for_file(path: &Path, options: ThreadOptions) -> std::io::Result<Self> {
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let mut threads = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+        let threads = threads.get_or_insert_with(HashMap::new);
+        threads.retain(|_, t| t.strong_count() > 0);
+        if let Some(inner) = threads.get(&key).and_then(Weak::upgrade) {
+            return Ok(SqliteThread { inner });
+        }
+        let thread = Self::spawn(&key, options)?;
+        threads.insert(key, Arc::downgrade(&thread.inner));
+        Ok(thread)
+    }
+
+    /// A thread of its own on `path`, shared with nobody (tests, and [`Self::for_file`]).
+    pub(crate) fn spawn(path: &Path, options: ThreadOptions) -> std::io::Result<Self> {
+        let (jobs, mut queued) = mpsc::channel::<Job>(QUEUED_JOBS);
+        let file = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || {
+                let mut conn: Option<Connection> = None;
+                while let Some(job) = queued.blocking_recv() {
+                    if conn.is_none() {
+                        match open(&file, options) {
+                            Ok(c) => conn = Some(c),
+                            Err(e) => {
+                                job(Err(e));
+                                continue;
+                            }
+                        }
+                    }
+                    let c = conn.as_mut().expect("opened above");
+                    let ran =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(Ok(&mut *c))));
+                    if ran.is_err() || !back_in_autocommit(c) {
+                        // Closing the connection rolls back whatever it still holds.
+                        conn = None;
+                    }
+                }
+            })?;
+        Ok(SqliteThread {
+            inner: Arc::new(Inner {
+                jobs,
+                path: path.to_path_buf(),
+                options,
+            }),
+        })
+    }
+
+    /// Run `job` on the thread and wait (bounded) for its result. `E` carries the
+    /// thread's own failures as `sqlx::Error`s (see [`db`] for rusqlite's).
+    pub(crate) async fn run<T, E>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<sqlx::Error> + Send + 'static,
+    {
+        let (answer, result) = oneshot::channel();
+        let job: Job = Box::new(move |conn: Result<&mut Connection, rusqlite::Error>| {
+            // The caller is gone: not at all (it started nothing).
+            if answer.is_closed() {
+                return;
+            }
+            let _ = answer.send(match conn {
+                Ok(conn) => work(conn),
+                Err(e) => Err(E::from(db(e))),
+            });
+        });
+        let handed = self.inner.jobs.send_timeout(job, HANDOFF_WAIT).await;
+        if let Err(e) = handed {
+            return Err(E::from(match e {
+                mpsc::error::SendTimeoutError::Timeout(_) => sqlx::Error::PoolTimedOut,
+                mpsc::error::SendTimeoutError::Closed(_) => sqlx::Error::WorkerCrashed,
+            }));
+        }
+        // A job waits at most the busy timeout per lock it takes; one that has not
+        // answered well after is stuck.
+        let answer_wait = self.inner.options.busy_timeout + HANDOFF_WAIT;
+        match tokio::time::timeout(answer_wait, result).await {
+            Ok(Ok(result)) => result,
+            // The job panicked (its answer dropped unsent) or the thread is gone.
+            Ok(Err(_)) => Err(E::from(sqlx::Error::WorkerCrashed)),
+            Err(_) => Err(E::from(sqlx::Error::PoolTimedOut)),
+        }
+    }
+
+    /// [`Self::run`] inside one `BEGIN IMMEDIATE … COMMIT`: committed when `job`
+    /// returns `Ok`, rolled back otherwise (and on a panic).
+    pub(crate) async fn write<T, E>(
+        &self,
+        job: impl FnOnce(&Transaction<'_>) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<sqlx::Error> + Send + 'static,
+    {
+        self.run(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|e| E::from(db(e)))?;
+            let value = job(&tx)?;
+            tx.commit().map_err(|e| E::from(db(e)))?;
+            Ok(value)
+        })
+        .await
+    }
+}
+
+/// A connection with the store's pragmas (as `sqlite_conn::connect_sqlite` sets them
+/// for sqlx): WAL, the fsync policy, the busy timeout, foreign keys on.
+fn open(path: &Path, options: ThreadOptions) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(options.busy_timeout)?;
+    conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {}; PRAGMA foreign_keys = ON;",
+        options.synchronous
+    ))?;
+    // The batch statements are few and reused: keep them all prepared.
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+/// No transaction left open after a job: roll back one that is (a job that returned
+/// without committing or rolling back), and say whether that worked.
+fn back_in_autocommit(conn: &Connection) -> bool {
+    conn.is_autocommit() || (conn.execute_batch("ROLLBACK").is_ok() && conn.is_autocommit())
+}
+
+/// A rusqlite error as a `sqlx::Error` that means the same to the engine: SQLite's
+/// answers as a database error with their extended result code (read by
+/// `dialect::sqlite::failure`, as for sqlx's own), a value that cannot be read back
+/// as a decode error (a bug or a schema mismatch, not an outage).
+pub(crate) fn db(e: rusqlite::Error) -> sqlx::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(code, message) => {
+            sqlx::Error::Database(Box::new(SqliteThreadError {
+                code: code.extended_code,
+                message: message.unwrap_or_else(|| code.to_string()),
+            }))
+        }
+        other => sqlx::Error::Decode(Box::new(other)),
+    }
+}
+
+/// SQLite's answer to a statement run on a [`SqliteThread`].
+#[derive(Debug, thiserror::Error)]
+#[error("(code: {code}) {message}")]
+pub(crate) struct SqliteThreadError {
+    /// The extended result code (<https://www.sqlite.org/rescode.html>).
+    code: i32,
+    message: String,
+}
+
+impl sqlx::error::DatabaseError for SqliteThreadError {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Owned(self.code.to_string()))
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        use sqlx::error::ErrorKind;
+        match self.code {
+            1555 | 2067 => ErrorKind::UniqueViolation,
+            787 => ErrorKind::ForeignKeyViolation,
+            1299 => ErrorKind::NotNullViolation,
+            275 => ErrorKind::CheckViolation,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::store::Failure;
+
+    fn options(busy_timeout: Duration) -> ThreadOptions {
+        ThreadOptions {
+            synchronous: "FULL",
+            busy_timeout,
+        }
+    }
+
+    /// A file with one table, a thread on it, and a second connection to watch it.
+    fn file() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE t (n INTEGER NOT NULL CHECK (n >= 0));
+             CREATE TRIGGER no_sevens BEFORE INSERT ON t WHEN NEW.n = 7
+             BEGIN SELECT RAISE(ABORT, 'no sevens'); END;",
+        )
+        .unwrap();
+        (dir, path)
+    }
+
+    fn rows(path: &Path) -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    /// Another writer can take the write lock at once: nobody holds it.
+    fn nobody_holds_the_write_lock(path: &Path) -> bool {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK").is_ok()
+    }
+
+    async fn insert(thread: &SqliteThread, values: Vec<i64>) -> StoreResult<()> {
+        thread
+            .write(move |tx| {
+                let mut insert = tx
+                    .prepare_cached("INSERT INTO t (n) VALUES (?1)")
+                    .map_err(db)?;
+                for n in values {
+                    insert.execute([n]).map_err(db)?;
+                }
+                Ok::<_, StoreError>(())
+            })
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_failing_statement_rolls_the_whole_batch_back_and_is_the_contents_fault() {
+        let (_dir, path) = file();
+        let thread = SqliteThread::spawn(&path, options(Duration::from_secs(5))).unwrap();
+        insert(&thread, vec![1, 2]).await.unwrap();
+        // The trigger refuses the third row: the first two of this batch go too.
+        let refused = insert(&thread, vec![3, 4, 7, 8]).await.unwrap_err();
+        assert_eq!(refused.failure(), Failure::Content, "{refused}");
+        assert!(refused.to_string().contains("no sevens"), "{refused}");
+        assert_eq!(rows(&path), 2);
+        assert!(nobody_holds_the_write_lock(&path));
+        // The thread goes on.
+        insert(&thread, vec![5]).await.unwrap();
+        assert_eq!(rows(&path), 3);
+    }
+
+    #[tokio::test]
+    async fn a_locked_database_is_an_outage_after_the_busy_timeout_not_a_hang() {
+        let (_dir, path) = file();
+        let thread = SqliteThread::spawn(&path, options(Duration::from_millis(200))).unwrap();
+        let other = Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let started = std::time::Instant::now();
+        let busy = tokio::time::timeout(Duration::from_secs(10), insert(&thread, vec![1]))
+            .await
+            .expect("answered within the busy timeout, not hung")
+            .unwrap_err();
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        assert_eq!(busy.failure(), Failure::Infrastructure, "{busy}");
+        other.execute_batch("ROLLBACK").unwrap();
+        insert(&thread, vec![1]).await.unwrap();
+        assert_eq!(rows(&path), 1);
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_caller_leaves_no_transaction_open() {
+        let (_dir, path) = file();
+        let thread = SqliteThread::spawn(&path, options(Duration::from_secs(5))).unwrap();
+        // A caller that gives up while its job runs, half-way through the batch:
+        // the job finishes whole.
+        let (started, half_way) = oneshot::channel();
+        let (go_on, wait) = std::sync::mpsc::channel::<()>();
+        let mut slow = Box::pin(thread.write(move |tx| {
+            tx.execute("INSERT INTO t (n) VALUES (1)", []).map_err(db)?;
+            started.send(()).unwrap();
+            wait.recv().unwrap();
+            tx.execute("INSERT INTO t (n) VALUES (2)", []).map_err(db)?;
+            Ok::<_, StoreError>(())
+        }));
+        tokio::select! {
+            _ = &mut slow => panic!("finished before it was let go on"),
+            _ = half_way => {}
+        }
+        drop(slow);
+        go_on.send(()).unwrap();
+        // The next job runs after the abandoned one: it committed whole, and nothing
+        // is left open (the other connection takes the write lock at once).
+        thread.run(|_| Ok::<_, StoreError>(())).await.unwrap();
+        assert_eq!(rows(&path), 2);
+        assert!(nobody_holds_the_write_lock(&path));
+        // A job that leaves its own transaction open (not through `write`) is rolled
+        // back by the thread.
+        thread
+            .run(|conn| {
+                conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t (n) VALUES (3)")
+                    .map_err(db)?;
+                Ok::<_, StoreError>(())
+            })
+            .await
+            .unwrap();
+        assert!(nobody_holds_the_write_lock(&path));
+        assert_eq!(rows(&path), 2);
+        // A job that panics half-way: rolled back, its caller told, the thread alive.
+        let panicked = thread
+            .write(|tx| {
+                let n = tx.execute("INSERT INTO t (n) VALUES (4)", []).map_err(db)?;
+                if n == 1 {
+                    panic!("a bug half-way through a batch");
+                }
+                Ok::<_, StoreError>(())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(panicked.failure(), Failure::Infrastructure);
+        assert!(nobody_holds_the_write_lock(&path));
+        insert(&thread, vec![5]).await.unwrap();
+        assert_eq!(rows(&path), 3);
+    }
+
+    #[tokio::test]
+    async fn one_file_one_thread() {
+        let (_dir, path) = file();
+        let a = SqliteThread::for_file(&path, options(Duration::from_secs(5))).unwrap();
+        let b = SqliteThread::for_file(&path, options(Duration::from_secs(5))).unwrap();
+        assert!(Arc::ptr_eq(&a.inner, &b.inner));
+        let (_dir2, other) = file();
+        let c = SqliteThread::for_file(&other, options(Duration::from_secs(5))).unwrap();
+        assert!(!Arc::ptr_eq(&a.inner, &c.inner));
+    }
+}
