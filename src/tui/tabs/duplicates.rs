@@ -672,9 +672,17 @@ fn cursor(
     }
     put(buf, x, axis.y, "┼", theme.key);
     let secs = -(1.0 - f) * plot.span as f64;
-    let at = plot.now + chrono::Duration::milliseconds((secs * 1000.0) as i64);
     // Half a column either side of the cursor belongs to it.
     let half = plot.span as f64 / f64::from(area.width.max(1)) / 2.0;
+    let readout = cursor_readout(plot, secs, half, theme);
+    buf.set_line(row.x, row.y, &readout, row.width);
+}
+
+/// What the cursor reads at `secs` before now: its time, each consumer's ratio
+/// (the nearest point within reach), the redeliveries and dead letters summed over
+/// the charted consumers, and the markers within `half` a column.
+fn cursor_readout<'a>(plot: &Plot<'_>, secs: f64, half: f64, theme: &Theme) -> Line<'a> {
+    let at = plot.now + chrono::Duration::milliseconds((secs * 1000.0) as i64);
     let mut spans = vec![Span::styled(
         format!("cursor {}: ", axis_time(at, plot.span.min(600))),
         theme.key,
@@ -721,7 +729,7 @@ fn cursor(
             ));
         }
     }
-    buf.set_line(row.x, row.y, &Line::from(spans), row.width);
+    Line::from(spans)
 }
 
 /// The markers of the window, newest first, with their times.

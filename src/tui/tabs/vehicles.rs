@@ -15,15 +15,15 @@
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
-use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::widgets::{Cell, Paragraph, Row, Wrap};
 use ratatui::Frame;
 
-use crate::monitor::vehicles::{VehicleAnomaly, VehicleDetail};
+use crate::monitor::vehicles::{DetailEvent, VehicleAnomaly, VehicleDetail};
 use crate::tui::app::App;
 use crate::tui::format;
 use crate::tui::lists::{self, ListId};
 use crate::tui::theme::Theme;
-use crate::tui::widgets::{focus_title, panel, waiting};
+use crate::tui::widgets::{focus_title, list_table, panel, waiting, ListTable};
 
 fn describe(a: &VehicleAnomaly) -> (&'static str, String) {
     match a {
@@ -108,45 +108,46 @@ fn anomalies_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         );
         return;
     }
-    let rows = arranged.rows.iter().map(|(_, a)| {
-        let (kind, detail) = describe(a);
-        let style = match a {
-            VehicleAnomaly::StateBehind { .. } | VehicleAnomaly::DuplicateHistory { .. } => {
-                theme.crit
-            }
-            VehicleAnomaly::LateEvent { .. } => theme.warn,
-            VehicleAnomaly::SequenceGap { .. } => theme.base,
-        };
-        let drill = a
-            .device_id()
-            .starts_with(crate::monitor::alerts::DRILL_DEVICE_PREFIX);
-        Row::new([
-            Cell::from(a.device_id().to_string()),
-            Cell::from(kind).style(if drill { theme.dim } else { style }),
-            Cell::from(if drill {
-                format!("{detail} (a drill's own device)")
-            } else {
-                detail
-            }),
-        ])
-    });
-    let mut state =
-        TableState::default().with_selected(arranged.selected(app.list(ListId::Anomalies)));
-    frame.render_stateful_widget(
-        Table::new(
-            rows,
-            [
-                Constraint::Length(16),
-                Constraint::Length(13),
-                Constraint::Min(20),
-            ],
-        )
-        .header(Row::new(["device", "anomaly", "detail"]).style(theme.title))
-        .row_highlight_style(theme.selected)
-        .block(panel(focus_title(title, true), theme)),
-        area,
-        &mut state,
-    );
+    // The only list of the tab while no vehicle is open: it always has the keys.
+    let table = ListTable {
+        title,
+        header: Row::new(["device", "anomaly", "detail"]),
+        widths: vec![
+            Constraint::Length(16),
+            Constraint::Length(13),
+            Constraint::Min(20),
+        ],
+        rows: arranged
+            .rows
+            .iter()
+            .map(|(_, a)| anomaly_row(a, theme))
+            .collect(),
+        selected: arranged.selected(app.list(ListId::Anomalies)),
+    };
+    list_table(frame, area, table, true, theme);
+}
+
+/// One anomaly: a state behind or a stored duplicate is an error, a late event a
+/// warning, a gap plain; a drill's own device dimmed and said so.
+fn anomaly_row(a: &VehicleAnomaly, theme: &Theme) -> Row<'static> {
+    let (kind, detail) = describe(a);
+    let style = match a {
+        VehicleAnomaly::StateBehind { .. } | VehicleAnomaly::DuplicateHistory { .. } => theme.crit,
+        VehicleAnomaly::LateEvent { .. } => theme.warn,
+        VehicleAnomaly::SequenceGap { .. } => theme.base,
+    };
+    let drill = a
+        .device_id()
+        .starts_with(crate::monitor::alerts::DRILL_DEVICE_PREFIX);
+    Row::new([
+        Cell::from(a.device_id().to_string()),
+        Cell::from(kind).style(if drill { theme.dim } else { style }),
+        Cell::from(if drill {
+            format!("{detail} (a drill's own device)")
+        } else {
+            detail
+        }),
+    ])
 }
 
 fn detail(frame: &mut Frame, area: Rect, app: &App, device: &str, theme: &Theme) {
@@ -215,6 +216,8 @@ fn state_panel(frame: &mut Frame, area: Rect, app: &App, detail: &VehicleDetail,
     );
 }
 
+/// The open vehicle's history, each event marked against the state: applied,
+/// arrived late, history only, or newer than the state (which went backwards).
 fn history_panel(frame: &mut Frame, area: Rect, app: &App, detail: &VehicleDetail, theme: &Theme) {
     let arranged = lists::history(app);
     let highest_applied = detail
@@ -222,31 +225,6 @@ fn history_panel(frame: &mut Frame, area: Rect, app: &App, detail: &VehicleDetai
         .as_ref()
         .map(|s| s.last_seq)
         .unwrap_or(i64::MAX);
-    let rows = arranged.rows.iter().map(|(_, e)| {
-        let ev = &e.event;
-        let mark = if !ev.applied {
-            Cell::from("LATE: history only").style(theme.warn)
-        } else if e.late {
-            Cell::from("arrived late").style(theme.warn)
-        } else if ev.seq > highest_applied {
-            Cell::from("NEWER THAN STATE").style(theme.crit)
-        } else {
-            Cell::from("applied").style(theme.ok)
-        };
-        Row::new([
-            Cell::from(format::clock(ev.received_at)),
-            Cell::from(ev.seq.to_string()),
-            Cell::from(ev.event_type.clone()),
-            Cell::from(
-                ev.occurred_at
-                    .map(format::clock)
-                    .unwrap_or_else(|| "—".into()),
-            ),
-            mark,
-        ])
-    });
-    let mut state =
-        TableState::default().with_selected(arranged.selected(app.list(ListId::History)));
     let title = format!(
         " history ({}) {}{} — ↑↓ PgUp PgDn scroll, s sorts ",
         arranged.count_label(),
@@ -261,21 +239,47 @@ fn history_panel(frame: &mut Frame, area: Rect, app: &App, detail: &VehicleDetai
             ""
         },
     );
-    frame.render_stateful_widget(
-        Table::new(
-            rows,
-            [
-                Constraint::Length(9),
-                Constraint::Length(7),
-                Constraint::Length(13),
-                Constraint::Length(9),
-                Constraint::Min(12),
-            ],
-        )
-        .header(Row::new(["received", "seq", "event", "occurred", ""]).style(theme.title))
-        .row_highlight_style(theme.selected)
-        .block(panel(focus_title(title, true), theme)),
-        area,
-        &mut state,
-    );
+    // The only list of the tab while a vehicle is open: it always has the keys.
+    let table = ListTable {
+        title,
+        header: Row::new(["received", "seq", "event", "occurred", ""]),
+        widths: vec![
+            Constraint::Length(9),
+            Constraint::Length(7),
+            Constraint::Length(13),
+            Constraint::Length(9),
+            Constraint::Min(12),
+        ],
+        rows: arranged
+            .rows
+            .iter()
+            .map(|(_, e)| history_row(e, highest_applied, theme))
+            .collect(),
+        selected: arranged.selected(app.list(ListId::History)),
+    };
+    list_table(frame, area, table, true, theme);
+}
+
+fn history_row(e: &DetailEvent, highest_applied: i64, theme: &Theme) -> Row<'static> {
+    let ev = &e.event;
+    let mark = if !ev.applied {
+        Cell::from("LATE: history only").style(theme.warn)
+    } else if e.late {
+        Cell::from("arrived late").style(theme.warn)
+    } else if ev.seq > highest_applied {
+        Cell::from("NEWER THAN STATE").style(theme.crit)
+    } else {
+        Cell::from("applied").style(theme.ok)
+    };
+    Row::new([
+        Cell::from(format::clock(ev.received_at)),
+        Cell::from(ev.seq.to_string()),
+        Cell::from(ev.event_type.clone()),
+        Cell::from(
+            ev.occurred_at
+                .map(format::clock)
+                .unwrap_or_else(|| "—".into()),
+        ),
+        mark,
+    ])
 }
