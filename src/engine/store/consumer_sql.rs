@@ -5,12 +5,16 @@
 //! `postgres.rs` and `mysql.rs`. Times written here are the process clock's on every
 //! backend.
 
-use chrono::{DateTime, Utc};
+use std::collections::HashMap;
 
-use super::dialect::{binds, first, retrying, BindValue, Kind, Sql};
-use super::{
-    duplicate_or_conflict, Backend, BusinessWrite, ClaimFinish, DedupOutcome, StoreResult,
-};
+use chrono::{DateTime, Utc};
+use sqlx::{Executor, IntoArguments};
+
+use super::dialect::{binds, fetch, first, in_list, retrying, BindValue, Dialect, Kind, Sql};
+use super::repair_sql::{claim, CLAIM_KINDS};
+use super::DedupOutcome;
+use super::{duplicate_or_conflict, Backend, BusinessWrite, Claim, ClaimFinish, ClaimResult};
+use super::{StoreResult, ROWS_PER_STATEMENT};
 use crate::engine::envelope::{Fingerprint, MessageKey, RejectReason};
 
 /// See [`Store::ping`](super::Store::ping).
@@ -109,6 +113,26 @@ pub(super) async fn finish(
     Ok(())
 }
 
+/// [`Store::finish_batch`](super::Store::finish_batch) as one transaction of each
+/// result's own statement, in order (a key answered twice ends as its last answer
+/// leaves it, as one-by-one calls would).
+pub(super) async fn finish_all(
+    sql: &dyn Sql,
+    consumer: &str,
+    results: &[ClaimResult],
+) -> StoreResult<()> {
+    if results.is_empty() {
+        return Ok(());
+    }
+    let mut tx = sql.begin().await?;
+    for r in results {
+        let (update, values) = finishing(consumer, &r.key, &r.finish);
+        tx.execute(update, &values).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 /// See [`Store::dead_letter`](super::Store::dead_letter).
 pub(super) async fn dead_letter(
     sql: &dyn Sql,
@@ -121,4 +145,49 @@ pub(super) async fn dead_letter(
                   VALUES (?, ?, ?, ?, ?)";
     let values = binds![consumer, reason.as_str(), detail, raw, Utc::now()];
     Ok(sql.insert(insert, &values).await?)
+}
+
+/// What a claim batch reads first, inside its transaction on the backend's own
+/// connection: for each of `keys` (sorted) that has a dedup row, its stored
+/// fingerprint, and its claim where it has one (a dedup row without a claim was
+/// recorded by another mode). Locked where the backend locks a read that decides a
+/// write ([`Dialect::LOCK_READ`]: MariaDB's `FOR UPDATE`, in key order); PostgreSQL's
+/// batch holds its advisory locks already, SQLite its write lock.
+pub(super) async fn stored_claims<D>(
+    conn: &mut D::Connection,
+    consumer: &str,
+    keys: &[&str],
+) -> StoreResult<(HashMap<String, String>, HashMap<String, Claim>)>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+{
+    let per_statement = match D::BACKEND {
+        Backend::Postgres => keys.len().max(1),
+        _ => ROWS_PER_STATEMENT,
+    };
+    let mut kinds = CLAIM_KINDS.to_vec();
+    kinds.extend([Kind::Text, Kind::Text]);
+    let (mut stored, mut claims) = (HashMap::new(), HashMap::new());
+    for chunk in keys.chunks(per_statement) {
+        let select = format!(
+            "SELECT c.consumer, c.message_key, c.provider_key, c.state, c.claimed_at,
+                    c.finished_at, c.attempts, c.detail, p.message_key, p.payload_hash
+             FROM processed_messages p LEFT JOIN side_effect_claims c
+               ON c.consumer = p.consumer AND c.message_key = p.message_key
+             WHERE p.consumer = ? AND {} ORDER BY p.message_key{}",
+            in_list(D::BACKEND, "p.message_key", chunk.len()),
+            D::LOCK_READ
+        );
+        let list = BindValue::TextList(chunk.iter().map(|k| k.to_string()).collect());
+        for row in fetch::<D, _>(&mut *conn, &select, &[consumer.into(), list], &kinds).await? {
+            let key = row.text(8)?;
+            if row.opt_text(3).is_some() {
+                claims.insert(key.clone(), claim(&row)?);
+            }
+            stored.insert(key, row.text(9)?);
+        }
+    }
+    Ok((stored, claims))
 }

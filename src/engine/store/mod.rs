@@ -306,19 +306,6 @@ pub enum Backend {
     Mysql,
 }
 
-/// [`Store::finish_batch`] one result at a time, in order: the trait's default, and
-/// what a backend's batched form falls back to where order between results matters.
-pub(crate) async fn finish_one_by_one<S: Store + ?Sized>(
-    store: &S,
-    consumer: &str,
-    results: &[ClaimResult],
-) -> StoreResult<()> {
-    for r in results {
-        finish_claim(store, consumer, r).await?;
-    }
-    Ok(())
-}
-
 /// One claim's result in a statement of its own: [`Store::finish_side_effect`] for a
 /// final answer, [`Store::release_claim`] for a transient failure.
 pub(crate) async fn finish_claim<S: Store + ?Sized>(
@@ -553,9 +540,11 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     ) -> StoreResult<Vec<ClaimOutcome>>;
 
     /// Phase 3 for a batch, in ONE transaction: [`Store::finish_side_effect`] or
-    /// [`Store::release_claim`] per result. The default records them one by one.
+    /// [`Store::release_claim`] per result, in order. The default runs each result's
+    /// statement in one transaction (one commit, one flush of the log, instead of one
+    /// per claim).
     async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
-        finish_one_by_one(self, consumer, results).await
+        consumer_sql::finish_all(&*self.sql().0, consumer, results).await
     }
 
     // ---- bad input -------------------------------------------------------------

@@ -14,14 +14,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
-use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
+use sqlx::{MySql, MySqlPool, QueryBuilder};
 
 use super::claim_batch;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::{Fingerprint, Message, MessageKey};
+use crate::engine::envelope::Message;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/mysql");
 
@@ -29,10 +28,6 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/m
 pub struct MysqlStore {
     pool: MySqlPool,
     url: String,
-}
-
-fn utc(t: NaiveDateTime) -> DateTime<Utc> {
-    t.and_utc()
 }
 
 /// One multi-row `INSERT IGNORE` of dedup rows (key, fingerprint) processed at
@@ -64,49 +59,33 @@ use super::dialect::retrying;
 
 impl MysqlStore {
     pub async fn open(url: &str) -> StoreResult<Self> {
-        let url = url.replacen("mariadb://", "mysql://", 1);
-        let opts: MySqlConnectOptions = url.parse()?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(Duration::from_secs(30))
-            // No ping before every transaction (a round trip each): a connection the
-            // server dropped fails its first statement instead, the delivery is
-            // retried, and sqlx discards the connection when it comes back.
-            .test_before_acquire(false)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::query("SET time_zone = '+00:00'")
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
-                })
-            })
-            .connect_with(opts)
+        let pool = dialect::server_pool::<MySql>()
+            .after_connect(|conn, _| Box::pin(dialect::mysql::utc_session(conn)))
+            .connect_with(dialect::mysql::options(url)?)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(MysqlStore { pool, url })
+        Ok(MysqlStore {
+            pool,
+            url: url.to_string(),
+        })
     }
 
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }
 
-    /// Several distinct keys: look up which are already stored (a plain read, no
-    /// locks, so concurrent batches do not deadlock on gap locks), insert the others
-    /// with one multi-row `INSERT IGNORE`, and trust that only if the insert wrote
-    /// every one of them. MySQL has no `RETURNING`: when a racing transaction
-    /// committed one of those keys in between, the affected count is short, this
-    /// transaction is rolled back and the batch is decided row by row instead
-    /// ([`Self::record_rows_tx`]), from each insert's own affected count.
+    /// Look up which keys are already stored (a plain read, no locks, so concurrent
+    /// batches do not deadlock on gap locks), insert the others with one multi-row
+    /// `INSERT IGNORE`, and trust that only if the insert wrote every one of them.
+    /// MySQL has no `RETURNING`: when a racing transaction committed one of those keys
+    /// in between, the affected count is short and this transaction is rolled back as
+    /// a lost race, retried whole by [`retrying`]: the next read finds the key.
     async fn record_batch_tx(
         &self,
         consumer: &str,
         items: &[Recordable],
     ) -> StoreResult<Vec<DedupOutcome>> {
         let batch = DedupBatch::new(items);
-        if batch.distinct().len() < 2 {
-            return self.record_rows_tx(consumer, items).await;
-        }
         let now = naive(Utc::now());
         let mut tx = self.pool.begin().await?;
         let mut stored = HashMap::new();
@@ -134,11 +113,9 @@ impl MysqlStore {
                 .rows_affected();
             if written != chunk.len() as u64 {
                 tx.rollback().await?;
-                tracing::debug!(
-                    consumer,
-                    "a racing batch wrote one of these keys: row by row"
-                );
-                return self.record_rows_tx(consumer, items).await;
+                return Err(StoreError::RowVanished {
+                    key: "a dedup row stored by another writer during the batch".into(),
+                });
             }
         }
         let outcomes = batch.outcomes(&inserted, &stored)?;
@@ -150,27 +127,6 @@ impl MysqlStore {
             });
             q.push(" ON DUPLICATE KEY UPDATE zone_exits = zone_exits + VALUES(zone_exits)");
             q.build().execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(outcomes)
-    }
-
-    /// One insert per item, each decided by its own affected-row count.
-    async fn record_rows_tx(
-        &self,
-        consumer: &str,
-        items: &[Recordable],
-    ) -> StoreResult<Vec<DedupOutcome>> {
-        let mut tx = self.pool.begin().await?;
-        let mut outcomes = Vec::with_capacity(items.len());
-        for item in items {
-            if insert_dedup(&mut tx, consumer, &item.key, &item.fingerprint).await? {
-                apply_write(&mut tx, &item.write).await?;
-                outcomes.push(DedupOutcome::Applied);
-            } else {
-                let stored = stored_hash(&mut tx, consumer, &item.key).await?;
-                outcomes.push(duplicate_or_conflict(stored, &item.fingerprint));
-            }
         }
         tx.commit().await?;
         Ok(outcomes)
@@ -294,29 +250,8 @@ impl MysqlStore {
         let keys = claim_batch::sorted_keys(requests);
         let now = Utc::now().trunc_subsecs(6);
         let mut tx = self.pool.begin().await?;
-        let (mut stored, mut claims) = (HashMap::new(), HashMap::new());
-        for chunk in keys.chunks(ROWS_PER_STATEMENT) {
-            let mut q = QueryBuilder::<MySql>::new(
-                "SELECT CAST(p.message_key AS CHAR) AS stored_key, p.payload_hash AS stored_hash,
-                        CAST(c.consumer AS CHAR) AS consumer, CAST(c.message_key AS CHAR) AS message_key,
-                        c.provider_key, c.state, c.claimed_at, c.finished_at, c.attempts, c.detail
-                 FROM processed_messages p LEFT JOIN side_effect_claims c
-                   ON c.consumer = p.consumer AND c.message_key = p.message_key
-                 WHERE p.consumer = ",
-            );
-            q.push_bind(consumer).push(" AND p.message_key IN ");
-            q.push_tuples(chunk, |mut t, key| {
-                t.push_bind(*key);
-            });
-            q.push(" ORDER BY p.message_key FOR UPDATE");
-            for row in q.build().fetch_all(&mut *tx).await? {
-                let key: String = row.try_get("stored_key")?;
-                if row.try_get::<Option<String>, _>("state")?.is_some() {
-                    claims.insert(key.clone(), claim_from_row(&row)?);
-                }
-                stored.insert(key, row.try_get::<String, _>("stored_hash")?);
-            }
-        }
+        let (stored, claims) =
+            consumer_sql::stored_claims::<MySql>(&mut tx, consumer, &keys).await?;
         let (outcomes, writes) =
             claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
         let lost_race = || StoreError::RowVanished {
@@ -370,72 +305,6 @@ impl MysqlStore {
     }
 }
 
-async fn apply_write(conn: &mut sqlx::MySqlConnection, write: &BusinessWrite) -> StoreResult<()> {
-    match write {
-        BusinessWrite::CountZoneExit { device_id } => {
-            sqlx::query(
-                "INSERT INTO trip_counters (device_id, zone_exits) VALUES (?, 1)
-                 ON DUPLICATE KEY UPDATE zone_exits = zone_exits + 1",
-            )
-            .bind(device_id)
-            .execute(conn)
-            .await?;
-        }
-    }
-    Ok(())
-}
-
-async fn insert_dedup(
-    conn: &mut sqlx::MySqlConnection,
-    consumer: &str,
-    key: &MessageKey,
-    fingerprint: &Fingerprint,
-) -> StoreResult<bool> {
-    Ok(sqlx::query(
-        "INSERT IGNORE INTO processed_messages (consumer, message_key, payload_hash, processed_at)
-         VALUES (?, ?, ?, ?)",
-    )
-    .bind(consumer)
-    .bind(key.as_str())
-    .bind(fingerprint.as_str())
-    .bind(naive(Utc::now()))
-    .execute(conn)
-    .await?
-    .rows_affected()
-        == 1)
-}
-
-async fn stored_hash(
-    conn: &mut sqlx::MySqlConnection,
-    consumer: &str,
-    key: &MessageKey,
-) -> StoreResult<String> {
-    Ok(sqlx::query_scalar(
-        "SELECT payload_hash FROM processed_messages
-         WHERE consumer = ? AND message_key = ? LOCK IN SHARE MODE",
-    )
-    .bind(consumer)
-    .bind(key.as_str())
-    .fetch_one(conn)
-    .await?)
-}
-
-pub(super) fn claim_from_row(row: &MySqlRow) -> StoreResult<Claim> {
-    let state: String = row.try_get("state")?;
-    Ok(Claim {
-        consumer: row.try_get("consumer")?,
-        message_key: row.try_get("message_key")?,
-        provider_key: row.try_get("provider_key")?,
-        state: ClaimState::parse(&state).unwrap_or(ClaimState::Claimed),
-        claimed_at: utc(row.try_get("claimed_at")?),
-        finished_at: row
-            .try_get::<Option<NaiveDateTime>, _>("finished_at")?
-            .map(utc),
-        attempts: row.try_get("attempts")?,
-        detail: row.try_get("detail")?,
-    })
-}
-
 #[async_trait]
 impl Store for MysqlStore {
     fn backend(&self) -> Backend {
@@ -475,23 +344,6 @@ impl Store for MysqlStore {
         lease: Duration,
     ) -> StoreResult<Vec<ClaimOutcome>> {
         retrying(|| self.claim_batch_tx(consumer, requests, lease)).await
-    }
-
-    /// Phase 3 of a batch in ONE transaction (one commit, one flush of the log,
-    /// instead of one per claim); each result's statement as the one-by-one path's, in
-    /// order.
-    async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
-        if results.is_empty() {
-            return Ok(());
-        }
-        let sql = self.sql();
-        let mut tx = sql.0.begin().await?;
-        for r in results {
-            let (update, values) = consumer_sql::finishing(consumer, &r.key, &r.finish);
-            tx.execute(update, &values).await?;
-        }
-        tx.commit().await?;
-        Ok(())
     }
 
     /// InnoDB's purge thread removes the delete-marked records by itself; only the

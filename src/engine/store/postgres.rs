@@ -11,10 +11,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{ConnectOptions, PgPool, Row};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgPool};
 
-use super::repair_sql::CLAIM_COLUMNS;
 use super::vehicle_batch::VehicleBatch;
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
@@ -37,13 +36,7 @@ impl PostgresStore {
     pub async fn open(url: &str, durability: Durability) -> StoreResult<Self> {
         let opts: PgConnectOptions = url.parse()?;
         let opts = opts.log_statements(tracing::log::LevelFilter::Trace);
-        let mut pool = PgPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(Duration::from_secs(30))
-            // No ping before every transaction (a round trip each): a connection the
-            // server dropped fails its first statement instead, the delivery is
-            // retried, and sqlx discards the connection when it comes back.
-            .test_before_acquire(false);
+        let mut pool = dialect::server_pool::<sqlx::Postgres>();
         if durability == Durability::Relaxed {
             pool = pool.after_connect(|conn, _| {
                 Box::pin(async move {
@@ -66,20 +59,6 @@ impl PostgresStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
-}
-
-pub(super) fn claim_from_row(row: &PgRow) -> StoreResult<Claim> {
-    let state: String = row.try_get("state")?;
-    Ok(Claim {
-        consumer: row.try_get("consumer")?,
-        message_key: row.try_get("message_key")?,
-        provider_key: row.try_get("provider_key")?,
-        state: ClaimState::parse(&state).unwrap_or(ClaimState::Claimed),
-        claimed_at: row.try_get("claimed_at")?,
-        finished_at: row.try_get("finished_at")?,
-        attempts: row.try_get("attempts")?,
-        detail: row.try_get("detail")?,
-    })
 }
 
 #[async_trait]
@@ -323,26 +302,8 @@ impl Store for PostgresStore {
         .bind(&keys)
         .fetch_one(&mut *tx)
         .await?;
-        let rows = sqlx::query(&format!(
-            "SELECT p.message_key AS stored_key, p.payload_hash AS stored_hash,
-                    c.{}
-             FROM processed_messages p LEFT JOIN side_effect_claims c
-               ON c.consumer = p.consumer AND c.message_key = p.message_key
-             WHERE p.consumer = $1 AND p.message_key = ANY($2)",
-            CLAIM_COLUMNS.replace(", ", ", c.")
-        ))
-        .bind(consumer)
-        .bind(&keys)
-        .fetch_all(&mut *tx)
-        .await?;
-        let (mut stored, mut claims) = (HashMap::new(), HashMap::new());
-        for row in &rows {
-            let key: String = row.try_get("stored_key")?;
-            if row.try_get::<Option<String>, _>("state")?.is_some() {
-                claims.insert(key.clone(), claim_from_row(row)?);
-            }
-            stored.insert(key, row.try_get::<String, _>("stored_hash")?);
-        }
+        let (stored, claims) =
+            consumer_sql::stored_claims::<sqlx::Postgres>(&mut tx, consumer, &keys).await?;
         let (outcomes, writes) =
             claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
         let lost_race = || StoreError::RowVanished {
@@ -416,11 +377,12 @@ impl Store for PostgresStore {
     /// Phase 3 of a batch in one transaction and at most two statements: the final
     /// answers in one `UPDATE … FROM UNNEST`, the releases (transient failures, the
     /// claim kept and due at once) in another, instead of a statement and a commit per
-    /// claim. A key answered twice in one batch keeps the trait's one-by-one order.
+    /// claim. A key answered twice in one batch takes the trait's default (each
+    /// result's statement in order).
     async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
         let distinct: HashSet<&str> = results.iter().map(|r| r.key.as_str()).collect();
         if distinct.len() != results.len() {
-            return finish_one_by_one(self, consumer, results).await;
+            return consumer_sql::finish_all(&*self.sql().0, consumer, results).await;
         }
         let (mut done_keys, mut done_states, mut done_details) =
             (Vec::new(), Vec::new(), Vec::new());

@@ -4,23 +4,20 @@
 
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::mysql::MySqlPoolOptions;
 
 use super::DbError;
 use crate::config::DatabaseConfig;
-use crate::engine::store::dialect::{Pooled, Sql};
+use crate::engine::store::dialect::{mysql, Pooled, Sql};
 
 pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError> {
-    let url = settings.url.replacen("mariadb://", "mysql://", 1);
-    let options: MySqlConnectOptions = url.parse()?;
+    let options = mysql::options(&settings.url)?;
     let pool = MySqlPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(3))
         .after_connect(|conn, _| {
             Box::pin(async move {
-                sqlx::query("SET time_zone = '+00:00'")
-                    .execute(&mut *conn)
-                    .await?;
+                mysql::utc_session(conn).await?;
                 sqlx::query("SET SESSION TRANSACTION READ ONLY")
                     .execute(&mut *conn)
                     .await?;

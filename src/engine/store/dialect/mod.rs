@@ -276,6 +276,17 @@ where
     }
 }
 
+/// The engine's pool on a server (PostgreSQL, MariaDB).
+pub(crate) fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(std::time::Duration::from_secs(30))
+        // No ping before every transaction (a round trip each): a connection the
+        // server dropped fails its first statement instead, the delivery is
+        // retried, and sqlx discards the connection when it comes back.
+        .test_before_acquire(false)
+}
+
 /// A deadlock victim or a lost race: see [`retrying`].
 fn retried_whole(e: &super::StoreError) -> bool {
     match e {
@@ -359,10 +370,7 @@ pub(crate) trait Sql: Send + Sync {
     fn native(&self, sql: &str) -> String;
     /// `column IN` a list of `n` values bound as one [`BindValue::TextList`].
     fn in_list(&self, column: &str, n: usize) -> String {
-        match self.backend() {
-            Backend::Postgres => format!("{column} = ANY(?)"),
-            _ => format!("{column} IN ({})", vec!["?"; n.max(1)].join(", ")),
-        }
+        in_list(self.backend(), column, n)
     }
     async fn rows(
         &self,
@@ -386,6 +394,14 @@ pub(crate) trait Sql: Send + Sync {
     }
     /// A write transaction ([`Dialect::BEGIN`]).
     async fn begin(&self) -> Result<Box<dyn SqlTx>, sqlx::Error>;
+}
+
+/// See [`Sql::in_list`].
+pub(crate) fn in_list(backend: Backend, column: &str, n: usize) -> String {
+    match backend {
+        Backend::Postgres => format!("{column} = ANY(?)"),
+        _ => format!("{column} IN ({})", vec!["?"; n.max(1)].join(", ")),
+    }
 }
 
 /// The first row, if any.
@@ -455,7 +471,9 @@ fn bound<'q, D: Dialect>(sql: &'q str, binds: &'q [BindValue]) -> Query<'q, D, D
     binds.iter().fold(sqlx::query(sql), D::bind)
 }
 
-async fn fetch<'c, D, E>(
+/// Generic SQL read on `executor`, each row decoded as `kinds`: a pool, a
+/// [`SqlTx`]'s transaction, or a batch path's own native transaction.
+pub(crate) async fn fetch<'c, D, E>(
     executor: E,
     sql: &str,
     binds: &[BindValue],
