@@ -640,3 +640,62 @@ async fn drain_and_remove(q: AmqpQueue, name: &str) {
     q.remove_queue(name).await.unwrap();
     q.close().await;
 }
+
+/// A worker run until idle on a broker stops within a blink of its last batch: the
+/// lease that runs beside that batch stops waiting once the batch is done, and the
+/// batch is acked before the runner asks whether anything is left. Before, the last
+/// batch waited out the beside lease's long poll for its ack and a second long poll
+/// followed on the drained queue: at least two `LEASE_WAIT`s (2 × 100 ms) between the
+/// last delivery's fate and the return, in every run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_queue_is_left_without_sitting_out_a_long_poll() {
+    let _broker = exclusive().await;
+    let Some(url) = amqp_url().await else { return };
+    let env = TempEnv::new();
+    let mut cfg = EngineConfig::new(
+        &env.db_url(),
+        &url,
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+    );
+    cfg.consumers = vec![trip_counter::NAME.into()];
+    cfg.namespace = Some(namespace("drained"));
+    let engine = Engine::open(&cfg).await.unwrap();
+    let bodies: Vec<Vec<u8>> = (0..250)
+        .map(|seq| {
+            format!(
+                r#"{{"device_id":"D{}","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"Z"}}}}"#,
+                seq % 7
+            )
+            .into_bytes()
+        })
+        .collect();
+    engine.publish(&bodies).await.unwrap();
+    let last_fate = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let sink: idemwatch::engine::runner::EventSink = {
+        let last_fate = last_fate.clone();
+        Arc::new(move |_| *last_fate.lock().unwrap() = Some(Instant::now()))
+    };
+    let worker = engine
+        .worker(trip_counter::NAME, Arc::new(CrashPlan::none()), Some(sink))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), worker.run_until_idle())
+        .await
+        .expect("drained")
+        .unwrap();
+    let returned = Instant::now();
+    let counts = engine.metrics.counts(trip_counter::NAME);
+    assert_eq!(counts.processed, 250, "every message handled once");
+    let tail = returned - last_fate.lock().unwrap().expect("fates were reported");
+    assert!(
+        tail < Duration::from_millis(150),
+        "{tail:?} between the last fate and the return (two long polls take ≥ 200 ms)"
+    );
+    let name = engine.queue_name(trip_counter::NAME);
+    assert!(
+        engine.queue.depth(&name).await.unwrap().is_empty(),
+        "all acked"
+    );
+    engine.queue.remove_queue(&name).await.unwrap();
+    engine.queue.close().await;
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 pub use super::consumers::DeliveryOutcome;
 use super::consumers::{Consumer, HandleError, Outcome, Retry, RetryCause};
@@ -342,23 +342,29 @@ impl Worker {
     /// [`RunnerSettings::lease_size`] deliveries, waiting up to `batch_max_wait` for a
     /// batch's worth once the first one is in.
     async fn ack_then_lease(&self, done: Vec<Delivery>) -> Leased {
-        self.ack_then_lease_up_to(done, self.settings.lease_size())
+        self.ack_then_lease_up_to(done, self.settings.lease_size(), None)
             .await
     }
 
-    /// [`Self::ack_then_lease`] of up to `size` deliveries.
-    async fn ack_then_lease_up_to(&self, done: Vec<Delivery>, size: usize) -> Leased {
+    /// [`Self::ack_then_lease`] of up to `size` deliveries; `beside`: run beside a
+    /// batch being handled, notified when it is done ([`Queue::ack_then_lease_beside`]).
+    async fn ack_then_lease_up_to(
+        &self,
+        done: Vec<Delivery>,
+        size: usize,
+        beside: Option<&Notify>,
+    ) -> Leased {
         let batch = self.settings.batch();
         let at = Instant::now();
-        let (acked, leased) = self
-            .queue
-            .ack_then_lease(
-                &done,
-                &self.queue_name,
-                size,
-                self.settings.visibility_timeout,
-            )
-            .await;
+        let (queue, vis) = (&self.queue_name, self.settings.visibility_timeout);
+        let (acked, leased) = match beside {
+            Some(handled) => {
+                self.queue
+                    .ack_then_lease_beside(&done, queue, size, vis, handled)
+                    .await
+            }
+            None => self.queue.ack_then_lease(&done, queue, size, vis).await,
+        };
         if let Err(e) = acked {
             tracing::warn!(error = %e, "ack failed: the deliveries will come back");
         }
@@ -474,10 +480,13 @@ impl Worker {
                 }
             }
             if held.is_empty() {
-                if !unacked.is_empty() && !stopping(&shutdown) {
-                    // The lease that ran beside the last batch found nothing. A broker
-                    // whose prefetch that batch filled could send nothing before its
-                    // ack: ack it and lease again before going idle.
+                if !unacked.is_empty() && shutdown.as_ref().is_some_and(|s| !*s.borrow()) {
+                    // Serving, and the lease that ran beside the last batch found
+                    // nothing. A broker whose prefetch that batch filled could send
+                    // nothing before its ack: ack it and lease again before going idle.
+                    // (Until idle, the batch is acked below and `idle` asks the queue
+                    // whether anything is left before leasing again: a broker's lease
+                    // on a drained queue would first sit out its whole long poll.)
                     held = self.ack_then_lease(std::mem::take(&mut unacked)).await;
                     continue;
                 }
@@ -498,8 +507,16 @@ impl Worker {
             let pipelined = self.settings.pipeline && !stopping(&shutdown);
             if pipelined && held.is_empty() {
                 let previous = std::mem::take(&mut unacked);
-                let (handled, leased) =
-                    tokio::join!(self.handle(current), self.ack_then_lease(previous));
+                let done = Notify::new();
+                let lease_size = self.settings.lease_size();
+                let (handled, leased) = tokio::join!(
+                    async {
+                        let handled = self.handle(current).await;
+                        done.notify_one();
+                        handled
+                    },
+                    self.ack_then_lease_up_to(previous, lease_size, Some(&done))
+                );
                 unacked = handled?;
                 held = leased;
                 continue;
@@ -532,7 +549,11 @@ impl Worker {
         current.gather(held, batch, limit, wants);
         while held.is_empty() && current.wants_more(batch, limit) {
             let more = self
-                .ack_then_lease_up_to(std::mem::take(unacked), limit - current.deliveries.len())
+                .ack_then_lease_up_to(
+                    std::mem::take(unacked),
+                    limit - current.deliveries.len(),
+                    None,
+                )
                 .await;
             if more.is_empty() {
                 break;

@@ -47,7 +47,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Connection, ConnectionProperties};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
@@ -61,6 +61,11 @@ pub const DEFAULT_PREFETCH: u16 = 32;
 pub const BROKER_DELIVERY_LIMIT: i64 = 100;
 /// How long an empty lease waits for the broker to push something.
 const LEASE_WAIT: Duration = Duration::from_millis(100);
+/// How long a lease run beside a batch ([`Queue::ack_then_lease_beside`]) still waits
+/// once that batch is done: the broker answers an ack with the deliveries it frees
+/// within a millisecond or so on a healthy link; a longer silence means the queue has
+/// nothing, and the runner had better ack the batch than sit out [`LEASE_WAIT`].
+const BESIDE_GRACE: Duration = Duration::from_millis(5);
 /// A delivery given back with `basic.nack(requeue)` is counted in flight this long: the
 /// broker requeues it asynchronously (through Raft on a quorum queue), so for a moment
 /// it is neither ready nor ours, and `depth` must not call the queue empty.
@@ -729,6 +734,7 @@ impl AmqpQueue {
         queue: &str,
         max: usize,
         visibility: Duration,
+        beside: Option<&Notify>,
     ) -> QueueResult<Vec<Delivery>> {
         self.return_expired(queue).await;
         let c = self.consumer(link, queue, max).await?;
@@ -743,7 +749,24 @@ impl AmqpQueue {
             }
             if buf.is_empty() {
                 drop(buf);
-                match tokio::time::timeout(LEASE_WAIT, stream.next()).await {
+                let next = tokio::time::timeout(LEASE_WAIT, stream.next());
+                let batch_done = async {
+                    match beside {
+                        Some(handled) => {
+                            handled.notified().await;
+                            tokio::time::sleep(BESIDE_GRACE).await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                // `stream.next()` is cancel-safe: a delivery not yet yielded stays in
+                // the consumer's stream for the next lease.
+                let arrived = tokio::select! {
+                    biased;
+                    arrived = next => arrived,
+                    () = batch_done => return Ok(Vec::new()),
+                };
+                match arrived {
                     Ok(Some(Ok(d))) => c.buffered.lock().await.push_back(d),
                     Ok(Some(Err(e))) => return Err(amqp_err(e)),
                     Ok(None) => {
@@ -921,6 +944,21 @@ impl AmqpQueue {
         }
     }
 
+    /// A lease on the current connection; `beside`: see [`Queue::ack_then_lease_beside`].
+    async fn lease_beside(
+        &self,
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+        beside: Option<&Notify>,
+    ) -> QueueResult<Vec<Delivery>> {
+        self.with_link(|link| async move {
+            self.lease_on(&link, queue, max.max(1), visibility, beside)
+                .await
+        })
+        .await
+    }
+
     /// Remove a queue from the broker (drill and chaos clean-up).
     pub async fn delete(&self, queue: &str) -> QueueResult<u64> {
         let name = self.broker_queue_name(queue);
@@ -1075,10 +1113,21 @@ impl Queue for AmqpQueue {
         max: usize,
         visibility: Duration,
     ) -> QueueResult<Vec<Delivery>> {
-        self.with_link(
-            |link| async move { self.lease_on(&link, queue, max.max(1), visibility).await },
-        )
-        .await
+        self.lease_beside(queue, max, visibility, None).await
+    }
+
+    /// The lease stops waiting [`BESIDE_GRACE`] after `handled`.
+    async fn ack_then_lease_beside(
+        &self,
+        done: &[Delivery],
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+        handled: &Notify,
+    ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
+        let acked = self.ack_done(done).await;
+        let leased = self.lease_beside(queue, max, visibility, Some(handled));
+        (acked, leased.await)
     }
 
     async fn ack(&self, delivery: &Delivery) -> QueueResult<bool> {

@@ -131,12 +131,37 @@ pub trait Queue: Send + Sync + 'static {
         max: usize,
         visibility: Duration,
     ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
-        let acked = if done.is_empty() {
-            Ok(())
-        } else {
-            self.ack_batch(done).await.map(|_| ())
-        };
-        (acked, self.lease(queue, max, visibility).await)
+        (
+            self.ack_done(done).await,
+            self.lease(queue, max, visibility).await,
+        )
+    }
+
+    /// [`Queue::ack_batch`] of a committed batch, nothing to do when it is empty.
+    async fn ack_done(&self, done: &[Delivery]) -> QueueResult<()> {
+        if done.is_empty() {
+            return Ok(());
+        }
+        self.ack_batch(done).await.map(|_| ())
+    }
+
+    /// [`Queue::ack_then_lease`] run beside a batch the runner is still handling:
+    /// `handled` is notified when that batch is done. A queue whose lease waits for
+    /// deliveries to arrive (a broker's push, [`amqp`]) stops waiting a moment after
+    /// it: the runner's next step is to ack that batch, or to find the queue drained,
+    /// and a long poll would hold both back (the last batch before a lull waited a whole
+    /// poll for its ack). A queue whose lease never waits (the embedded one, NATS's
+    /// no-wait fetch) needs nothing more than the plain call, the default.
+    async fn ack_then_lease_beside(
+        &self,
+        done: &[Delivery],
+        queue: &str,
+        max: usize,
+        visibility: Duration,
+        handled: &tokio::sync::Notify,
+    ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
+        let _ = handled;
+        self.ack_then_lease(done, queue, max, visibility).await
     }
 
     /// Give the message back now (or after `delay`) without counting it done. This
