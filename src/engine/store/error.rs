@@ -36,6 +36,12 @@ pub enum StoreError {
     /// between): the transaction was rolled back and is retried whole.
     #[error("dedup row for {key} neither inserted nor found")]
     RowVanished { key: String },
+    /// Another writer got in between this transaction's read and its write (a key,
+    /// a claim or a history row it decided on was written meanwhile): rolled back,
+    /// nothing of it kept. [`retrying`](super::dialect::retrying) runs it again,
+    /// and the next read sees the other writer's rows.
+    #[error("a race lost to another writer: {what}")]
+    LostRace { what: &'static str },
     /// A broken promise inside the store (a bug), not a database's answer.
     #[error("internal store error: {0}")]
     Internal(&'static str),
@@ -79,9 +85,9 @@ impl StoreError {
             StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => classify(e),
             StoreError::Migrate(_) => Failure::Other,
             StoreError::UnsupportedUrl(_) | StoreError::DurabilityUnsupported(_) => Failure::Other,
-            StoreError::CreateDir { .. } | StoreError::RowVanished { .. } => {
-                Failure::Infrastructure
-            }
+            StoreError::CreateDir { .. }
+            | StoreError::RowVanished { .. }
+            | StoreError::LostRace { .. } => Failure::Infrastructure,
             StoreError::OutOfRange { .. } => Failure::Content,
             StoreError::Internal(_) => Failure::Other,
             StoreError::SeenSetUnavailable { .. } => Failure::Infrastructure,
@@ -153,6 +159,8 @@ mod tests {
             source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         };
         assert!(dir.is_infrastructure());
+        // Not the message's fault: retried, never dead-lettered.
+        assert!(StoreError::LostRace { what: "a claim" }.is_infrastructure());
     }
 
     #[test]

@@ -113,8 +113,8 @@ impl MysqlStore {
                 .rows_affected();
             if written != chunk.len() as u64 {
                 tx.rollback().await?;
-                return Err(StoreError::RowVanished {
-                    key: "a dedup row stored by another writer during the batch".into(),
+                return Err(StoreError::LostRace {
+                    what: "a dedup row stored by another writer during the batch",
                 });
             }
         }
@@ -194,8 +194,8 @@ impl MysqlStore {
             let written = q.build().execute(&mut *tx).await?.rows_affected();
             if written != chunk.len() as u64 {
                 tx.rollback().await?;
-                return Err(StoreError::RowVanished {
-                    key: "a history row stored by another writer during the batch".into(),
+                return Err(StoreError::LostRace {
+                    what: "a history row stored by another writer during the batch",
                 });
             }
         }
@@ -231,7 +231,7 @@ impl MysqlStore {
     /// fresh keys' dedup rows and claims in two multi-row inserts and each takeover's
     /// compare-and-set on the stored `claimed_at`. An insert or a takeover that does
     /// not take (a writer the locks did not hold off) rolls the transaction back as a
-    /// lost race ([`StoreError::RowVanished`]); two batches that gap-lock the same new
+    /// lost race ([`StoreError::LostRace`]); two batches that gap-lock the same new
     /// keys and then both insert are a deadlock InnoDB breaks; both are retried whole
     /// by [`retrying`].
     ///
@@ -254,8 +254,8 @@ impl MysqlStore {
             consumer_sql::stored_claims::<MySql>(&mut tx, consumer, &keys).await?;
         let (outcomes, writes) =
             claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
-        let lost_race = || StoreError::RowVanished {
-            key: "a claim taken by another writer during the batch".into(),
+        let lost_race = || StoreError::LostRace {
+            what: "a claim taken by another writer during the batch",
         };
         for chunk in writes.fresh.chunks(ROWS_PER_STATEMENT) {
             let rows = chunk

@@ -150,7 +150,7 @@ impl Store for PostgresStore {
     /// A writer outside these locks (the one-by-one [`Store::apply_vehicle_event`])
     /// could still move a state between the read and the upsert; the upserts say which
     /// rows they changed, and if that is not every event decided applied, the
-    /// transaction is rolled back and retried whole ([`StoreError::RowVanished`]: a
+    /// transaction is rolled back and retried whole ([`StoreError::LostRace`]: a
     /// lost race, infrastructure) rather than record an outcome that did not happen.
     async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         let batch = VehicleBatch::new(envs)?;
@@ -260,8 +260,8 @@ impl Store for PostgresStore {
                 .rows_affected();
             if changed != round.len() as u64 {
                 tx.rollback().await?;
-                return Err(StoreError::RowVanished {
-                    key: "a vehicle state moved by another writer during the batch".into(),
+                return Err(StoreError::LostRace {
+                    what: "a vehicle state moved by another writer during the batch",
                 });
             }
         }
@@ -276,7 +276,7 @@ impl Store for PostgresStore {
     /// the fresh keys' dedup rows and claims in two `INSERT … SELECT FROM UNNEST` and
     /// each takeover's compare-and-set. A writer outside these locks (the one-by-one
     /// path) that got in between shows as an insert or a compare-and-set that did not
-    /// take: the transaction is rolled back and retried whole ([`StoreError::RowVanished`],
+    /// take: the transaction is rolled back and retried whole ([`StoreError::LostRace`],
     /// a lost race), never recorded as decided.
     async fn claim_batch(
         &self,
@@ -306,8 +306,8 @@ impl Store for PostgresStore {
             consumer_sql::stored_claims::<sqlx::Postgres>(&mut tx, consumer, &keys).await?;
         let (outcomes, writes) =
             claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
-        let lost_race = || StoreError::RowVanished {
-            key: "a claim taken by another writer during the batch".into(),
+        let lost_race = || StoreError::LostRace {
+            what: "a claim taken by another writer during the batch",
         };
         if !writes.fresh.is_empty() {
             let fresh_keys: Vec<&str> = writes.fresh.iter().map(|r| r.key.as_str()).collect();

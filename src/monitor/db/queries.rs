@@ -107,6 +107,14 @@ impl Queries {
         } else {
             format!("SELECT MIN({}) FROM {}", q(&pm.processed_at), q(&pm.table))
         };
+        // A dead letter as the lists and the detail read it (its raw bytes apart).
+        let dead_letter_columns = columns(&[
+            (&dl.id, Int),
+            (&dl.consumer, Text),
+            (&dl.reason, Text),
+            (&dl.received_at, Time),
+            (&dl.detail, Text),
+        ]);
         let in_doubt_where = format!("{} = 'claimed' AND {} <= ?", q(&c.state), q(&c.claimed_at));
         let (raw_length, raw_prefix) = match backend {
             Backend::Postgres => (
@@ -172,13 +180,7 @@ impl Queries {
             )),
             recent_dead_letters: n(format!(
                 "SELECT {}, {}, {} FROM {} ORDER BY {} DESC LIMIT ?",
-                columns(&[
-                    (&dl.id, Int),
-                    (&dl.consumer, Text),
-                    (&dl.reason, Text),
-                    (&dl.received_at, Time),
-                    (&dl.detail, Text)
-                ]),
+                dead_letter_columns,
                 raw_length.replace("{}", &q(&dl.raw)),
                 raw_prefix.replace("{}", &q(&dl.raw)),
                 q(&dl.table),
@@ -196,13 +198,7 @@ impl Queries {
             )),
             dead_letter: n(format!(
                 "SELECT {}, {} FROM {} WHERE {} = ?",
-                columns(&[
-                    (&dl.id, Int),
-                    (&dl.consumer, Text),
-                    (&dl.reason, Text),
-                    (&dl.received_at, Time),
-                    (&dl.detail, Text)
-                ]),
+                dead_letter_columns,
                 q(&dl.raw),
                 q(&dl.table),
                 q(&dl.id)

@@ -253,8 +253,9 @@ pub(crate) struct Done {
 /// Run a whole transaction again when the database rolled it back as a deadlock
 /// victim (InnoDB, when several transactions insert the same new key at once; see
 /// [`mysql::is_deadlock`]) or it rolled itself back as a lost race
-/// ([`StoreError::RowVanished`](super::StoreError::RowVanished): a row another writer
-/// committed between its read and its write, which the next try reads). Other errors
+/// ([`StoreError::LostRace`](super::StoreError::LostRace), or a row a purge took
+/// between two statements, [`StoreError::RowVanished`](super::StoreError::RowVanished)):
+/// the next try reads what the other writer did. Other errors
 /// pass straight through, and after 8 tries these do too (an infrastructure failure:
 /// the delivery is retried later).
 pub(crate) async fn retrying<T, F, Fut>(mut attempt: F) -> super::StoreResult<T>
@@ -291,7 +292,7 @@ pub(crate) fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
 fn retried_whole(e: &super::StoreError) -> bool {
     match e {
         super::StoreError::Db(db) => mysql::is_deadlock(db),
-        super::StoreError::RowVanished { .. } => true,
+        super::StoreError::RowVanished { .. } | super::StoreError::LostRace { .. } => true,
         _ => false,
     }
 }
