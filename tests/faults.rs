@@ -543,3 +543,97 @@ async fn a_refused_sms_result_in_a_batch_of_16_costs_only_itself(db: &TestDb) {
         "idem_dead_lettered_total{{consumer=\"{sms}\",reason=\"store_rejected\"}} 1"
     )));
 }
+
+/// The store fails for its health in the middle of recording a batch's answers one
+/// by one (PostgreSQL: the batch's record is refused for one key by a CHECK — the
+/// message's content, so the answers are recorded one by one — and a later key's
+/// single-row record raises a serialization failure, 40001, an outage): the answers
+/// from that key on are uncounted retries, never dead letters, and once the store is
+/// well again each is recorded as sent under its own provider key, its SMS sent
+/// once. Kills the `!release` → `release` mutants of `finish_one_by_one`, which
+/// turned those sent-but-unrecorded answers into counted retries (with
+/// `max_deliveries` 1: dead letters).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outage_while_recording_one_by_one_retries_the_rest_uncounted() {
+    let Some(db) = TestDb::new(Kind::Postgres).await else {
+        return;
+    };
+    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    cfg.consumers = vec![zone_exit_sms::NAME.into()];
+    cfg.claim_lease = Duration::from_millis(800);
+    cfg.runner = RunnerSettings {
+        lease_batch: 16,
+        prefetch: 16,
+        pipeline: false,
+        max_deliveries: 1,
+        retry_delay: Duration::from_millis(20),
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let engine = Engine::open(&cfg).await.unwrap();
+    let bodies: Vec<Vec<u8>> = (0..16)
+        .map(|i| zone_exit_line(&format!("OUT-{i}"), 1))
+        .collect();
+    let cause = refuse_sent(&db, &key_of(&bodies[4])).await;
+    // The batch's record is one UPDATE … FROM UNNEST: there the trigger lets the row
+    // through and the CHECK refuses key 4 (content: one by one follows). Key 8's own
+    // UPDATE then fails as an outage would.
+    db.exec(
+        "CREATE FUNCTION idw_down() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF position('UNNEST' in upper(current_query())) > 0 THEN RETURN NEW; END IF; \
+         RAISE EXCEPTION 'idw_down: the store is failing' USING ERRCODE = '40001'; END $$",
+    )
+    .await;
+    db.exec(&format!(
+        "CREATE TRIGGER idw_down BEFORE UPDATE ON side_effect_claims FOR EACH ROW \
+         WHEN (NEW.state = 'sent' AND NEW.message_key = '{}') EXECUTE FUNCTION idw_down()",
+        key_of(&bodies[8]).as_str()
+    ))
+    .await;
+    engine.publish(&bodies).await.unwrap();
+    let sms = zone_exit_sms::NAME;
+    let heal = async {
+        // The first pass is over once every SMS went out and key 4 is a dead letter.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while sandbox.state().sms_requests().len() < 16
+            || engine.store.dead_letters(10).await.unwrap().is_empty()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first pass never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        db.exec("DROP TRIGGER idw_down ON side_effect_claims").await;
+    };
+    tokio::join!(drain(&engine), heal);
+
+    let dead = engine.store.dead_letters(10).await.unwrap();
+    assert_eq!(
+        dead.len(),
+        1,
+        "only the refused record is a dead letter: {dead:?}"
+    );
+    assert_eq!(
+        (dead[0].reason.as_str(), &dead[0].raw),
+        ("store_rejected", &bodies[4])
+    );
+    assert!(dead[0].detail.clone().unwrap_or_default().contains(cause));
+    let c = &engine.summary().consumers[sms];
+    assert_eq!((c.processed, c.dead_lettered), (15, 1), "{c:?}");
+    assert_eq!(sandbox.state().sent_sms().len(), 16, "each SMS sent once");
+    for (i, body) in bodies.iter().enumerate() {
+        let claim = engine.store.claim(sms, &key_of(body)).await.unwrap();
+        let want = if i == 4 {
+            ClaimState::Failed
+        } else {
+            ClaimState::Sent
+        };
+        assert_eq!(claim.expect("a claim").state, want, "OUT-{i}");
+    }
+    db.cleanup().await;
+}
