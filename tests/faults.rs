@@ -460,16 +460,16 @@ async fn refuse_sent(db: &TestDb, key: &MessageKey) -> &'static str {
     "idw_poison"
 }
 
-/// A batch of 16 zone exits whose SMS all go out, the record of one refused by the
-/// database: its 15 neighbours are processed at once (no claim left live, no resend),
-/// the refused one is one `store_rejected` dead letter saying the SMS did go out and
-/// under which provider key, and its claim is closed so that the claim sweeper,
-/// past the lease, neither resends it nor writes another dead letter.
-async fn a_refused_sms_result_in_a_batch_of_16_costs_only_itself(db: &TestDb) {
+/// A sandbox SMS provider and the zone-exit-sms consumer on `db` taking batches of 16,
+/// one transaction each, every delivery its only one (`max_deliveries` 1: a counted
+/// retry is a dead letter at once), claims leased for `lease`.
+async fn sms_batch_of_16(
+    db: &TestDb,
+    lease: Duration,
+) -> (sandbox_provider::SandboxHandle, Engine) {
     let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
         .await
         .unwrap();
-    let lease = Duration::from_millis(800);
     let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
     cfg.consumers = vec![zone_exit_sms::NAME.into()];
     cfg.claim_lease = lease;
@@ -482,7 +482,17 @@ async fn a_refused_sms_result_in_a_batch_of_16_costs_only_itself(db: &TestDb) {
         idle_poll: Duration::from_millis(5),
         ..RunnerSettings::default()
     };
-    let engine = Engine::open(&cfg).await.unwrap();
+    (sandbox, Engine::open(&cfg).await.unwrap())
+}
+
+/// A batch of 16 zone exits whose SMS all go out, the record of one refused by the
+/// database: its 15 neighbours are processed at once (no claim left live, no resend),
+/// the refused one is one `store_rejected` dead letter saying the SMS did go out and
+/// under which provider key, and its claim is closed so that the claim sweeper,
+/// past the lease, neither resends it nor writes another dead letter.
+async fn a_refused_sms_result_in_a_batch_of_16_costs_only_itself(db: &TestDb) {
+    let lease = Duration::from_millis(800);
+    let (sandbox, engine) = sms_batch_of_16(db, lease).await;
     let bodies: Vec<Vec<u8>> = (0..16)
         .map(|i| zone_exit_line(&format!("REC-{i}"), 1))
         .collect();
@@ -558,22 +568,7 @@ async fn an_outage_while_recording_one_by_one_retries_the_rest_uncounted() {
     let Some(db) = TestDb::new(Kind::Postgres).await else {
         return;
     };
-    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
-        .await
-        .unwrap();
-    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
-    cfg.consumers = vec![zone_exit_sms::NAME.into()];
-    cfg.claim_lease = Duration::from_millis(800);
-    cfg.runner = RunnerSettings {
-        lease_batch: 16,
-        prefetch: 16,
-        pipeline: false,
-        max_deliveries: 1,
-        retry_delay: Duration::from_millis(20),
-        idle_poll: Duration::from_millis(5),
-        ..RunnerSettings::default()
-    };
-    let engine = Engine::open(&cfg).await.unwrap();
+    let (sandbox, engine) = sms_batch_of_16(&db, Duration::from_millis(800)).await;
     let bodies: Vec<Vec<u8>> = (0..16)
         .map(|i| zone_exit_line(&format!("OUT-{i}"), 1))
         .collect();
