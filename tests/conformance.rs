@@ -38,6 +38,7 @@ on_every_backend!(
     a_batch_is_decided_as_if_one_by_one,
     a_vehicle_batch_is_decided_as_if_one_by_one,
     racing_vehicle_batches_store_each_event_once,
+    an_event_with_the_seq_of_the_state_is_late,
     a_claim_batch_is_decided_as_if_one_by_one,
     a_finish_batch_is_recorded_as_if_one_by_one,
     racing_batches_never_double_an_effect,
@@ -1984,4 +1985,46 @@ async fn purge_steps_past_rows_held_by_open_claims(db: &TestDb) {
         digest.claims
     );
     assert_eq!(digest.claims.len(), 3);
+}
+
+/// The guard is "newer", not "as new": an event whose seq equals the state's (another
+/// event type at the same position of the device's sequence) goes to history only,
+/// whether the state was written by an earlier batch or earlier in the same batch;
+/// the state keeps the event that got there first. (Kills `seq > c` → `seq >= c` in
+/// `vehicle_batch::decide`, which reported such an event applied.)
+async fn an_event_with_the_seq_of_the_state_is_late(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    let device = "34-EQ-1";
+    let first = [Message::new(vehicle_event(device, 5, "ignition_on", 0))];
+    assert_eq!(
+        store.apply_vehicle_batch(&first).await.unwrap(),
+        vec![store::VehicleOutcome::Applied]
+    );
+    let same_seq = [
+        Message::new(vehicle_event(device, 5, "position", 0)),
+        Message::new(vehicle_event(device, 7, "zone_enter", 0)),
+        Message::new(vehicle_event(device, 7, "ignition_off", 0)),
+    ];
+    let outcomes = store.apply_vehicle_batch(&same_seq).await.unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            store::VehicleOutcome::Late,
+            store::VehicleOutcome::Applied,
+            store::VehicleOutcome::Late,
+        ]
+    );
+    let (state, history) = vehicle_view(&store, device).await;
+    assert!(state.starts_with("7|zone_enter|"), "{state}");
+    let applied: Vec<&str> = history
+        .iter()
+        .map(|h| h.split('|').take(3).collect::<Vec<_>>())
+        .map(|p| match (p[0], p[1], p[2]) {
+            ("5", "ignition_on", "true") | ("7", "zone_enter", "true") => "applied",
+            ("5", "position", "false") | ("7", "ignition_off", "false") => "late",
+            _ => "unexpected",
+        })
+        .collect();
+    assert_eq!(applied.len(), 4, "{history:?}");
+    assert!(!applied.contains(&"unexpected"), "{history:?}");
 }
