@@ -269,7 +269,12 @@ async fn a_drills_child_processes_get_their_urls_through_the_environment() {
     while drill.0.try_wait().expect("wait").is_none() {
         for (child, cmdline) in children_cmdlines(pid) {
             assert_clean(&format!("/proc/{child}/cmdline"), &cmdline);
-            seen.insert(child, cmdline);
+            // Keep the fullest read of each child: once killed and not yet reaped it
+            // reads as an empty zombie, which must not overwrite what was seen alive.
+            let kept = seen.entry(child).or_insert_with(String::new);
+            if cmdline.len() > kept.len() {
+                *kept = cmdline;
+            }
         }
         assert!(Instant::now() < deadline, "the drill did not finish");
         std::thread::sleep(Duration::from_millis(1));
