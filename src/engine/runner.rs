@@ -480,7 +480,7 @@ impl Worker {
                 }
             }
             if held.is_empty() {
-                if !unacked.is_empty() && shutdown.as_ref().is_some_and(|s| !*s.borrow()) {
+                if !unacked.is_empty() && shutdown.is_some() && !stopping(&shutdown) {
                     // Serving, and the lease that ran beside the last batch found
                     // nothing. A broker whose prefetch that batch filled could send
                     // nothing before its ack: ack it and lease again before going idle.
