@@ -169,6 +169,25 @@ mod tests {
         }
     }
 
+    /// The keys a backend reads (and locks) before deciding: every key of the batch,
+    /// once, sorted. An empty list decides every stored key as fresh; the insert of a
+    /// key already stored then fails as a unique violation, which the engine reads as
+    /// a race lost (an infrastructure failure) and retries uncounted, on every
+    /// delivery: a worker with a redelivered zone exit never goes idle. This fails at
+    /// once where the conformance suite's drills hang until their timeout.
+    #[test]
+    fn a_claim_batch_reads_each_of_its_keys_once_in_sorted_order() {
+        let requests = [
+            req("b", "f1"),
+            req("a", "f2"),
+            req("b", "f3"),
+            req("c", "f4"),
+        ];
+        assert_eq!(sorted_keys(&requests), ["a", "b", "c"]);
+        assert_eq!(sorted_keys(&requests[..1]), ["b"]);
+        assert!(sorted_keys(&[]).is_empty());
+    }
+
     #[test]
     fn requests_are_decided_as_one_by_one_claims() {
         let now = Utc::now();
