@@ -10,6 +10,7 @@
 //! engine's writes and the monitor's queries; `config` is the dashboard's config file.
 
 pub mod bench;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod drills;

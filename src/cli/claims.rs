@@ -141,7 +141,7 @@ async fn list(url: &str, args: ListArgs, json: bool) -> CliResult {
             } else {
                 c.state.as_str()
             },
-            c.claimed_at.format("%Y-%m-%d %H:%M:%S"),
+            idemwatch::clock::date_time(c.claimed_at),
             c.attempts,
             c.provider_key,
             c.detail

@@ -149,7 +149,7 @@ async fn list(args: ListArgs) -> CliResult {
         println!(
             "{:>8}  {:<20}  {:<14}  {:<18}  {:>8}  {}",
             d.id,
-            d.received_at.format("%Y-%m-%d %H:%M:%S"),
+            idemwatch::clock::date_time(d.received_at),
             d.consumer,
             d.reason,
             d.replay_count,

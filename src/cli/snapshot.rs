@@ -162,7 +162,7 @@ pub fn render_text(s: &Snapshot) -> String {
             let _ = writeln!(
                 out,
                 "  {} {:<8} {}",
-                m.at.format("%Y-%m-%d %H:%M:%S"),
+                idemwatch::clock::date_time(m.at),
                 m.kind,
                 p(&m.label)
             );

@@ -153,7 +153,7 @@ pub fn merge(
             m.detail = Some(format!(
                 "{}; the last at {}",
                 m.detail.unwrap_or_default(),
-                last.format("%H:%M:%S")
+                crate::clock::clock(last)
             ));
         }
         m

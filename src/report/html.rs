@@ -5,6 +5,7 @@
 use std::fmt::Write;
 
 use super::{ConsumerReport, Report};
+use crate::clock::{clock, date_time};
 use crate::monitor::alerts::{Cause, DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
 
 /// Text as HTML (also inside attributes).
@@ -41,53 +42,113 @@ fn marker_color(kind: &str) -> &'static str {
         .map_or("#555", |(_, c)| c)
 }
 
+/// Where the chart draws: the plot's box and scales, the marker lane under it.
+///
+/// ```text
+///  y labels ┌──────────────── plot ─────────────────┐
+///   0.50%   │  ╱╲  series (a gap breaks a line)  ▲   │  ▲ a peak clipped at y_max
+///   ......  │- - - - - - deploy day 0.4% - - - - - -│
+///     0%    └───────────────────────────────────────┘
+///             10:00      10:15      10:30  time labels
+///  markers    [D] deploy   [R] restart       the lane, two rows
+/// ```
+struct Plot {
+    left: f64,
+    top: f64,
+    plot_w: f64,
+    plot_h: f64,
+    lane: f64,
+    from: f64,
+    span: f64,
+    /// The y axis's top, in percent: 1.5 × the 95th percentile, at least 1.25 × the
+    /// deploy-day ratio (both baselines stay in view), at most the highest value.
+    y_max: f64,
+}
+
+impl Plot {
+    const W: f64 = 960.0;
+    const H: f64 = 330.0;
+
+    fn of(report: &Report) -> Self {
+        let mut values: Vec<f64> = report
+            .consumers
+            .iter()
+            .flat_map(|c| c.points.iter().filter_map(|p| p.duplicate_ratio))
+            .map(|r| r * 100.0)
+            .collect();
+        values.sort_by(|a, b| a.total_cmp(b));
+        let floor = DEPLOY_DAY_RATIO * 100.0 * 1.25;
+        let y_max = values
+            .get(((values.len().max(1) - 1) as f64 * 0.95).round() as usize)
+            .map_or(floor, |p95| (p95 * 1.5).max(floor))
+            .min(values.last().copied().unwrap_or(floor).max(floor));
+        let from = report.from.timestamp() as f64;
+        let left = 70.0;
+        Plot {
+            left,
+            top: 20.0,
+            plot_w: Self::W - left - 20.0,
+            plot_h: 220.0,
+            lane: 40.0,
+            from,
+            span: (report.to.timestamp() as f64 - from).max(1.0),
+            y_max,
+        }
+    }
+
+    fn x(&self, t: f64) -> f64 {
+        self.left + (t - self.from) / self.span * self.plot_w
+    }
+
+    fn y(&self, pct: f64) -> f64 {
+        self.top + self.plot_h - pct.min(self.y_max) / self.y_max * self.plot_h
+    }
+}
+
 /// The duplicate-rate chart: one polyline per consumer (a gap breaks it), the
 /// normal-day and deploy-day baselines, clipped peaks marked ▲, markers on a lane.
 pub fn chart(report: &Report) -> String {
-    let (w, h, left, top, plot_h, lane) = (960.0, 330.0, 70.0, 20.0, 220.0, 40.0);
-    let plot_w = w - left - 20.0;
-    let from = report.from.timestamp() as f64;
-    let span = (report.to.timestamp() as f64 - from).max(1.0);
-    let mut values: Vec<f64> = report
-        .consumers
-        .iter()
-        .flat_map(|c| c.points.iter().filter_map(|p| p.duplicate_ratio))
-        .map(|r| r * 100.0)
-        .collect();
-    values.sort_by(|a, b| a.total_cmp(b));
-    let floor = DEPLOY_DAY_RATIO * 100.0 * 1.25;
-    let y_max = values
-        .get(((values.len().max(1) - 1) as f64 * 0.95).round() as usize)
-        .map_or(floor, |p95| (p95 * 1.5).max(floor))
-        .min(values.last().copied().unwrap_or(floor).max(floor));
-    let x = |t: f64| left + (t - from) / span * plot_w;
-    let y = |pct: f64| top + plot_h - pct.min(y_max) / y_max * plot_h;
+    let p = Plot::of(report);
+    let (w, h) = (Plot::W, Plot::H);
     let mut svg = String::new();
     let _ = write!(
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" id="duplicate-rate" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="duplicate rate over the window">"#
     );
+    axes(&mut svg, &p);
+    for (i, c) in report.consumers.iter().enumerate() {
+        series(&mut svg, &p, c, COLORS[i % COLORS.len()]);
+    }
+    time_labels(&mut svg, &p, report);
+    marker_lane(&mut svg, &p, report);
+    svg.push_str("</svg>");
+    svg
+}
+
+/// The plot's box, the y labels and the two baselines.
+fn axes(svg: &mut String, p: &Plot) {
+    let (left, top, plot_w, plot_h) = (p.left, p.top, p.plot_w, p.plot_h);
     let _ = write!(
         svg,
         r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#ccc"/>"##
     );
     for (v, label) in [
         (0.0, "0%".to_string()),
-        (y_max / 2.0, format!("{:.2}%", y_max / 2.0)),
-        (y_max, format!("{y_max:.2}%")),
+        (p.y_max / 2.0, format!("{:.2}%", p.y_max / 2.0)),
+        (p.y_max, format!("{:.2}%", p.y_max)),
     ] {
         let _ = write!(
             svg,
             r##"<text x="{}" y="{}" font-size="11" text-anchor="end" fill="#555">{label}</text>"##,
             left - 6.0,
-            y(v) + 4.0
+            p.y(v) + 4.0
         );
     }
     for (ratio, name) in [
         (NORMAL_DAY_RATIO, "normal day 0.01%"),
         (DEPLOY_DAY_RATIO, "deploy day 0.4%"),
     ] {
-        let yy = y(ratio * 100.0);
+        let yy = p.y(ratio * 100.0);
         let _ = write!(
             svg,
             r##"<line x1="{left}" x2="{}" y1="{yy}" y2="{yy}" stroke="#999" stroke-dasharray="4 4"/><text class="baseline" x="{}" y="{}" font-size="10" text-anchor="end" fill="#777">{name}</text>"##,
@@ -96,54 +157,63 @@ pub fn chart(report: &Report) -> String {
             yy - 3.0
         );
     }
-    for (i, c) in report.consumers.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        for run in runs(c) {
-            let pts: Vec<String> = run
-                .iter()
-                .map(|(t, r)| format!("{:.1},{:.1}", x(*t), y(r * 100.0)))
-                .collect();
+}
+
+/// One consumer's line (a polyline per run between gaps) and its clipped peaks.
+fn series(svg: &mut String, p: &Plot, c: &ConsumerReport, color: &str) {
+    for run in runs(c) {
+        let pts: Vec<String> = run
+            .iter()
+            .map(|(t, r)| format!("{:.1},{:.1}", p.x(*t), p.y(r * 100.0)))
+            .collect();
+        let _ = write!(
+            svg,
+            r#"<polyline class="series" data-consumer="{}" fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#,
+            esc(&c.consumer),
+            pts.join(" ")
+        );
+        for (t, r) in run.iter().filter(|(_, r)| r * 100.0 > p.y_max) {
             let _ = write!(
                 svg,
-                r#"<polyline class="series" data-consumer="{}" fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#,
-                esc(&c.consumer),
-                pts.join(" ")
+                r##"<text class="clipped" x="{:.1}" y="{}" font-size="10" text-anchor="middle" fill="#c62828">▲<title>{:.2}%</title></text>"##,
+                p.x(*t),
+                p.top + 9.0,
+                r * 100.0
             );
-            for (t, r) in run.iter().filter(|(_, r)| r * 100.0 > y_max) {
-                let _ = write!(
-                    svg,
-                    r##"<text class="clipped" x="{:.1}" y="{}" font-size="10" text-anchor="middle" fill="#c62828">▲<title>{:.2}%</title></text>"##,
-                    x(*t),
-                    top + 9.0,
-                    r * 100.0
-                );
-            }
         }
     }
-    // Time labels under the plot.
+}
+
+/// Five time labels under the plot.
+fn time_labels(svg: &mut String, p: &Plot, report: &Report) {
     for k in 0..5 {
         let f = f64::from(k) / 4.0;
-        let t = report.from + chrono::Duration::seconds((f * span) as i64);
+        let t = report.from + chrono::Duration::seconds((f * p.span) as i64);
         let _ = write!(
             svg,
             r##"<text x="{:.1}" y="{}" font-size="11" text-anchor="middle" fill="#555">{}</text>"##,
-            left + f * plot_w,
-            top + plot_h + 14.0,
-            t.format("%H:%M:%S")
+            p.left + f * p.plot_w,
+            p.top + p.plot_h + 14.0,
+            clock(t)
         );
     }
-    // The marker lane: a tick and the kind's letter with its label.
+}
+
+/// The marker lane: per marker a dashed line across the plot, a tick with the kind's
+/// letter and its label, on two alternating rows so neighbours do not overlap.
+fn marker_lane(svg: &mut String, p: &Plot, report: &Report) {
+    let (top, plot_h) = (p.top, p.plot_h);
     let lane_y = top + plot_h + 22.0;
     let _ = write!(
         svg,
         r##"<text x="{}" y="{}" font-size="10" text-anchor="end" fill="#555">markers</text>"##,
-        left - 6.0,
+        p.left - 6.0,
         lane_y + 12.0
     );
     for (i, m) in report.markers.iter().enumerate() {
-        let mx = x(m.at.timestamp() as f64);
+        let mx = p.x(m.at.timestamp() as f64);
         let color = marker_color(&m.kind);
-        let row = (i % 2) as f64 * (lane / 2.0);
+        let row = (i % 2) as f64 * (p.lane / 2.0);
         let letter = crate::monitor::markers::glyph(&m.kind);
         let _ = write!(
             svg,
@@ -159,8 +229,6 @@ pub fn chart(report: &Report) -> String {
             label = esc(&m.label),
         );
     }
-    svg.push_str("</svg>");
-    svg
 }
 
 /// A consumer's points as runs of (unix seconds, ratio): a gap breaks the line.
@@ -201,13 +269,28 @@ fn table(out: &mut String, title: &str, header: &[&str], rows: Vec<Vec<String>>)
     out.push_str("</tbody></table>");
 }
 
-/// The whole page.
+/// The whole page, top to bottom: title, the chart and its legend, then one table
+/// per part of the report.
 pub fn page(r: &Report) -> String {
     let mut out = String::new();
+    head(&mut out, r);
+    duplicate_rate(&mut out, r);
+    rates(&mut out, r);
+    markers(&mut out, r);
+    alerts(&mut out, r);
+    dead_letters(&mut out, r);
+    claims(&mut out, r);
+    drills(&mut out, r);
+    out.push_str("</body></html>\n");
+    out
+}
+
+/// The document's head (title, inline CSS), the heading, source and notes.
+fn head(out: &mut String, r: &Report) {
     let title = format!(
         "idemwatch report {} – {} UTC",
-        r.from.format("%Y-%m-%d %H:%M:%S"),
-        r.to.format("%H:%M:%S")
+        date_time(r.from),
+        clock(r.to)
     );
     let _ = write!(
         out,
@@ -222,11 +305,15 @@ pub fn page(r: &Report) -> String {
         "<h1>{}</h1><p>source: {} · generated {} UTC</p>",
         esc(&title),
         esc(&r.source),
-        r.generated_at.format("%Y-%m-%d %H:%M:%S")
+        date_time(r.generated_at)
     );
     for n in &r.notes {
         let _ = write!(out, "<p class=\"none\">{}</p>", esc(n));
     }
+}
+
+/// The chart and its legend (a consumer's colour as in the chart).
+fn duplicate_rate(out: &mut String, r: &Report) {
     out.push_str("<h2>Duplicate rate</h2>");
     out.push_str(&chart(r));
     out.push_str("<p class=\"legend\">");
@@ -240,8 +327,11 @@ pub fn page(r: &Report) -> String {
         );
     }
     out.push_str("</p>");
+}
+
+fn rates(out: &mut String, r: &Report) {
     table(
-        &mut out,
+        out,
         "Per-consumer rates (means over the window)",
         &[
             "target",
@@ -269,15 +359,18 @@ pub fn page(r: &Report) -> String {
             })
             .collect(),
     );
+}
+
+fn markers(out: &mut String, r: &Report) {
     table(
-        &mut out,
+        out,
         "Markers",
         &["at", "kind", "label", "detail"],
         r.markers
             .iter()
             .map(|m| {
                 vec![
-                    m.at.format("%H:%M:%S").to_string(),
+                    clock(m.at),
                     m.kind.clone(),
                     m.label.clone(),
                     m.detail.clone().unwrap_or_default(),
@@ -285,8 +378,13 @@ pub fn page(r: &Report) -> String {
             })
             .collect(),
     );
+}
+
+/// Each alert with how long it held: until it ended, or (still holding) at least to
+/// the window's end.
+fn alerts(out: &mut String, r: &Report) {
     table(
-        &mut out,
+        out,
         "Alerts in the window",
         &[
             "severity", "started", "ended", "held", "alert", "object", "cause",
@@ -294,17 +392,14 @@ pub fn page(r: &Report) -> String {
         r.alerts
             .iter()
             .map(|a| {
-                // Held until it ended, or (still holding) at least to the window's end.
                 let until = a.ended.unwrap_or(r.to.max(a.started));
                 let held = (until - a.started).to_std().unwrap_or_default();
                 let held =
                     humantime::format_duration(std::time::Duration::from_secs(held.as_secs()));
                 vec![
                     a.alert.severity.tag().to_string(),
-                    a.started.format("%H:%M:%S").to_string(),
-                    a.ended.map_or("held at the window's end".into(), |e| {
-                        e.format("%H:%M:%S").to_string()
-                    }),
+                    clock(a.started),
+                    a.ended.map_or("held at the window's end".into(), clock),
                     if a.ended.is_some() {
                         held.to_string()
                     } else {
@@ -320,10 +415,14 @@ pub fn page(r: &Report) -> String {
             })
             .collect(),
     );
+}
+
+/// Key conflicts first (a producer bug, not an outage), then by total.
+fn dead_letters(out: &mut String, r: &Report) {
     let mut dead = r.dead_letters.clone();
     dead.sort_by_key(|d| (d.reason != "key_conflict", std::cmp::Reverse(d.total)));
     table(
-        &mut out,
+        out,
         "Dead letters by reason",
         &["consumer", "reason", "total", "last hour"],
         dead.iter()
@@ -337,8 +436,11 @@ pub fn page(r: &Report) -> String {
             })
             .collect(),
     );
+}
+
+fn claims(out: &mut String, r: &Report) {
     table(
-        &mut out,
+        out,
         &format!("Claims in doubt ({})", r.claims_in_doubt_total),
         &["consumer", "message key", "claimed at", "attempts"],
         r.claims_in_doubt
@@ -347,14 +449,17 @@ pub fn page(r: &Report) -> String {
                 vec![
                     c.consumer.clone(),
                     c.message_key.clone(),
-                    c.claimed_at.format("%H:%M:%S").to_string(),
+                    clock(c.claimed_at),
                     c.attempts.to_string(),
                 ]
             })
             .collect(),
     );
+}
+
+fn drills(out: &mut String, r: &Report) {
     table(
-        &mut out,
+        out,
         "Drill verdicts",
         &["run", "scenario", "mode", "started", "verdict"],
         r.drill_runs
@@ -364,13 +469,10 @@ pub fn page(r: &Report) -> String {
                     format!("#{}", d.id),
                     d.scenario.clone(),
                     d.mode.clone(),
-                    d.started_at
-                        .map_or("—".into(), |s| s.format("%H:%M:%S").to_string()),
+                    d.started_at.map_or("—".into(), clock),
                     d.verdict.clone().unwrap_or_else(|| "running".into()),
                 ]
             })
             .collect(),
     );
-    out.push_str("</body></html>\n");
-    out
 }

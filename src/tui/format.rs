@@ -51,10 +51,7 @@ pub fn ago(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
     }
 }
 
-/// `HH:MM:SS` in UTC.
-pub fn clock(t: DateTime<Utc>) -> String {
-    t.format("%H:%M:%S").to_string()
-}
+pub use crate::clock::clock;
 
 /// `text` in lines of at most `width` characters, broken between words, at most
 /// `max_lines` of them; the last ends in `…` when text was left out. A long alert

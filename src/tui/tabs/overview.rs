@@ -608,7 +608,7 @@ fn history_line(h: &HistoryStatus, theme: &Theme) -> Line<'static> {
             format!(
                 "up: {} – {} at {step_seconds} s, {series} series in {fetch_ms} ms",
                 from.format("%m-%d %H:%M"),
-                to.format("%H:%M:%S")
+                crate::clock::clock(*to)
             ),
             theme.ok,
         ),

@@ -47,7 +47,7 @@ pub fn span_label(seconds: u64) -> String {
 /// A time on the x axis, as precise as the span needs.
 pub fn axis_time(t: DateTime<Utc>, span_seconds: u64) -> String {
     match span_seconds {
-        s if s <= 600 => t.format("%H:%M:%S").to_string(),
+        s if s <= 600 => crate::clock::clock(t),
         s if s <= 86_400 => t.format("%H:%M").to_string(),
         _ => t.format("%m-%d %H:%M").to_string(),
     }
