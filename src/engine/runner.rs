@@ -1087,4 +1087,141 @@ mod tests {
         assert_eq!(limit(true, 100, 50), None);
         assert_eq!(limit(false, 100, 1000), None);
     }
+
+    /// A `trip-counter` worker on queue `q`, over a SQLite store and an embedded queue
+    /// in `dir` (nothing here reaches a provider).
+    async fn worker(dir: &tempfile::TempDir, settings: RunnerSettings) -> (Worker, Arc<dyn Queue>) {
+        use crate::engine::consumers::{build, ConsumerMode, Deps};
+        let url = |file: &str| format!("sqlite://{}", dir.path().join(file).display());
+        let store = crate::engine::store::open(&url("store.db")).await.unwrap();
+        let queue = crate::engine::queue::open(&url("queue.db")).await.unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let deps = Deps {
+            seen_set: GuardedSeenSet::open(
+                &crate::engine::seen_set::SeenSetConfig::default(),
+                store.clone(),
+                metrics.clone(),
+            )
+            .unwrap(),
+            store: store.clone(),
+            provider: crate::engine::provider::ProviderClient::new(
+                "http://127.0.0.1:9",
+                "http://127.0.0.1:9",
+            ),
+            metrics: metrics.clone(),
+            claim_lease: Duration::from_secs(60),
+            provider_concurrency: 1,
+        };
+        let consumer = build("trip-counter", &deps, ConsumerMode::Idempotent).unwrap();
+        let crash = Arc::new(CrashPlan::none());
+        let w = Worker::new(
+            consumer,
+            queue.clone(),
+            "q".into(),
+            store,
+            metrics,
+            crash,
+            settings,
+            None,
+        );
+        (w, queue)
+    }
+
+    /// `batch_max_wait`: a lease that brought in less than a batch leases again until
+    /// the batch is full, then stops at once (not at the deadline) and takes no more
+    /// than the batch; an empty lease does not wait at all (a worker on an idle queue
+    /// must not sit out the wait before each look).
+    #[tokio::test]
+    async fn a_short_lease_waits_for_a_full_batch_and_no_longer() {
+        let dir = tempfile::tempdir().unwrap();
+        let wait = Duration::from_secs(20);
+        let settings = RunnerSettings {
+            lease_batch: 4,
+            pipeline: false,
+            batch_max_wait: wait,
+            ..RunnerSettings::default()
+        };
+        let (w, queue) = worker(&dir, settings).await;
+        let q = vec!["q".to_string()];
+
+        let started = Instant::now();
+        assert!(w.ack_then_lease(Vec::new()).await.is_empty());
+        assert!(
+            started.elapsed() < wait / 4,
+            "an empty lease waited {:?}",
+            started.elapsed()
+        );
+
+        queue
+            .publish(&q, &[event(1, "trip_started")])
+            .await
+            .unwrap();
+        let more: Vec<Vec<u8>> = (2..9).map(|seq| event(seq, "trip_started")).collect();
+        let later = {
+            let (queue, q) = (queue.clone(), q.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                queue.publish(&q, &more).await.unwrap();
+            })
+        };
+        let started = Instant::now();
+        let held = w.ack_then_lease(Vec::new()).await;
+        later.await.unwrap();
+        assert_eq!(
+            held.deliveries.len(),
+            4,
+            "one leased, then three of the seven published later"
+        );
+        assert!(
+            started.elapsed() < wait / 4,
+            "a full batch waited {:?}",
+            started.elapsed()
+        );
+    }
+
+    /// What a batch says about health: its latest Retry-After sets the pause (a
+    /// provider that asked for 5 s is not called again after 1 s, nor after a backoff
+    /// of our own); skipped events say nothing, so a batch of only them leaves a pause
+    /// open, and one with a message that got through closes it.
+    #[tokio::test]
+    async fn a_batch_pauses_for_its_latest_retry_after_and_only_what_got_through_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = RunnerSettings {
+            max_pause: Duration::from_secs(60),
+            ..RunnerSettings::default()
+        };
+        let (w, _) = worker(&dir, settings).await;
+        let infra = |after: Option<u64>| {
+            Outcome::retry(
+                RetryCause::Infra {
+                    kind: InfraKind::ProviderThrottled,
+                    after: after.map(Duration::from_secs),
+                },
+                "429",
+            )
+        };
+        let pause = w.judge(&[
+            infra(Some(1)),
+            infra(Some(5)),
+            infra(None),
+            Outcome::Skipped,
+        ]);
+        assert_eq!(pause, Some(Duration::from_secs(5)));
+        assert_eq!(
+            w.health.pause().map(|p| p.kind),
+            Some(InfraKind::ProviderThrottled)
+        );
+
+        assert_eq!(w.judge(&[Outcome::Skipped, Outcome::Skipped]), None);
+        assert!(
+            w.health.pause().is_some(),
+            "skipped events closed the pause"
+        );
+
+        assert_eq!(w.judge(&[Outcome::Skipped, Outcome::Duplicate]), None);
+        assert!(
+            w.health.pause().is_none(),
+            "a batch that got through left the pause open"
+        );
+    }
 }
