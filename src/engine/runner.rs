@@ -926,6 +926,10 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::consumers::Deps;
+    use crate::engine::envelope::EventType;
+    use crate::engine::store::StoreError;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn retries_back_off_past_a_claim_lease_before_max_deliveries() {
@@ -1091,7 +1095,17 @@ mod tests {
     /// A `trip-counter` worker on queue `q`, over a SQLite store and an embedded queue
     /// in `dir` (nothing here reaches a provider).
     async fn worker(dir: &tempfile::TempDir, settings: RunnerSettings) -> (Worker, Arc<dyn Queue>) {
-        use crate::engine::consumers::{build, ConsumerMode, Deps};
+        use crate::engine::consumers::{build, ConsumerMode};
+        let consumer = |deps: &Deps| build("trip-counter", deps, ConsumerMode::Idempotent).unwrap();
+        worker_of(dir, settings, consumer).await
+    }
+
+    /// [`worker`] of the consumer `consumer` builds.
+    async fn worker_of(
+        dir: &tempfile::TempDir,
+        settings: RunnerSettings,
+        consumer: impl FnOnce(&Deps) -> Arc<dyn Consumer>,
+    ) -> (Worker, Arc<dyn Queue>) {
         let url = |file: &str| format!("sqlite://{}", dir.path().join(file).display());
         let store = crate::engine::store::open(&url("store.db")).await.unwrap();
         let queue = crate::engine::queue::open(&url("queue.db")).await.unwrap();
@@ -1112,7 +1126,7 @@ mod tests {
             claim_lease: Duration::from_secs(60),
             provider_concurrency: 1,
         };
-        let consumer = build("trip-counter", &deps, ConsumerMode::Idempotent).unwrap();
+        let consumer = consumer(&deps);
         let crash = Arc::new(CrashPlan::none());
         let w = Worker::new(
             consumer,
@@ -1152,11 +1166,8 @@ mod tests {
             started.elapsed()
         );
 
-        queue
-            .publish(&q, &[event(1, "trip_started")])
-            .await
-            .unwrap();
-        let more: Vec<Vec<u8>> = (2..9).map(|seq| event(seq, "trip_started")).collect();
+        queue.publish(&q, &[event(1, "zone_exit")]).await.unwrap();
+        let more: Vec<Vec<u8>> = (2..9).map(|seq| event(seq, "zone_exit")).collect();
         let later = {
             let (queue, q) = (queue.clone(), q.clone());
             tokio::spawn(async move {
@@ -1223,5 +1234,70 @@ mod tests {
             w.health.pause().is_none(),
             "a batch that got through left the pause open"
         );
+    }
+
+    /// A consumer whose batch transaction always fails with `error`, and whose
+    /// one-by-one handling counts its calls and finds each message a duplicate.
+    struct FailingBatch {
+        error: fn() -> StoreError,
+        alone: Arc<AtomicUsize>,
+    }
+
+    #[async_trait::async_trait]
+    impl Consumer for FailingBatch {
+        fn name(&self) -> &'static str {
+            "failing-batch"
+        }
+        fn mode(&self) -> crate::engine::consumers::ConsumerMode {
+            crate::engine::consumers::ConsumerMode::Idempotent
+        }
+        fn wants(&self, _event: EventType) -> bool {
+            true
+        }
+        async fn handle_batch(
+            &self,
+            _envs: &[Message],
+            _crash: &CrashPlan,
+        ) -> Result<Vec<Outcome>, HandleError> {
+            Err((self.error)().into())
+        }
+        async fn handle(&self, _env: &Message, _crash: &CrashPlan) -> Result<Outcome, HandleError> {
+            self.alone.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Duplicate)
+        }
+    }
+
+    /// A failed batch transaction: for the store's health, the whole batch is retried
+    /// later, without a statement per message against a store that is down; for
+    /// anything else, a batch of several is retried message by message (the one the
+    /// database refuses must not take its neighbours with it), and a batch of one
+    /// takes its error as it is (handling it alone again would only repeat it).
+    #[tokio::test]
+    async fn a_failed_batch_is_retried_whole_for_an_outage_and_alone_for_anything_else() {
+        let run = |error: fn() -> StoreError, n: u64| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let alone = Arc::new(AtomicUsize::new(0));
+            let consumer = {
+                let alone = alone.clone();
+                move |_: &Deps| Arc::new(FailingBatch { error, alone }) as Arc<dyn Consumer>
+            };
+            let (w, _) = worker_of(&dir, RunnerSettings::default(), consumer).await;
+            let envs: Vec<Message> = (1..=n)
+                .map(|seq| Message::new(Envelope::parse(&event(seq, "zone_exit")).unwrap()))
+                .collect();
+            let outcomes = w.handle_envelopes(&envs).await.unwrap();
+            (outcomes, alone.load(Ordering::SeqCst))
+        };
+        let outage = || StoreError::LostRace { what: "k" };
+        let refused = || StoreError::OutOfRange {
+            what: "seq",
+            value: "1".into(),
+        };
+        let of = |e: fn() -> StoreError, n| vec![Outcome::of_store_error(&e()); n];
+
+        assert_eq!(run(outage, 3).await, (of(outage, 3), 0));
+        assert_eq!(run(outage, 1).await, (of(outage, 1), 0));
+        assert_eq!(run(refused, 1).await, (of(refused, 1), 0));
+        assert_eq!(run(refused, 2).await, (vec![Outcome::Duplicate; 2], 2));
     }
 }
