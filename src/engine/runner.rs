@@ -1300,4 +1300,80 @@ mod tests {
         assert_eq!(run(refused, 1).await, (of(refused, 1), 0));
         assert_eq!(run(refused, 2).await, (vec![Outcome::Duplicate; 2], 2));
     }
+
+    /// A consumer whose first `failures` calls fail in a way that is the message's
+    /// (a counted retry), and whose later calls apply it.
+    struct FailsFirst {
+        failures: usize,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Consumer for FailsFirst {
+        fn name(&self) -> &'static str {
+            "fails-first"
+        }
+        fn mode(&self) -> crate::engine::consumers::ConsumerMode {
+            crate::engine::consumers::ConsumerMode::Idempotent
+        }
+        fn wants(&self, _event: EventType) -> bool {
+            true
+        }
+        async fn handle(&self, _env: &Message, _crash: &CrashPlan) -> Result<Outcome, HandleError> {
+            Ok(
+                if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+                    Outcome::retry(RetryCause::Message, "a bug")
+                } else {
+                    Outcome::Processed {
+                        effect: None,
+                        took_over_in_doubt: false,
+                    }
+                },
+            )
+        }
+    }
+
+    /// SPEC §8's budget: a counted retry goes back to the queue until the message has
+    /// used up `max_deliveries`, and the delivery that uses up the last one is
+    /// dead-lettered with the cause, not delivered once more. So a message that fails
+    /// twice in three is applied, and one that always fails ends as a dead letter on
+    /// its third delivery.
+    #[tokio::test]
+    async fn a_counted_retry_comes_back_until_the_last_delivery_dead_letters_it() {
+        use DeliveryOutcome::{DeadLettered, Processed, Retry};
+        let run = |failures: usize| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let settings = RunnerSettings {
+                max_deliveries: 3,
+                lease_batch: 1,
+                pipeline: false,
+                retry_delay: Duration::from_millis(1),
+                max_retry_delay: Duration::from_millis(4),
+                idle_poll: Duration::from_millis(1),
+                ..RunnerSettings::default()
+            };
+            let consumer = move |_: &Deps| {
+                let calls = AtomicUsize::new(0);
+                Arc::new(FailsFirst { failures, calls }) as Arc<dyn Consumer>
+            };
+            let (mut w, queue) = worker_of(&dir, settings, consumer).await;
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let sink = seen.clone();
+            w.events = Some(Arc::new(move |e: DeliveryEvent| {
+                sink.lock()
+                    .unwrap()
+                    .push((e.delivery_count, e.outcome, e.reason));
+            }));
+            let q = vec!["q".to_string()];
+            queue.publish(&q, &[event(1, "zone_exit")]).await.unwrap();
+            w.run_until_idle().await.unwrap();
+            let seen = seen.lock().unwrap().clone();
+            seen
+        };
+        let retry = |n| (n, Retry, Some("a bug".to_string()));
+        assert_eq!(run(2).await, [retry(1), retry(2), (3, Processed, None)]);
+        let gave_up = "max_deliveries: gave up after 3 deliveries; the last failed with: a bug";
+        let last = (3, DeadLettered, Some(gave_up.to_string()));
+        assert_eq!(run(10).await, [retry(1), retry(2), last]);
+    }
 }
