@@ -10,71 +10,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 
-use super::dialect::{binds, first, Kind, Pooled, Row, Sql};
-use super::mysql::MysqlStore;
-use super::postgres::PostgresStore;
+use super::dialect::{binds, first, Kind, Row, Sql};
 use super::repair_sql::{claim, CLAIM_COLUMNS, CLAIM_KINDS};
-use super::sqlite::SqliteStore;
 use super::*;
 
 use Kind::{Bool, Float, Int, Json, Text, Time};
 
-/// See [`AdminStore::add_marker`].
-async fn add_marker(
-    sql: &dyn Sql,
-    kind: MarkerKind,
-    label: &str,
-    detail: Option<&str>,
-) -> StoreResult<i64> {
-    let insert = "INSERT INTO markers (kind, at, label, detail) VALUES (?, ?, ?, ?)";
-    let values = binds![kind.as_str(), Utc::now(), label, detail];
-    Ok(sql.insert(insert, &values).await?)
-}
-
-/// See [`AdminStore::start_drill_run`].
-async fn start_drill_run(sql: &dyn Sql, scenario: &str, mode: &str) -> StoreResult<i64> {
-    let insert = "INSERT INTO drill_runs (scenario, mode, started_at) VALUES (?, ?, ?)";
-    Ok(sql
-        .insert(insert, &binds![scenario, mode, Utc::now()])
-        .await?)
-}
-
-/// See [`AdminStore::finish_drill_run`].
-async fn finish_drill_run(
-    sql: &dyn Sql,
-    id: i64,
-    verdict: &str,
-    report: &serde_json::Value,
-) -> StoreResult<()> {
-    let update = "UPDATE drill_runs SET finished_at = ?, verdict = ?, report = ? WHERE id = ?";
-    sql.execute(update, &binds![Utc::now(), verdict, report, id])
-        .await?;
-    Ok(())
-}
-
 const STATE_COLUMNS: &str =
     "device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at";
 const STATE_KINDS: [Kind; 9] = [Text, Int, Text, Text, Text, Float, Float, Time, Time];
-
-/// See [`AdminStore::vehicle_state`].
-async fn vehicle_state(sql: &dyn Sql, device_id: &str) -> StoreResult<Option<VehicleState>> {
-    let select = format!("SELECT {STATE_COLUMNS} FROM vehicle_state WHERE device_id = ?");
-    let row = first(sql, &select, &binds![device_id], &STATE_KINDS).await?;
-    row.map(|r| {
-        Ok(VehicleState {
-            device_id: r.text(0)?,
-            last_seq: r.int(1)?,
-            last_event_type: r.text(2)?,
-            ignition: r.opt_text(3),
-            zone: r.opt_text(4),
-            lat: r.opt_float(5),
-            lon: r.opt_float(6),
-            occurred_at: r.at(7),
-            updated_at: r.at(8),
-        })
-    })
-    .transpose()
-}
 
 /// The history columns every history query selects (the payload as text: `jsonb` on
 /// PostgreSQL, whose own text form is what the rows have always shown).
@@ -98,124 +42,175 @@ fn history_row(r: &Row) -> StoreResult<HistoryRow> {
     })
 }
 
-/// See [`AdminStore::vehicle_history`].
-async fn vehicle_history(sql: &dyn Sql, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
-    let select = format!(
-        "{} WHERE device_id = ? ORDER BY received_at, seq",
-        history_select(sql)
-    );
-    let rows = sql
-        .rows(&select, &binds![device_id], &HISTORY_KINDS)
-        .await?;
-    rows.iter().map(history_row).collect()
-}
+/// Every [`Store`] is its own [`AdminStore`]: each method runs on the store's pool
+/// ([`Store::sql`], a handle: cloning it shares the pool).
+#[async_trait]
+impl<S: Store> AdminStore for S {
+    async fn add_marker(
+        &self,
+        kind: MarkerKind,
+        label: &str,
+        detail: Option<&str>,
+    ) -> StoreResult<i64> {
+        let insert = "INSERT INTO markers (kind, at, label, detail) VALUES (?, ?, ?, ?)";
+        let values = binds![kind.as_str(), Utc::now(), label, detail];
+        Ok(self.sql().0.insert(insert, &values).await?)
+    }
 
-/// See [`AdminStore::recent_history`].
-async fn recent_history(
-    sql: &dyn Sql,
-    event_type: Option<&str>,
-    limit: i64,
-) -> StoreResult<Vec<HistoryRow>> {
-    let select = format!(
-        "{} WHERE device_id NOT LIKE 'DRILL-%' AND (? IS NULL OR event_type = ?)
-         ORDER BY received_at DESC, seq DESC LIMIT ?",
-        history_select(sql)
-    );
-    let values = binds![event_type, event_type, limit];
-    let rows = sql.rows(&select, &values, &HISTORY_KINDS).await?;
-    rows.iter().map(history_row).collect()
-}
+    async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64> {
+        let insert = "INSERT INTO drill_runs (scenario, mode, started_at) VALUES (?, ?, ?)";
+        let values = binds![scenario, mode, Utc::now()];
+        Ok(self.sql().0.insert(insert, &values).await?)
+    }
 
-/// See [`AdminStore::processed_keys`]: a prefix compared by characters on every
-/// backend (PostgreSQL's `substr` takes an `integer` length).
-async fn processed_keys(sql: &dyn Sql, consumer: &str, prefix: &str) -> StoreResult<Vec<String>> {
-    let length = match sql.backend() {
-        Backend::Postgres => "CAST(? AS integer)",
-        Backend::Sqlite | Backend::Mysql => "?",
-    };
-    let select = format!(
-        "SELECT message_key FROM processed_messages
-         WHERE consumer = ? AND substr(message_key, 1, {length}) = ? ORDER BY message_key"
-    );
-    let chars = i64::try_from(prefix.chars().count()).unwrap_or(i64::MAX);
-    let rows = sql
-        .rows(&select, &binds![consumer, chars, prefix], &[Text])
-        .await?;
-    rows.iter().map(|r| Ok(r.text(0)?)).collect()
-}
+    async fn finish_drill_run(
+        &self,
+        id: i64,
+        verdict: &str,
+        report: &serde_json::Value,
+    ) -> StoreResult<()> {
+        let update = "UPDATE drill_runs SET finished_at = ?, verdict = ?, report = ? WHERE id = ?";
+        let values = binds![Utc::now(), verdict, report, id];
+        self.sql().0.execute(update, &values).await?;
+        Ok(())
+    }
 
-/// See [`AdminStore::zone_exits`].
-async fn zone_exits(sql: &dyn Sql, device_id: &str) -> StoreResult<i64> {
-    let select = "SELECT zone_exits FROM trip_counters WHERE device_id = ?";
-    let row = first(sql, select, &binds![device_id], &[Int]).await?;
-    Ok(row.and_then(|r| r.opt_int(0)).unwrap_or(0))
-}
-
-/// See [`AdminStore::claim`].
-async fn one_claim(sql: &dyn Sql, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
-    let select = format!(
-        "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = ? AND message_key = ?"
-    );
-    let values = binds![consumer, key.as_str()];
-    let row = first(sql, &select, &values, &CLAIM_KINDS).await?;
-    row.as_ref().map(claim).transpose()
-}
-
-/// See [`AdminStore::claims_in_doubt`].
-async fn claims_in_doubt(sql: &dyn Sql, lease: Duration) -> StoreResult<Vec<Claim>> {
-    let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::zero());
-    let select = format!(
-        "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
-         WHERE state = 'claimed' AND claimed_at <= ? ORDER BY claimed_at LIMIT 1000"
-    );
-    let rows = sql
-        .rows(&select, &binds![Utc::now() - lease], &CLAIM_KINDS)
-        .await?;
-    rows.iter().map(claim).collect()
-}
-
-/// See [`AdminStore::markers`].
-async fn markers(sql: &dyn Sql, limit: i64) -> StoreResult<Vec<Marker>> {
-    let select = "SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT ?";
-    let rows = sql
-        .rows(select, &binds![limit], &[Int, Text, Time, Text, Text])
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Marker {
-                id: r.int(0)?,
-                kind: MarkerKind::parse(&r.text(1)?).unwrap_or(MarkerKind::Manual),
-                at: r.at(2),
-                label: r.text(3)?,
-                detail: r.opt_text(4),
+    async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>> {
+        let select = format!("SELECT {STATE_COLUMNS} FROM vehicle_state WHERE device_id = ?");
+        let row = first(&*self.sql().0, &select, &binds![device_id], &STATE_KINDS).await?;
+        row.map(|r| {
+            Ok(VehicleState {
+                device_id: r.text(0)?,
+                last_seq: r.int(1)?,
+                last_event_type: r.text(2)?,
+                ignition: r.opt_text(3),
+                zone: r.opt_text(4),
+                lat: r.opt_float(5),
+                lon: r.opt_float(6),
+                occurred_at: r.at(7),
+                updated_at: r.at(8),
             })
         })
-        .collect()
-}
+        .transpose()
+    }
 
-/// See [`AdminStore::drill_runs`].
-async fn drill_runs(sql: &dyn Sql, limit: i64) -> StoreResult<Vec<DrillRun>> {
-    let select = "SELECT id, scenario, mode, started_at, finished_at, verdict, report
-                  FROM drill_runs ORDER BY id DESC LIMIT ?";
-    let kinds = [Int, Text, Text, Time, Time, Text, Json];
-    let rows = sql.rows(select, &binds![limit], &kinds).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(DrillRun {
-                id: r.int(0)?,
-                scenario: r.text(1)?,
-                mode: r.text(2)?,
-                started_at: r.at(3),
-                finished_at: r.time(4),
-                verdict: r.opt_text(5),
-                report: r.json(6),
+    async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
+        let sql = self.sql();
+        let select = format!(
+            "{} WHERE device_id = ? ORDER BY received_at, seq",
+            history_select(&*sql.0)
+        );
+        let rows = sql
+            .0
+            .rows(&select, &binds![device_id], &HISTORY_KINDS)
+            .await?;
+        rows.iter().map(history_row).collect()
+    }
+
+    async fn recent_history(
+        &self,
+        event_type: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<HistoryRow>> {
+        let sql = self.sql();
+        let select = format!(
+            "{} WHERE device_id NOT LIKE 'DRILL-%' AND (? IS NULL OR event_type = ?)
+             ORDER BY received_at DESC, seq DESC LIMIT ?",
+            history_select(&*sql.0)
+        );
+        let values = binds![event_type, event_type, limit];
+        let rows = sql.0.rows(&select, &values, &HISTORY_KINDS).await?;
+        rows.iter().map(history_row).collect()
+    }
+
+    /// A prefix compared by characters on every backend (PostgreSQL's `substr` takes
+    /// an `integer` length).
+    async fn processed_keys(&self, consumer: &str, prefix: &str) -> StoreResult<Vec<String>> {
+        let length = match self.backend() {
+            Backend::Postgres => "CAST(? AS integer)",
+            Backend::Sqlite | Backend::Mysql => "?",
+        };
+        let select = format!(
+            "SELECT message_key FROM processed_messages
+             WHERE consumer = ? AND substr(message_key, 1, {length}) = ? ORDER BY message_key"
+        );
+        let chars = i64::try_from(prefix.chars().count()).unwrap_or(i64::MAX);
+        let values = binds![consumer, chars, prefix];
+        let rows = self.sql().0.rows(&select, &values, &[Text]).await?;
+        rows.iter().map(|r| Ok(r.text(0)?)).collect()
+    }
+
+    async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
+        let select = "SELECT zone_exits FROM trip_counters WHERE device_id = ?";
+        let row = first(&*self.sql().0, select, &binds![device_id], &[Int]).await?;
+        Ok(row.and_then(|r| r.opt_int(0)).unwrap_or(0))
+    }
+
+    async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
+        let select = format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims WHERE consumer = ? AND message_key = ?"
+        );
+        let values = binds![consumer, key.as_str()];
+        let row = first(&*self.sql().0, &select, &values, &CLAIM_KINDS).await?;
+        row.as_ref().map(claim).transpose()
+    }
+
+    async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>> {
+        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::zero());
+        let select = format!(
+            "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
+             WHERE state = 'claimed' AND claimed_at <= ? ORDER BY claimed_at LIMIT 1000"
+        );
+        let values = binds![Utc::now() - lease];
+        let rows = self.sql().0.rows(&select, &values, &CLAIM_KINDS).await?;
+        rows.iter().map(claim).collect()
+    }
+
+    async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
+        let select = "SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT ?";
+        let kinds = [Int, Text, Time, Text, Text];
+        let rows = self.sql().0.rows(select, &binds![limit], &kinds).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Marker {
+                    id: r.int(0)?,
+                    kind: MarkerKind::parse(&r.text(1)?).unwrap_or(MarkerKind::Manual),
+                    at: r.at(2),
+                    label: r.text(3)?,
+                    detail: r.opt_text(4),
+                })
             })
-        })
-        .collect()
+            .collect()
+    }
+
+    async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
+        let select = "SELECT id, scenario, mode, started_at, finished_at, verdict, report
+                      FROM drill_runs ORDER BY id DESC LIMIT ?";
+        let kinds = [Int, Text, Text, Time, Time, Text, Json];
+        let rows = self.sql().0.rows(select, &binds![limit], &kinds).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DrillRun {
+                    id: r.int(0)?,
+                    scenario: r.text(1)?,
+                    mode: r.text(2)?,
+                    started_at: r.at(3),
+                    finished_at: r.time(4),
+                    verdict: r.opt_text(5),
+                    report: r.json(6),
+                })
+            })
+            .collect()
+    }
+
+    /// Every column read as a value and formatted here, so two backends that saw the
+    /// same events give equal digests.
+    async fn digest(&self) -> StoreResult<StateDigest> {
+        digest(&*self.sql().0).await
+    }
 }
 
-/// See [`AdminStore::digest`]: every column read as a value and formatted here, so
-/// two backends that saw the same events give equal digests.
+/// See [`AdminStore::digest`].
 async fn digest(sql: &dyn Sql) -> StoreResult<StateDigest> {
     let texts = |r: &Row, n: usize| (0..n).map(|i| r.text(i)).collect::<Result<Vec<_>, _>>();
     let select = "SELECT consumer, message_key, payload_hash FROM processed_messages
@@ -280,74 +275,3 @@ async fn digest(sql: &dyn Sql) -> StoreResult<StateDigest> {
         trip_counters,
     })
 }
-
-/// [`AdminStore`] for a store with a `pool()`, every method one of the functions
-/// above on that pool (a handle: cloning it shares the pool).
-macro_rules! admin_over_sql {
-    ($store:ty) => {
-        #[async_trait]
-        impl AdminStore for $store {
-            async fn add_marker(
-                &self,
-                kind: MarkerKind,
-                label: &str,
-                detail: Option<&str>,
-            ) -> StoreResult<i64> {
-                add_marker(&Pooled(self.pool().clone()), kind, label, detail).await
-            }
-            async fn start_drill_run(&self, scenario: &str, mode: &str) -> StoreResult<i64> {
-                start_drill_run(&Pooled(self.pool().clone()), scenario, mode).await
-            }
-            async fn finish_drill_run(
-                &self,
-                id: i64,
-                verdict: &str,
-                report: &serde_json::Value,
-            ) -> StoreResult<()> {
-                finish_drill_run(&Pooled(self.pool().clone()), id, verdict, report).await
-            }
-            async fn vehicle_state(&self, device_id: &str) -> StoreResult<Option<VehicleState>> {
-                vehicle_state(&Pooled(self.pool().clone()), device_id).await
-            }
-            async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
-                vehicle_history(&Pooled(self.pool().clone()), device_id).await
-            }
-            async fn recent_history(
-                &self,
-                event_type: Option<&str>,
-                limit: i64,
-            ) -> StoreResult<Vec<HistoryRow>> {
-                recent_history(&Pooled(self.pool().clone()), event_type, limit).await
-            }
-            async fn processed_keys(
-                &self,
-                consumer: &str,
-                key_prefix: &str,
-            ) -> StoreResult<Vec<String>> {
-                processed_keys(&Pooled(self.pool().clone()), consumer, key_prefix).await
-            }
-            async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
-                zone_exits(&Pooled(self.pool().clone()), device_id).await
-            }
-            async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>> {
-                one_claim(&Pooled(self.pool().clone()), consumer, key).await
-            }
-            async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>> {
-                claims_in_doubt(&Pooled(self.pool().clone()), lease).await
-            }
-            async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
-                markers(&Pooled(self.pool().clone()), limit).await
-            }
-            async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
-                drill_runs(&Pooled(self.pool().clone()), limit).await
-            }
-            async fn digest(&self) -> StoreResult<StateDigest> {
-                digest(&Pooled(self.pool().clone())).await
-            }
-        }
-    };
-}
-
-admin_over_sql!(SqliteStore);
-admin_over_sql!(PostgresStore);
-admin_over_sql!(MysqlStore);
