@@ -78,70 +78,40 @@ pub enum BindValue {
     Null(Kind),
 }
 
-impl From<&str> for BindValue {
-    fn from(s: &str) -> Self {
-        BindValue::Text(s.to_string())
-    }
-}
-impl From<&String> for BindValue {
-    fn from(s: &String) -> Self {
-        BindValue::Text(s.clone())
-    }
-}
-impl From<i64> for BindValue {
-    fn from(i: i64) -> Self {
-        BindValue::Int(i)
-    }
-}
-impl From<DateTime<Utc>> for BindValue {
-    fn from(t: DateTime<Utc>) -> Self {
-        BindValue::Time(t)
-    }
-}
-impl From<&[u8]> for BindValue {
-    fn from(b: &[u8]) -> Self {
-        BindValue::Bytes(b.to_vec())
-    }
-}
-impl From<bool> for BindValue {
-    fn from(b: bool) -> Self {
-        BindValue::Bool(b)
-    }
-}
-impl From<&serde_json::Value> for BindValue {
-    fn from(j: &serde_json::Value) -> Self {
-        BindValue::Json(j.clone())
-    }
-}
-impl<T: Into<BindValue> + NullKind> From<Option<T>> for BindValue {
-    fn from(v: Option<T>) -> Self {
-        v.map_or(BindValue::Null(T::KIND), Into::into)
-    }
-}
-
 /// The kind a NULL of this Rust type is bound as (PostgreSQL types its NULLs).
 pub trait NullKind {
     const KIND: Kind;
 }
-impl NullKind for &str {
-    const KIND: Kind = Kind::Text;
+
+/// Each Rust type a statement binds: its [`BindValue`], and the [`Kind`] of its NULL.
+macro_rules! bind_from {
+    ($($t:ty => |$v:ident| $variant:ident($value:expr), $kind:ident;)*) => {$(
+        impl From<$t> for BindValue {
+            fn from($v: $t) -> Self {
+                BindValue::$variant($value)
+            }
+        }
+        impl NullKind for $t {
+            const KIND: Kind = Kind::$kind;
+        }
+    )*};
 }
-impl NullKind for &String {
-    const KIND: Kind = Kind::Text;
+
+bind_from! {
+    &str => |s| Text(s.to_string()), Text;
+    &String => |s| Text(s.clone()), Text;
+    i64 => |i| Int(i), Int;
+    f64 => |f| Float(f), Float;
+    DateTime<Utc> => |t| Time(t), Time;
+    &[u8] => |b| Bytes(b.to_vec()), Bytes;
+    bool => |b| Bool(b), Bool;
+    &serde_json::Value => |j| Json(j.clone()), Json;
 }
-impl NullKind for i64 {
-    const KIND: Kind = Kind::Int;
-}
-impl NullKind for DateTime<Utc> {
-    const KIND: Kind = Kind::Time;
-}
-impl From<f64> for BindValue {
-    fn from(f: f64) -> Self {
-        BindValue::Float(f)
+
+impl<T: Into<BindValue> + NullKind> From<Option<T>> for BindValue {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(BindValue::Null(T::KIND), Into::into)
     }
-}
-impl NullKind for f64 {
-    const KIND: Kind = Kind::Float;
 }
 
 /// The values of one statement, in placeholder order.
@@ -182,62 +152,46 @@ fn not_as(index: usize, what: &str) -> sqlx::Error {
     }
 }
 
+/// `name(i)`: column `i` if it decoded as `variant`, else None (NULL).
+macro_rules! readers {
+    ($($(#[$doc:meta])* $name:ident: $variant:ident -> $t:ty;)*) => {$(
+        $(#[$doc])*
+        pub(crate) fn $name(&self, i: usize) -> Option<$t> {
+            match self.cell(i) {
+                Cell::$variant(v) => Some(v),
+                _ => None,
+            }
+            .cloned()
+        }
+    )*};
+}
+
 impl Row {
     fn cell(&self, i: usize) -> &Cell {
         self.0.get(i).unwrap_or(&Cell::Null)
     }
-    pub(crate) fn opt_text(&self, i: usize) -> Option<String> {
-        match self.cell(i) {
-            Cell::Text(s) => Some(s.clone()),
-            _ => None,
-        }
+    readers! {
+        opt_text: Text -> String;
+        opt_int: Int -> i64;
+        opt_float: Float -> f64;
+        opt_bytes: Bytes -> Vec<u8>;
+        /// A time; NULL (or unreadable stored text) is None.
+        time: Time -> DateTime<Utc>;
+        opt_bool: Bool -> bool;
+        json: Json -> serde_json::Value;
     }
     pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
         self.opt_text(i).ok_or_else(|| not_as(i, "text"))
     }
-    pub(crate) fn opt_int(&self, i: usize) -> Option<i64> {
-        match self.cell(i) {
-            Cell::Int(n) => Some(*n),
-            _ => None,
-        }
-    }
     pub(crate) fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
         self.opt_int(i).ok_or_else(|| not_as(i, "an integer"))
     }
-    pub(crate) fn opt_float(&self, i: usize) -> Option<f64> {
-        match self.cell(i) {
-            Cell::Float(f) => Some(*f),
-            _ => None,
-        }
-    }
-    pub(crate) fn opt_bytes(&self, i: usize) -> Option<Vec<u8>> {
-        match self.cell(i) {
-            Cell::Bytes(b) => Some(b.clone()),
-            _ => None,
-        }
-    }
-    /// A time; NULL (or unreadable stored text) is None.
-    pub(crate) fn time(&self, i: usize) -> Option<DateTime<Utc>> {
-        match self.cell(i) {
-            Cell::Time(t) => Some(*t),
-            _ => None,
-        }
+    pub(crate) fn bool(&self, i: usize) -> Result<bool, sqlx::Error> {
+        self.opt_bool(i).ok_or_else(|| not_as(i, "a boolean"))
     }
     /// A NOT NULL time; unreadable stored text reads as the epoch.
     pub(crate) fn at(&self, i: usize) -> DateTime<Utc> {
         self.time(i).unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
-    }
-    pub(crate) fn bool(&self, i: usize) -> Result<bool, sqlx::Error> {
-        match self.cell(i) {
-            Cell::Bool(b) => Ok(*b),
-            _ => Err(not_as(i, "a boolean")),
-        }
-    }
-    pub(crate) fn json(&self, i: usize) -> Option<serde_json::Value> {
-        match self.cell(i) {
-            Cell::Json(j) => Some(j.clone()),
-            _ => None,
-        }
     }
 }
 
