@@ -330,7 +330,10 @@ pub(crate) async fn finish_claim<S: Store + ?Sized>(
 /// [`RepairStore`], written once for every backend.
 #[async_trait]
 pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
-    fn backend(&self) -> Backend;
+    /// The backend [`Store::sql`] runs on.
+    fn backend(&self) -> Backend {
+        self.sql().0.backend()
+    }
 
     /// The store's connections as the dialect layer sees them: the statements that
     /// are the same on every backend (this trait's provided methods, written once in

@@ -307,10 +307,6 @@ impl MysqlStore {
 
 #[async_trait]
 impl Store for MysqlStore {
-    fn backend(&self) -> Backend {
-        Backend::Mysql
-    }
-
     fn sql(&self) -> SqlHandle {
         SqlHandle::of(self.pool.clone())
     }

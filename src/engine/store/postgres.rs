@@ -63,10 +63,6 @@ impl PostgresStore {
 
 #[async_trait]
 impl Store for PostgresStore {
-    fn backend(&self) -> Backend {
-        Backend::Postgres
-    }
-
     fn sql(&self) -> SqlHandle {
         SqlHandle::of(self.pool.clone())
     }

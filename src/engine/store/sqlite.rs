@@ -64,10 +64,6 @@ impl SqliteStore {
 
 #[async_trait]
 impl Store for SqliteStore {
-    fn backend(&self) -> Backend {
-        Backend::Sqlite
-    }
-
     fn sql(&self) -> SqlHandle {
         SqlHandle::of(self.pool.clone())
     }
