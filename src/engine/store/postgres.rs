@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
 
-use super::vehicle_batch::VehicleBatch;
+use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
 use crate::engine::envelope::Message;
@@ -82,19 +82,15 @@ impl Store for PostgresStore {
     ) -> StoreResult<Vec<DedupOutcome>> {
         let batch = DedupBatch::new(items);
         let mut tx = self.pool.begin().await?;
-        let (keys, fingerprints): (Vec<&str>, Vec<&str>) = batch
-            .distinct()
-            .iter()
-            .map(|item| (item.key.as_str(), item.fingerprint.as_str()))
-            .unzip();
+        let distinct = batch.distinct();
         let inserted: HashSet<String> = sqlx::query_scalar(
             "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
              SELECT $1, k, f, now() FROM UNNEST($2::text[], $3::text[]) AS t (k, f)
              ON CONFLICT DO NOTHING RETURNING message_key",
         )
         .bind(consumer)
-        .bind(&keys)
-        .bind(&fingerprints)
+        .bind(column(distinct, |item| item.key.as_str()))
+        .bind(column(distinct, |item| item.fingerprint.as_str()))
         .fetch_all(&mut *tx)
         .await?
         .into_iter()
@@ -159,23 +155,15 @@ impl Store for PostgresStore {
         .bind(&devices)
         .execute(&mut *tx)
         .await?;
-        let (keys_device, keys_seq, keys_type): (Vec<&str>, Vec<i64>, Vec<&str>) = batch
-            .distinct()
-            .map(|item| item.key())
-            .fold((Vec::new(), Vec::new(), Vec::new()), |mut v, (d, s, t)| {
-                v.0.push(d);
-                v.1.push(s);
-                v.2.push(t);
-                v
-            });
+        let keys: Vec<_> = batch.distinct().map(|item| item.key()).collect();
         let stored: HashMap<(String, i64, String), String> = sqlx::query_as(
             "SELECT h.device_id, h.seq, h.event_type, h.payload_hash
              FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS v (d, s, t)
              JOIN vehicle_history h ON h.device_id = v.d AND h.seq = v.s AND h.event_type = v.t",
         )
-        .bind(&keys_device)
-        .bind(&keys_seq)
-        .bind(&keys_type)
+        .bind(column(&keys, |k| k.0))
+        .bind(column(&keys, |k| k.1))
+        .bind(column(&keys, |k| k.2))
         .fetch_all(&mut *tx)
         .await?
         .into_iter()
@@ -190,19 +178,11 @@ impl Store for PostgresStore {
         .into_iter()
         .collect();
         let (outcomes, writes) = batch.decide(&stored, &last_seq);
-        if !writes.history.is_empty() {
-            let mut rows = HistoryColumns::default();
-            for (item, applied) in &writes.history {
-                rows.device.push(item.env.device_id.as_str());
-                rows.seq.push(item.facts.seq);
-                rows.event_type.push(item.facts.event_type);
-                rows.occurred_at.push(item.env.occurred_at);
-                rows.applied.push(*applied);
-                rows.payload.push(
-                    serde_json::from_str(&item.facts.payload).unwrap_or(serde_json::Value::Null),
-                );
-                rows.hash.push(item.fingerprint.as_str());
-            }
+        let rows = &writes.history;
+        if !rows.is_empty() {
+            let payload = |(item, _): &(&VehicleItem, bool)| {
+                serde_json::from_str(&item.facts.payload).unwrap_or(serde_json::Value::Null)
+            };
             // A plain INSERT: a row stored after all fails the batch, never passes as new.
             sqlx::query(
                 "INSERT INTO vehicle_history
@@ -211,13 +191,13 @@ impl Store for PostgresStore {
                  FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::timestamptz[], $5::boolean[],
                              $6::jsonb[], $7::text[]) AS v (d, s, t, o, a, p, h)",
             )
-            .bind(&rows.device)
-            .bind(&rows.seq)
-            .bind(&rows.event_type)
-            .bind(&rows.occurred_at)
-            .bind(&rows.applied)
-            .bind(&rows.payload)
-            .bind(&rows.hash)
+            .bind(column(rows, |(item, _)| item.env.device_id.as_str()))
+            .bind(column(rows, |(item, _)| item.facts.seq))
+            .bind(column(rows, |(item, _)| item.facts.event_type))
+            .bind(column(rows, |(item, _)| item.env.occurred_at))
+            .bind(column(rows, |(_, applied)| *applied))
+            .bind(column(rows, payload))
+            .bind(column(rows, |(item, _)| item.fingerprint.as_str()))
             .execute(&mut *tx)
             .await?;
         }
@@ -231,26 +211,15 @@ impl Store for PostgresStore {
             vehicle_upsert_tail(true)
         );
         for round in writes.upsert_rounds() {
-            let mut r = StateColumns::default();
-            for item in &round {
-                r.device.push(item.env.device_id.as_str());
-                r.seq.push(item.facts.seq);
-                r.event_type.push(item.facts.event_type);
-                r.ignition.push(item.facts.ignition);
-                r.zone.push(item.facts.zone);
-                r.lat.push(item.facts.lat);
-                r.lon.push(item.facts.lon);
-                r.occurred_at.push(item.env.occurred_at);
-            }
             let changed = sqlx::query(&round_sql)
-                .bind(&r.device)
-                .bind(&r.seq)
-                .bind(&r.event_type)
-                .bind(&r.ignition)
-                .bind(&r.zone)
-                .bind(&r.lat)
-                .bind(&r.lon)
-                .bind(&r.occurred_at)
+                .bind(column(&round, |item| item.env.device_id.as_str()))
+                .bind(column(&round, |item| item.facts.seq))
+                .bind(column(&round, |item| item.facts.event_type))
+                .bind(column(&round, |item| item.facts.ignition))
+                .bind(column(&round, |item| item.facts.zone))
+                .bind(column(&round, |item| item.facts.lat))
+                .bind(column(&round, |item| item.facts.lon))
+                .bind(column(&round, |item| item.env.occurred_at))
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
@@ -305,19 +274,9 @@ impl Store for PostgresStore {
         let lost_race = || StoreError::LostRace {
             what: "a claim taken by another writer during the batch",
         };
-        if !writes.fresh.is_empty() {
-            let fresh_keys: Vec<&str> = writes.fresh.iter().map(|r| r.key.as_str()).collect();
-            let fingerprints: Vec<&str> = writes
-                .fresh
-                .iter()
-                .map(|r| r.fingerprint.as_str())
-                .collect();
-            let provider_keys: Vec<&str> = writes
-                .fresh
-                .iter()
-                .map(|r| r.provider_key.as_str())
-                .collect();
-            let messages: Vec<&[u8]> = writes.fresh.iter().map(|r| r.message.as_slice()).collect();
+        let fresh = &writes.fresh;
+        if !fresh.is_empty() {
+            let fresh_keys = column(fresh, |r| r.key.as_str());
             let inserted = sqlx::query(
                 "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
                  SELECT $1, k, f, $4 FROM UNNEST($2::text[], $3::text[]) AS v (k, f)
@@ -325,7 +284,7 @@ impl Store for PostgresStore {
             )
             .bind(consumer)
             .bind(&fresh_keys)
-            .bind(&fingerprints)
+            .bind(column(fresh, |r| r.fingerprint.as_str()))
             .bind(now)
             .execute(&mut *tx)
             .await?
@@ -342,8 +301,8 @@ impl Store for PostgresStore {
             )
             .bind(consumer)
             .bind(&fresh_keys)
-            .bind(&provider_keys)
-            .bind(&messages)
+            .bind(column(fresh, |r| r.provider_key.as_str()))
+            .bind(column(fresh, |r| r.message.as_slice()))
             .bind(now)
             .execute(&mut *tx)
             .await?;
@@ -465,27 +424,7 @@ impl Store for PostgresStore {
     }
 }
 
-/// The new history rows of a batch, column by column (what `UNNEST` takes).
-#[derive(Default)]
-struct HistoryColumns<'a> {
-    device: Vec<&'a str>,
-    seq: Vec<i64>,
-    event_type: Vec<&'static str>,
-    occurred_at: Vec<DateTime<Utc>>,
-    applied: Vec<bool>,
-    payload: Vec<serde_json::Value>,
-    hash: Vec<&'a str>,
-}
-
-/// One round of state upserts, column by column.
-#[derive(Default)]
-struct StateColumns<'a> {
-    device: Vec<&'a str>,
-    seq: Vec<i64>,
-    event_type: Vec<&'static str>,
-    ignition: Vec<Option<&'static str>>,
-    zone: Vec<Option<&'a str>>,
-    lat: Vec<Option<f64>>,
-    lon: Vec<Option<f64>>,
-    occurred_at: Vec<DateTime<Utc>>,
+/// One column of a batch's rows, as the array `UNNEST` takes.
+fn column<T, U>(rows: &[T], value: impl Fn(&T) -> U) -> Vec<U> {
+    rows.iter().map(value).collect()
 }
