@@ -49,6 +49,27 @@ fn insert_key(
     Ok(())
 }
 
+/// `select`'s first column for each key's parameters (a prepared statement from the
+/// connection's cache), by key where it found a row.
+fn read_each<K: Eq + std::hash::Hash, P: rusqlite::Params, V: rusqlite::types::FromSql>(
+    tx: &Transaction<'_>,
+    select: &str,
+    keys: impl Iterator<Item = (K, P)>,
+) -> StoreResult<HashMap<K, V>> {
+    let mut read = tx.prepare_cached(select).map_err(db)?;
+    let mut found = HashMap::new();
+    for (key, params) in keys {
+        if let Some(v) = read
+            .query_row(params, |r| r.get(0))
+            .optional()
+            .map_err(db)?
+        {
+            found.insert(key, v);
+        }
+    }
+    Ok(found)
+}
+
 /// `trip_counters.zone_exits + n`.
 const COUNT_EXITS: &str = "INSERT INTO trip_counters (device_id, zone_exits) VALUES (?1, ?2)
      ON CONFLICT (device_id) DO UPDATE SET zone_exits = trip_counters.zone_exits + excluded.zone_exits";
@@ -62,19 +83,8 @@ pub(super) fn record_batch(
 ) -> StoreResult<Vec<DedupOutcome>> {
     let batch = DedupBatch::new(items);
     let now = ts(Utc::now());
-    let mut stored = HashMap::new();
-    {
-        let mut read = tx.prepare_cached(STORED_KEY).map_err(db)?;
-        for item in batch.distinct() {
-            let hash: Option<String> = read
-                .query_row(params![consumer, item.key.as_str()], |r| r.get(0))
-                .optional()
-                .map_err(db)?;
-            if let Some(hash) = hash {
-                stored.insert(item.key.as_str().to_string(), hash);
-            }
-        }
-    }
+    let keys = batch.distinct().iter().map(|i| i.key.as_str());
+    let stored = read_each(tx, STORED_KEY, keys.map(|k| (k.to_string(), (consumer, k))))?;
     let (fresh, inserted) = batch.fresh(&stored);
     let outcomes = batch.outcomes(&inserted, &stored)?;
     for item in fresh {
@@ -95,40 +105,20 @@ pub(super) fn apply_vehicle_batch(
 ) -> StoreResult<Vec<VehicleOutcome>> {
     let batch = VehicleBatch::new(envs)?;
     let now = ts(Utc::now());
-    let mut stored = HashMap::new();
-    {
-        let mut read = tx
-            .prepare_cached(
-                "SELECT payload_hash FROM vehicle_history
-                 WHERE device_id = ?1 AND seq = ?2 AND event_type = ?3",
-            )
-            .map_err(db)?;
-        for item in batch.distinct() {
-            let (device, seq, event_type) = item.key();
-            let hash: Option<String> = read
-                .query_row(params![device, seq, event_type], |r| r.get(0))
-                .optional()
-                .map_err(db)?;
-            if let Some(hash) = hash {
-                stored.insert((device.to_string(), seq, event_type.to_string()), hash);
-            }
-        }
-    }
-    let mut last_seq = HashMap::new();
-    {
-        let mut read = tx
-            .prepare_cached("SELECT last_seq FROM vehicle_state WHERE device_id = ?1")
-            .map_err(db)?;
-        for device in batch.devices() {
-            let seq: Option<i64> = read
-                .query_row([device], |r| r.get(0))
-                .optional()
-                .map_err(db)?;
-            if let Some(seq) = seq {
-                last_seq.insert(device.to_string(), seq);
-            }
-        }
-    }
+    let stored = read_each(
+        tx,
+        "SELECT payload_hash FROM vehicle_history
+         WHERE device_id = ?1 AND seq = ?2 AND event_type = ?3",
+        batch
+            .distinct()
+            .map(|i| i.key())
+            .map(|(d, s, t)| ((d.into(), s, t.into()), (d, s, t))),
+    )?;
+    let last_seq = read_each(
+        tx,
+        "SELECT last_seq FROM vehicle_state WHERE device_id = ?1",
+        batch.devices().into_iter().map(|d| (d.to_string(), [d])),
+    )?;
     let (outcomes, writes) = batch.decide(&stored, &last_seq);
     let mut history = tx
         .prepare_cached(
