@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 
-use super::dialect::{binds, first, Kind, Row, Sql};
+use super::dialect::{binds, each, first, Kind, Row, Sql};
 use super::repair_sql::{claim, CLAIM_COLUMNS, CLAIM_KINDS};
 use super::*;
 
@@ -100,11 +100,8 @@ impl<S: Store> AdminStore for S {
             "{} WHERE device_id = ? ORDER BY received_at, seq",
             history_select(&*sql.0)
         );
-        let rows = sql
-            .0
-            .rows(&select, &binds![device_id], &HISTORY_KINDS)
-            .await?;
-        rows.iter().map(history_row).collect()
+        let values = binds![device_id];
+        each(&*sql.0, &select, &values, &HISTORY_KINDS, history_row).await
     }
 
     async fn recent_history(
@@ -119,8 +116,7 @@ impl<S: Store> AdminStore for S {
             history_select(&*sql.0)
         );
         let values = binds![event_type, event_type, limit];
-        let rows = sql.0.rows(&select, &values, &HISTORY_KINDS).await?;
-        rows.iter().map(history_row).collect()
+        each(&*sql.0, &select, &values, &HISTORY_KINDS, history_row).await
     }
 
     /// A prefix compared by characters on every backend (PostgreSQL's `substr` takes
@@ -136,8 +132,7 @@ impl<S: Store> AdminStore for S {
         );
         let chars = i64::try_from(prefix.chars().count()).unwrap_or(i64::MAX);
         let values = binds![consumer, chars, prefix];
-        let rows = self.sql().0.rows(&select, &values, &[Text]).await?;
-        rows.iter().map(|r| Ok(r.text(0)?)).collect()
+        Ok(each(&*self.sql().0, &select, &values, &[Text], |r| r.text(0)).await?)
     }
 
     async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
@@ -162,45 +157,40 @@ impl<S: Store> AdminStore for S {
              WHERE state = 'claimed' AND claimed_at <= ? ORDER BY claimed_at LIMIT 1000"
         );
         let values = binds![Utc::now() - lease];
-        let rows = self.sql().0.rows(&select, &values, &CLAIM_KINDS).await?;
-        rows.iter().map(claim).collect()
+        each(&*self.sql().0, &select, &values, &CLAIM_KINDS, claim).await
     }
 
     async fn markers(&self, limit: i64) -> StoreResult<Vec<Marker>> {
         let select = "SELECT id, kind, at, label, detail FROM markers ORDER BY id DESC LIMIT ?";
         let kinds = [Int, Text, Time, Text, Text];
-        let rows = self.sql().0.rows(select, &binds![limit], &kinds).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Marker {
-                    id: r.int(0)?,
-                    kind: MarkerKind::parse(&r.text(1)?).unwrap_or(MarkerKind::Manual),
-                    at: r.at(2),
-                    label: r.text(3)?,
-                    detail: r.opt_text(4),
-                })
+        each(&*self.sql().0, select, &binds![limit], &kinds, |r| {
+            Ok(Marker {
+                id: r.int(0)?,
+                kind: MarkerKind::parse(&r.text(1)?).unwrap_or(MarkerKind::Manual),
+                at: r.at(2),
+                label: r.text(3)?,
+                detail: r.opt_text(4),
             })
-            .collect()
+        })
+        .await
     }
 
     async fn drill_runs(&self, limit: i64) -> StoreResult<Vec<DrillRun>> {
         let select = "SELECT id, scenario, mode, started_at, finished_at, verdict, report
                       FROM drill_runs ORDER BY id DESC LIMIT ?";
         let kinds = [Int, Text, Text, Time, Time, Text, Json];
-        let rows = self.sql().0.rows(select, &binds![limit], &kinds).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DrillRun {
-                    id: r.int(0)?,
-                    scenario: r.text(1)?,
-                    mode: r.text(2)?,
-                    started_at: r.at(3),
-                    finished_at: r.time(4),
-                    verdict: r.opt_text(5),
-                    report: r.json(6),
-                })
+        each(&*self.sql().0, select, &binds![limit], &kinds, |r| {
+            Ok(DrillRun {
+                id: r.int(0)?,
+                scenario: r.text(1)?,
+                mode: r.text(2)?,
+                started_at: r.at(3),
+                finished_at: r.time(4),
+                verdict: r.opt_text(5),
+                report: r.json(6),
             })
-            .collect()
+        })
+        .await
     }
 
     /// Every column read as a value and formatted here, so two backends that saw the
@@ -212,66 +202,48 @@ impl<S: Store> AdminStore for S {
 
 /// See [`AdminStore::digest`].
 async fn digest(sql: &dyn Sql) -> StoreResult<StateDigest> {
-    let texts = |r: &Row, n: usize| (0..n).map(|i| r.text(i)).collect::<Result<Vec<_>, _>>();
     let select = "SELECT consumer, message_key, payload_hash FROM processed_messages
                   ORDER BY consumer, message_key";
-    let mut processed = Vec::new();
-    for r in sql.rows(select, &[], &[Text, Text, Text]).await? {
-        let [c, k, h]: [String; 3] = texts(&r, 3)?.try_into().expect("three columns");
-        processed.push((c, k, h));
-    }
+    let processed = each(sql, select, &[], &[Text, Text, Text], |r| {
+        Ok::<_, sqlx::Error>((r.text(0)?, r.text(1)?, r.text(2)?))
+    });
     let select = "SELECT consumer, message_key, provider_key, state FROM side_effect_claims
                   ORDER BY consumer, message_key";
-    let mut claims = Vec::new();
-    for r in sql.rows(select, &[], &[Text, Text, Text, Text]).await? {
-        let [c, k, p, s]: [String; 4] = texts(&r, 4)?.try_into().expect("four columns");
-        claims.push((c, k, p, s));
-    }
+    let claims = each(sql, select, &[], &[Text, Text, Text, Text], |r| {
+        Ok::<_, sqlx::Error>((r.text(0)?, r.text(1)?, r.text(2)?, r.text(3)?))
+    });
     let select =
         "SELECT device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at
                   FROM vehicle_state ORDER BY device_id";
     let kinds = [Text, Int, Text, Text, Text, Float, Float, Time];
-    let vehicle_state = sql
-        .rows(select, &[], &kinds)
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(vehicle_digest_line(
-                &r.text(0)?,
-                r.int(1)?,
-                &r.text(2)?,
-                r.opt_text(3),
-                r.opt_text(4),
-                r.opt_float(5),
-                r.opt_float(6),
-                r.at(7),
-            ))
-        })
-        .collect::<StoreResult<_>>()?;
+    let vehicle_state = each(sql, select, &[], &kinds, |r| {
+        Ok::<_, sqlx::Error>(vehicle_digest_line(
+            &r.text(0)?,
+            r.int(1)?,
+            &r.text(2)?,
+            r.opt_text(3),
+            r.opt_text(4),
+            r.opt_float(5),
+            r.opt_float(6),
+            r.at(7),
+        ))
+    });
     let select = "SELECT device_id, seq, event_type, applied, payload_hash FROM vehicle_history
                   ORDER BY device_id, seq, event_type";
-    let history = sql
-        .rows(select, &[], &[Text, Int, Text, Bool, Text])
-        .await?
-        .iter()
-        .map(|r| {
-            let applied = u8::from(r.bool(3)?);
-            let (d, s, t, h) = (r.text(0)?, r.int(1)?, r.text(2)?, r.text(4)?);
-            Ok(format!("{d}|{s}|{t}|{applied}|{h}"))
-        })
-        .collect::<StoreResult<_>>()?;
+    let history = each(sql, select, &[], &[Text, Int, Text, Bool, Text], |r| {
+        let applied = u8::from(r.bool(3)?);
+        let (d, s, t, h) = (r.text(0)?, r.int(1)?, r.text(2)?, r.text(4)?);
+        Ok::<_, sqlx::Error>(format!("{d}|{s}|{t}|{applied}|{h}"))
+    });
     let select = "SELECT device_id, zone_exits FROM trip_counters ORDER BY device_id";
-    let trip_counters = sql
-        .rows(select, &[], &[Text, Int])
-        .await?
-        .iter()
-        .map(|r| Ok((r.text(0)?, r.int(1)?)))
-        .collect::<StoreResult<_>>()?;
+    let trip_counters = each(sql, select, &[], &[Text, Int], |r| {
+        Ok::<_, sqlx::Error>((r.text(0)?, r.int(1)?))
+    });
     Ok(StateDigest {
-        processed,
-        claims,
-        vehicle_state,
-        history,
-        trip_counters,
+        processed: processed.await?,
+        claims: claims.await?,
+        vehicle_state: vehicle_state.await?,
+        history: history.await?,
+        trip_counters: trip_counters.await?,
     })
 }

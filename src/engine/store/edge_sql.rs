@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::dialect::{binds, retrying, Kind, Sql, SqlTx};
+use super::dialect::{binds, each, retrying, Kind, Row, Sql, SqlTx};
 use super::edge::*;
 use super::{Backend, StoreResult};
 
@@ -254,10 +254,7 @@ impl EdgeStore for SqlEdge {
 
 impl SqlEdge {
     async fn id_and_text(&self, sql: &str, device_id: &str) -> StoreResult<Vec<(i64, String)>> {
-        let rows = self.0.rows(sql, &binds![device_id], &[Int, Text]).await?;
-        Ok(rows
-            .iter()
-            .map(|r| Ok((r.int(0)?, r.text(1)?)))
-            .collect::<Result<_, sqlx::Error>>()?)
+        let row = |r: &Row| Ok::<_, sqlx::Error>((r.int(0)?, r.text(1)?));
+        Ok(each(&*self.0, sql, &binds![device_id], &[Int, Text], row).await?)
     }
 }

@@ -369,6 +369,21 @@ pub(crate) async fn first(
     Ok(sql.rows(query, binds, kinds).await?.into_iter().next())
 }
 
+/// Each row of `query`, read by `row`.
+pub(crate) async fn each<T, E: From<sqlx::Error>>(
+    sql: &(impl Sql + ?Sized),
+    query: &str,
+    binds: &[BindValue],
+    kinds: &[Kind],
+    row: impl Fn(&Row) -> Result<T, E>,
+) -> Result<Vec<T>, E> {
+    sql.rows(query, binds, kinds)
+        .await?
+        .iter()
+        .map(row)
+        .collect()
+}
+
 /// The insert that returns the new id as a row, where the backend says it that way
 /// (PostgreSQL); None where the statement's result carries it.
 fn returning_id(backend: Backend, insert: &str) -> Option<String> {
