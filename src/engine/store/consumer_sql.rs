@@ -1,8 +1,8 @@
 //! The consumers' statements that are the same on every backend, written once over
 //! the dialect layer; each backend's [`Store`](super::Store) calls them on its pool.
 //! What needs a backend's own atomic form (the batch writes — a single claim or
-//! vehicle event is a batch of one — and retention) stays in `sqlite.rs`,
-//! `postgres.rs` and `mysql.rs`. Times written here are the process clock's on every
+//! vehicle event is a batch of one — and PostgreSQL's one-statement purge) stays in
+//! `sqlite.rs`, `postgres.rs` and `mysql.rs`. Times written here are the process clock's on every
 //! backend.
 
 use std::collections::HashMap;
@@ -190,4 +190,57 @@ where
         }
     }
     Ok((stored, claims))
+}
+
+/// [`Store::purge_processed_batch`](super::Store::purge_processed_batch) where one
+/// statement cannot pick and delete the batch (MariaDB cannot `DELETE … LIMIT` from a
+/// subquery on the same table; SQLite, whose write lock is held from `BEGIN
+/// IMMEDIATE`, does it the same way): the batch picked by the processed_at index
+/// first (locked where the dialect locks a read that decides a write), then exactly
+/// those keys deleted, their finished claims with them. The open (in-doubt) claims are
+/// left out of the batch itself, not after it: a batch whose oldest rows were all held
+/// would delete nothing and end the purge with older rows still there.
+pub(super) async fn purge_picked_batch(
+    sql: &dyn Sql,
+    cutoff: DateTime<Utc>,
+    batch: i64,
+) -> StoreResult<u64> {
+    let select = format!(
+        "SELECT p.consumer, p.message_key FROM processed_messages p
+         WHERE p.processed_at < ? AND NOT EXISTS (
+            SELECT 1 FROM side_effect_claims c
+            WHERE c.consumer = p.consumer AND c.message_key = p.message_key
+              AND c.state = 'claimed')
+         ORDER BY p.processed_at LIMIT ?{}",
+        sql.lock_read()
+    );
+    retrying(|| async {
+        let mut tx = sql.begin().await?;
+        let picked = binds![cutoff, batch];
+        let doomed = tx.rows(&select, &picked, &[Kind::Text, Kind::Text]).await?;
+        let mut deleted = 0;
+        for chunk in doomed.chunks(500) {
+            let mut keys = Vec::with_capacity(2 * chunk.len());
+            for row in chunk {
+                keys.extend([BindValue::Text(row.text(0)?), BindValue::Text(row.text(1)?)]);
+            }
+            // A list of row values: SQLite takes it only as a VALUES subquery.
+            let tuples = vec!["(?, ?)"; chunk.len()].join(", ");
+            let list = match sql.backend() {
+                Backend::Sqlite => format!("VALUES {tuples}"),
+                Backend::Mysql | Backend::Postgres => tuples,
+            };
+            for table in ["side_effect_claims", "processed_messages"] {
+                let delete =
+                    format!("DELETE FROM {table} WHERE (consumer, message_key) IN ({list})");
+                let n = tx.execute(&delete, &keys).await?.rows_affected;
+                if table == "processed_messages" {
+                    deleted += n;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(deleted)
+    })
+    .await
 }

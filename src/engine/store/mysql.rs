@@ -340,41 +340,6 @@ impl Store for MysqlStore {
     }
 
     async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
-        retrying(|| async {
-            let mut tx = self.pool.begin().await?;
-            // MySQL cannot DELETE … LIMIT from a subquery on the same table: pick the
-            // batch by the processed_at index first, then delete exactly those keys.
-            let doomed: Vec<(String, String)> = sqlx::query_as(
-                "SELECT CAST(p.consumer AS CHAR), CAST(p.message_key AS CHAR) FROM processed_messages p
-                 WHERE p.processed_at < ? AND NOT EXISTS (
-                    SELECT 1 FROM side_effect_claims c
-                    WHERE c.consumer = p.consumer AND c.message_key = p.message_key
-                      AND c.state = 'claimed')
-                 ORDER BY p.processed_at LIMIT ? FOR UPDATE",
-            )
-            .bind(naive(cutoff))
-            .bind(batch)
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut deleted = 0;
-            for chunk in doomed.chunks(500) {
-                let tuples = vec!["(?, ?)"; chunk.len()].join(", ");
-                for table in ["side_effect_claims", "processed_messages"] {
-                    let sql =
-                        format!("DELETE FROM {table} WHERE (consumer, message_key) IN ({tuples})");
-                    let mut q = sqlx::query(&sql);
-                    for (c, k) in chunk {
-                        q = q.bind(c).bind(k);
-                    }
-                    let n = q.execute(&mut *tx).await?.rows_affected();
-                    if table == "processed_messages" {
-                        deleted += n;
-                    }
-                }
-            }
-            tx.commit().await?;
-            Ok(deleted)
-        })
-        .await
+        consumer_sql::purge_picked_batch(&*self.sql().0, cutoff, batch).await
     }
 }

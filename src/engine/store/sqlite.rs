@@ -56,10 +56,6 @@ impl SqliteStore {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
-
-    async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
-    }
 }
 
 #[async_trait]
@@ -117,37 +113,7 @@ impl Store for SqliteStore {
     }
 
     async fn purge_processed_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> StoreResult<u64> {
-        let cutoff = ts(cutoff);
-        let mut tx = self.begin().await?;
-        // One batch: the oldest rows not held by an open (in-doubt) claim, with their
-        // finished claims. The open claims are left out of the batch itself, not
-        // after it: a batch whose oldest rows were all held would delete nothing and
-        // end the purge with older rows still there. The same rows are picked twice
-        // in one write transaction, and deleting finished claims does not change
-        // which rows are held, so both statements take exactly the same rows.
-        const DOOMED: &str = "SELECT p.consumer, p.message_key FROM processed_messages p
-            WHERE p.processed_at < ?1 AND NOT EXISTS (
-                SELECT 1 FROM side_effect_claims c
-                WHERE c.consumer = p.consumer AND c.message_key = p.message_key
-                  AND c.state = 'claimed')
-            ORDER BY p.processed_at LIMIT ?2";
-        sqlx::query(&format!(
-            "DELETE FROM side_effect_claims WHERE (consumer, message_key) IN ({DOOMED})"
-        ))
-        .bind(&cutoff)
-        .bind(batch)
-        .execute(&mut *tx)
-        .await?;
-        let deleted = sqlx::query(&format!(
-            "DELETE FROM processed_messages WHERE (consumer, message_key) IN ({DOOMED})"
-        ))
-        .bind(&cutoff)
-        .bind(batch)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(deleted)
+        consumer_sql::purge_picked_batch(&*self.sql().0, cutoff, batch).await
     }
 }
 
