@@ -699,3 +699,63 @@ async fn a_drained_queue_is_left_without_sitting_out_a_long_poll() {
     engine.queue.remove_queue(&name).await.unwrap();
     engine.queue.close().await;
 }
+
+/// A lease run beside a batch keeps taking what the broker pushes until it has its
+/// `max` or the batch is done: before, it returned with what had arrived with the
+/// first delivery, so the next batch was gathered by serial leases the database sat
+/// idle for. Here the first message is there at once and the rest arrive while the
+/// batch is still being handled: the lease returns all of them, before the batch is
+/// done; and once the batch is done it takes only what is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_beside_a_batch_fills_up_until_the_batch_is_done() {
+    let _broker = exclusive().await;
+    let Some(url) = amqp_url().await else { return };
+    let q = AmqpQueue::open(&url).await.unwrap();
+    let name = format!("{}/a", namespace("beside-fill"));
+    let vis = Duration::from_secs(30);
+    let body = |i: usize| format!("m{i}").into_bytes();
+    q.publish(std::slice::from_ref(&name), &[body(0)])
+        .await
+        .unwrap();
+    // `handled` is never notified here: returning at all, the lease returned full.
+    let handled = tokio::sync::Notify::new();
+    let rest: Vec<Vec<u8>> = (1..10).map(body).collect();
+    let publish_rest = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        q.publish(std::slice::from_ref(&name), &rest).await.unwrap();
+    };
+    let lease = q.ack_then_lease_beside(&[], &name, 10, vis, &handled);
+    let ((acked, leased), ()) = tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::join!(lease, publish_rest)
+    })
+    .await
+    .expect("the lease returns once it has its 10");
+    acked.unwrap();
+    let got = leased.unwrap();
+    assert_eq!(
+        got.iter().map(|d| d.body.clone()).collect::<Vec<_>>(),
+        (0..10).map(body).collect::<Vec<_>>(),
+        "all ten, in order, in one lease beside the batch"
+    );
+    assert_eq!(q.ack_batch(&got).await.unwrap(), 10);
+
+    // The batch done: the lease takes what is there and does not wait for more.
+    q.publish(std::slice::from_ref(&name), &[body(10)])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let handled = tokio::sync::Notify::new();
+    handled.notify_one();
+    let started = Instant::now();
+    let (acked, leased) = q.ack_then_lease_beside(&[], &name, 10, vis, &handled).await;
+    acked.unwrap();
+    let leased = leased.unwrap();
+    assert_eq!(leased.len(), 1);
+    assert!(
+        started.elapsed() < Duration::from_millis(90),
+        "{:?}: a lease after its batch is done does not sit out the long poll",
+        started.elapsed()
+    );
+    assert_eq!(q.ack_batch(&leased).await.unwrap(), 1);
+    drain_and_remove(q, &name).await;
+}

@@ -694,6 +694,12 @@ impl Worker {
         }
         let elapsed = started.elapsed();
         let latency = batch.at.elapsed();
+        tracing::trace!(
+            consumer,
+            size = settled.len(),
+            handled_us = elapsed.as_micros() as u64,
+            "batch handled"
+        );
         let mut to_ack = Vec::with_capacity(settled.len());
         for (delivery, mut event, ack) in settled {
             self.metrics

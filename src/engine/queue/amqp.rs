@@ -747,40 +747,61 @@ impl AmqpQueue {
                 // more until one is acked, so waiting would only stall the caller.
                 return Ok(Vec::new());
             }
+            // The batch this lease runs beside is done (never, for a plain lease).
+            let handled = async {
+                match beside {
+                    Some(handled) => handled.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(handled);
+            let mut done = false;
             if buf.is_empty() {
                 drop(buf);
-                let next = tokio::time::timeout(LEASE_WAIT, stream.next());
-                let batch_done = async {
-                    match beside {
-                        Some(handled) => {
-                            handled.notified().await;
-                            tokio::time::sleep(BESIDE_GRACE).await;
+                // The first delivery: up to LEASE_WAIT, cut to BESIDE_GRACE once the
+                // batch beside is done. `stream.next()` is cancel-safe: a delivery not
+                // yet yielded stays in the consumer's stream for the next lease.
+                let wait = tokio::time::sleep(LEASE_WAIT);
+                tokio::pin!(wait);
+                let arrived = loop {
+                    tokio::select! {
+                        biased;
+                        arrived = stream.next() => break arrived,
+                        () = &mut handled, if !done => {
+                            done = true;
+                            let grace = tokio::time::Instant::now() + BESIDE_GRACE;
+                            let end = wait.deadline().min(grace);
+                            wait.as_mut().reset(end);
                         }
-                        None => std::future::pending().await,
+                        () = &mut wait => return Ok(Vec::new()),
                     }
-                };
-                // `stream.next()` is cancel-safe: a delivery not yet yielded stays in
-                // the consumer's stream for the next lease.
-                let arrived = tokio::select! {
-                    biased;
-                    arrived = next => arrived,
-                    () = batch_done => return Ok(Vec::new()),
                 };
                 match arrived {
-                    Ok(Some(Ok(d))) => c.buffered.lock().await.push_back(d),
-                    Ok(Some(Err(e))) => return Err(amqp_err(e)),
-                    Ok(None) => {
+                    Some(Ok(d)) => c.buffered.lock().await.push_back(d),
+                    Some(Err(e)) => return Err(amqp_err(e)),
+                    None => {
                         return Err(QueueError::Amqp("consumer cancelled by the broker".into()))
                     }
-                    Err(_) => return Ok(Vec::new()),
                 }
                 buf = c.buffered.lock().await;
             }
             while buf.len() < max {
-                match stream.next().now_or_never() {
-                    Some(Some(Ok(d))) => buf.push_back(d),
-                    Some(Some(Err(e))) => return Err(amqp_err(e)),
-                    Some(None) => break,
+                let next = match stream.next().now_or_never() {
+                    Some(next) => next,
+                    // Beside a batch, the lease has until that batch is done: the
+                    // broker pushes what the last ack freed a few at a time, and a
+                    // lease that returned with the first few would leave the rest of
+                    // the next batch to leases the database waits for.
+                    None if beside.is_some() && !done => tokio::select! {
+                        biased;
+                        next = stream.next() => next,
+                        () = &mut handled => break,
+                    },
+                    None => break,
+                };
+                match next {
+                    Some(Ok(d)) => buf.push_back(d),
+                    Some(Err(e)) => return Err(amqp_err(e)),
                     None => break,
                 }
             }
@@ -791,6 +812,13 @@ impl AmqpQueue {
                 }
             }
         }
+        tracing::trace!(
+            queue,
+            taken = taken.len(),
+            max,
+            beside = beside.is_some(),
+            "leased"
+        );
         let deadline = Instant::now() + visibility;
         let channel_id = c.channel.id();
         let mut out = Vec::with_capacity(taken.len());

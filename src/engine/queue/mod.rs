@@ -150,7 +150,10 @@ pub trait Queue: Send + Sync + 'static {
     /// deliveries to arrive (a broker's push, [`amqp`]) stops waiting a moment after
     /// it: the runner's next step is to ack that batch, or to find the queue drained,
     /// and a long poll would hold both back (the last batch before a lull waited a whole
-    /// poll for its ack). A queue whose lease never waits (the embedded one, NATS's
+    /// poll for its ack). Until then it keeps taking what arrives, up to `max`: the
+    /// time beside the batch is free, and a lease that returned with the first few
+    /// deliveries would leave the next batch to be gathered by leases the database
+    /// waits for. A queue whose lease never waits (the embedded one, NATS's
     /// no-wait fetch) needs nothing more than the plain call, the default.
     async fn ack_then_lease_beside(
         &self,
