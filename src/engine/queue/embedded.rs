@@ -26,13 +26,18 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/q
 /// number of rows, and the publishers and the lease/ack writer of this process queue
 /// for that one connection instead of meeting in SQLite's busy handler.
 ///
+/// Each is a write job of that thread, so the jobs of the four consumers and the
+/// publisher waiting together commit together (its group commit), each still whole
+/// or not at all under its own savepoint.
+///
 /// Two fsync policies on that one connection. Publishes commit with `synchronous =
 /// FULL`: losing one to a power cut would lose a message. Leases, acks and nacks
 /// commit with `NORMAL` (still crash-safe under WAL; only an OS crash or power cut
 /// can undo the last few): an ack undone that way is a redelivery, which the
 /// consumers' dedup absorbs — that is what the pattern is for — and a lease undone
 /// is a delivery that comes back early. Paying an fsync for each would put the
-/// queue, not the business database, on the critical path.
+/// queue, not the business database, on the critical path. (A lease that shares a
+/// group with a publish is fsynced with it: the group pays one fsync, not one each.)
 #[derive(Debug, Clone)]
 pub struct EmbeddedQueue {
     pool: SqlitePool,
@@ -122,22 +127,29 @@ fn body(value: ValueRef<'_>) -> rusqlite::Result<Vec<u8>> {
     }
 }
 
-/// Delete the rows of `done` still held under their lease, in one transaction: the
-/// number deleted (a stale lease's rows are not).
-fn ack_all(conn: &mut Connection, done: &[(i64, String)]) -> rusqlite::Result<usize> {
-    if done.is_empty() {
-        return Ok(0);
-    }
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+/// Delete the rows of `done` still held under their lease (inside the job's
+/// transaction): the number deleted (a stale lease's rows are not).
+fn ack_all(conn: &Connection, done: &[(i64, String)]) -> rusqlite::Result<usize> {
     let mut acked = 0;
-    {
-        let mut ack = tx.prepare_cached(ACK)?;
+    if !done.is_empty() {
+        let mut ack = conn.prepare_cached(ACK)?;
         for (id, token) in done {
             acked += ack.execute(rusqlite::params![id, token])?;
         }
     }
-    tx.commit()?;
     Ok(acked)
+}
+
+/// `part` under a savepoint of its own inside the job's transaction: kept when it
+/// succeeds, undone when it fails, whatever the job's other parts do.
+fn apart<T>(conn: &Connection, part: impl FnOnce() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    conn.execute_batch("SAVEPOINT part")?;
+    let done = part();
+    match done {
+        Ok(_) => conn.execute_batch("RELEASE part")?,
+        Err(_) => conn.execute_batch("ROLLBACK TO part; RELEASE part")?,
+    }
+    done
 }
 
 /// What an ack needs of a delivery, owned (it travels to the queue's thread).
@@ -179,8 +191,8 @@ impl EmbeddedQueue {
         let (id, token) = (delivery.id, delivery.lease_token.clone());
         let uncounted = i64::from(!counted);
         self.thread
-            .run(move |conn| {
-                conn.prepare_cached(NACK)?
+            .write(move |tx| {
+                tx.prepare_cached(NACK)?
                     .execute(rusqlite::params![visible_at, id, token, uncounted])?;
                 Ok::<_, QueueError>(())
             })
@@ -205,15 +217,10 @@ impl Queue for EmbeddedQueue {
         }
         let now = now_ms();
         let (queues, bodies) = (queues.to_vec(), bodies.to_vec());
+        // Fsynced: a message published is kept.
         self.thread
-            .run(move |conn| {
-                // This transaction alone is fsynced: a message published is kept.
-                conn.execute_batch("PRAGMA synchronous = FULL")?;
-                let published = publish_all(conn, &queues, &bodies, now);
-                let back = conn.execute_batch("PRAGMA synchronous = NORMAL");
-                published?;
-                back?;
-                Ok::<_, QueueError>(())
+            .write_with(true, move |tx| {
+                Ok::<_, QueueError>(publish_all(tx, &queues, &bodies, now)?)
             })
             .await
     }
@@ -226,7 +233,7 @@ impl Queue for EmbeddedQueue {
     ) -> QueueResult<Vec<Delivery>> {
         let lease = Lease::new(queue, max, visibility);
         self.thread
-            .run(move |conn| Ok::<_, QueueError>(lease.take(conn)?))
+            .write(move |tx| Ok::<_, QueueError>(lease.take(tx)?))
             .await
     }
 
@@ -237,15 +244,17 @@ impl Queue for EmbeddedQueue {
         max: usize,
         visibility: Duration,
     ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
-        // Both in one hand-off to the queue's thread, each its own transaction: the
-        // ack commits whatever the lease does.
+        // Both in one hand-off to the queue's thread, each under its own savepoint:
+        // the ack is kept whatever the lease does.
         let done = acks(done);
         let lease = Lease::new(queue, max, visibility);
         let both = self
             .thread
-            .run(move |conn| {
-                let acked = ack_all(conn, &done).map(|_| ()).map_err(QueueError::from);
-                let leased = lease.take(conn).map_err(QueueError::from);
+            .write(move |tx| {
+                let acked = apart(tx, || ack_all(tx, &done))
+                    .map(|_| ())
+                    .map_err(QueueError::from);
+                let leased = apart(tx, || lease.take(tx)).map_err(QueueError::from);
                 Ok::<_, QueueError>((acked, leased))
             })
             .await;
@@ -267,7 +276,7 @@ impl Queue for EmbeddedQueue {
         }
         let done = acks(deliveries);
         self.thread
-            .run(move |conn| Ok::<_, QueueError>(ack_all(conn, &done)?))
+            .write(move |tx| Ok::<_, QueueError>(ack_all(tx, &done)?))
             .await
     }
 
@@ -307,24 +316,25 @@ impl Queue for EmbeddedQueue {
     }
 }
 
-/// One row per (message, queue), in publish order (ids follow it), in one
-/// transaction.
+/// One row per (message, queue), inside the job's transaction: a queue's rows
+/// together, in publish order (ids follow it within a queue). Queue by queue, not
+/// message by message: a lease or an ack then touches the pages of its own queue's
+/// rows only — message by message, the four queues' rows alternate and a lease of
+/// 100 rows dirtied the pages of 400 (BENCHMARKS.md, "Group commit on the SQLite
+/// threads").
 fn publish_all(
-    conn: &mut Connection,
+    conn: &Connection,
     queues: &[String],
     bodies: &[Vec<u8>],
     now: i64,
 ) -> rusqlite::Result<()> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    {
-        let mut insert = tx.prepare_cached(PUBLISH)?;
+    let mut insert = conn.prepare_cached(PUBLISH)?;
+    for queue in queues {
         for body in bodies {
-            for queue in queues {
-                insert.execute(rusqlite::params![queue, body, now])?;
-            }
+            insert.execute(rusqlite::params![queue, body, now])?;
         }
     }
-    tx.commit()
+    Ok(())
 }
 
 #[cfg(test)]
