@@ -2,19 +2,13 @@
 //! limit, so SELECT grants are enough; `time_zone = '+00:00'` as the engine's, so
 //! DATETIME columns read as UTC.
 
-use std::time::Duration;
-
-use sqlx::mysql::MySqlPoolOptions;
-
 use super::DbError;
 use crate::config::DatabaseConfig;
-use crate::engine::store::dialect::{mysql, Pooled, Sql};
+use crate::engine::store::dialect::{dashboard_pool, mysql, Pooled, Sql};
 
 pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError> {
     let options = mysql::options(&settings.url)?;
-    let pool = MySqlPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(3))
+    let pool = dashboard_pool::<sqlx::MySql>()
         .after_connect(|conn, _| {
             Box::pin(async move {
                 mysql::utc_session(conn).await?;

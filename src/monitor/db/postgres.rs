@@ -2,14 +2,12 @@
 //! statement timeout, so a role with SELECT grants is enough and a poll can never
 //! hold the database.
 
-use std::time::Duration;
-
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::ConnectOptions;
 
 use super::DbError;
 use crate::config::DatabaseConfig;
-use crate::engine::store::dialect::{Pooled, Sql};
+use crate::engine::store::dialect::{dashboard_pool, Pooled, Sql};
 
 /// A poll query that runs longer than this is cancelled by the server.
 const STATEMENT_TIMEOUT_MS: u64 = 5_000;
@@ -23,9 +21,6 @@ pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError
         ])
         .application_name("idemwatch-dashboard")
         .log_statements(tracing::log::LevelFilter::Trace);
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(options);
+    let pool = dashboard_pool::<sqlx::Postgres>().connect_lazy_with(options);
     Ok(Box::new(Pooled(pool)))
 }

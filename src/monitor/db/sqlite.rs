@@ -4,20 +4,17 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use sqlx::sqlite::SqliteConnectOptions;
 
 use super::DbError;
 use crate::config::DatabaseConfig;
-use crate::engine::store::dialect::{Pooled, Sql};
+use crate::engine::store::dialect::{dashboard_pool, Pooled, Sql};
 
 pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError> {
     let options = SqliteConnectOptions::from_str(&settings.url)?
         .create_if_missing(false)
         .pragma("query_only", "ON")
         .busy_timeout(Duration::from_secs(2));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(options);
+    let pool = dashboard_pool::<sqlx::Sqlite>().connect_lazy_with(options);
     Ok(Box::new(Pooled(pool)))
 }

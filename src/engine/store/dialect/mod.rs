@@ -242,6 +242,14 @@ pub(crate) fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
         .test_before_acquire(false)
 }
 
+/// The dashboard's pool (its read-only sessions are set per backend in `monitor/db`):
+/// two connections, and a poll that waits 3 s for one fails rather than queue.
+pub(crate) fn dashboard_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(std::time::Duration::from_secs(3))
+}
+
 /// A deadlock victim or a lost race: see [`retrying`].
 fn retried_whole(e: &super::StoreError) -> bool {
     match e {
