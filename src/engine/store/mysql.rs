@@ -17,7 +17,7 @@ use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 
 use super::claim_batch;
-use super::dialect::retrying;
+use super::dialect::{lost_race, retrying};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
@@ -129,10 +129,8 @@ impl Store for MysqlStore {
                     .await?
                     .rows_affected();
                 if written != chunk.len() as u64 {
-                    tx.rollback().await?;
-                    return Err(StoreError::LostRace {
-                        what: "a dedup row stored by another writer during the batch",
-                    });
+                    let raced = "a dedup row stored by another writer during the batch";
+                    return lost_race(tx, raced).await;
                 }
             }
             let outcomes = batch.outcomes(&inserted, &stored)?;
@@ -214,10 +212,8 @@ impl Store for MysqlStore {
                 });
                 let written = q.build().execute(&mut *tx).await?.rows_affected();
                 if written != chunk.len() as u64 {
-                    tx.rollback().await?;
-                    return Err(StoreError::LostRace {
-                        what: "a history row stored by another writer during the batch",
-                    });
+                    let raced = "a history row stored by another writer during the batch";
+                    return lost_race(tx, raced).await;
                 }
             }
             let update = vehicle_upsert_update("VALUES(last_seq) > last_seq");
@@ -278,17 +274,14 @@ impl Store for MysqlStore {
                 consumer_sql::stored_claims::<MySql>(&mut tx, consumer, &keys).await?;
             let (outcomes, writes) =
                 claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
-            let lost_race = || StoreError::LostRace {
-                what: "a claim taken by another writer during the batch",
-            };
+            let raced = "a claim taken by another writer during the batch";
             for chunk in writes.fresh.chunks(ROWS_PER_STATEMENT) {
                 let rows = chunk
                     .iter()
                     .map(|r| (r.key.as_str(), r.fingerprint.as_str()));
                 let mut q = insert_dedup_rows(consumer, rows, naive(now));
                 if q.build().execute(&mut *tx).await?.rows_affected() != chunk.len() as u64 {
-                    tx.rollback().await?;
-                    return Err(lost_race());
+                    return lost_race(tx, raced).await;
                 }
                 let mut q = QueryBuilder::<MySql>::new(
                     "INSERT INTO side_effect_claims
@@ -320,8 +313,7 @@ impl Store for MysqlStore {
                 .await?
                 .rows_affected();
                 if taken != 1 {
-                    tx.rollback().await?;
-                    return Err(lost_race());
+                    return lost_race(tx, raced).await;
                 }
             }
             tx.commit().await?;

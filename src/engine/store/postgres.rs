@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
 
+use super::dialect::lost_race;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
@@ -224,10 +225,8 @@ impl Store for PostgresStore {
                 .await?
                 .rows_affected();
             if changed != round.len() as u64 {
-                tx.rollback().await?;
-                return Err(StoreError::LostRace {
-                    what: "a vehicle state moved by another writer during the batch",
-                });
+                let raced = "a vehicle state moved by another writer during the batch";
+                return lost_race(tx, raced).await;
             }
         }
         tx.commit().await?;
@@ -271,9 +270,7 @@ impl Store for PostgresStore {
             consumer_sql::stored_claims::<sqlx::Postgres>(&mut tx, consumer, &keys).await?;
         let (outcomes, writes) =
             claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
-        let lost_race = || StoreError::LostRace {
-            what: "a claim taken by another writer during the batch",
-        };
+        let raced = "a claim taken by another writer during the batch";
         let fresh = &writes.fresh;
         if !fresh.is_empty() {
             let fresh_keys = column(fresh, |r| r.key.as_str());
@@ -290,8 +287,7 @@ impl Store for PostgresStore {
             .await?
             .rows_affected();
             if inserted != fresh_keys.len() as u64 {
-                tx.rollback().await?;
-                return Err(lost_race());
+                return lost_race(tx, raced).await;
             }
             sqlx::query(
                 "INSERT INTO side_effect_claims
@@ -321,8 +317,7 @@ impl Store for PostgresStore {
             .await?
             .rows_affected();
             if taken != 1 {
-                tx.rollback().await?;
-                return Err(lost_race());
+                return lost_race(tx, raced).await;
             }
         }
         tx.commit().await?;

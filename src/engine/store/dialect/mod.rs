@@ -231,6 +231,17 @@ where
     }
 }
 
+/// Roll a batch's transaction back as a lost race
+/// ([`StoreError::LostRace`](super::StoreError::LostRace)): one of its writes took fewer
+/// rows than it decided, another writer got in between; [`retrying`] runs it again.
+pub(crate) async fn lost_race<D: Database, T>(
+    tx: sqlx::Transaction<'_, D>,
+    what: &'static str,
+) -> super::StoreResult<T> {
+    tx.rollback().await?;
+    Err(super::StoreError::LostRace { what })
+}
+
 /// The engine's pool on a server (PostgreSQL, MariaDB).
 pub(crate) fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
     sqlx::pool::PoolOptions::new()
