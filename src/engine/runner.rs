@@ -1382,4 +1382,33 @@ mod tests {
         let last = (3, DeadLettered, Some(gave_up.to_string()));
         assert_eq!(run(10).await, [retry(1), retry(2), last]);
     }
+
+    /// A batch gathering across leases leases only what its limit leaves room for: a
+    /// lease beyond it would hold deliveries no batch takes yet, their visibility
+    /// timeout running, instead of leaving them on the queue for another worker.
+    #[tokio::test]
+    async fn a_gathering_batch_leases_no_more_than_its_limit_leaves() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = RunnerSettings {
+            lease_batch: 2,
+            prefetch: 1,
+            gather: 10,
+            ..RunnerSettings::default()
+        };
+        let (w, queue) = worker(&dir, settings).await;
+        let q = vec!["q".to_string()];
+        let others: Vec<Vec<u8>> = (1..=20).map(|seq| event(seq, "ignition_on")).collect();
+        queue.publish(&q, &others).await.unwrap();
+        let mut held = w.ack_then_lease(Vec::new()).await;
+        assert_eq!(held.deliveries.len(), 2);
+        let batch = w.gather(&mut held, &mut Vec::new(), 2, 10).await;
+        assert_eq!((batch.deliveries.len(), batch.own), (10, 0));
+        assert!(
+            held.is_empty(),
+            "{} leased beyond the limit",
+            held.deliveries.len()
+        );
+        let depth = queue.depth("q").await.unwrap();
+        assert_eq!((depth.ready, depth.in_flight), (10, 10));
+    }
 }
