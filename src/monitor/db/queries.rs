@@ -289,8 +289,16 @@ impl Dashboard {
         }
     }
 
-    async fn rows(&self, query: &str, binds: &[BindValue], kinds: &[Kind]) -> SqlResult<Vec<Row>> {
-        self.sql.rows(query, binds, kinds).await
+    /// Every row of a query, each read by `read`.
+    async fn all<T>(
+        &self,
+        query: &str,
+        binds: &[BindValue],
+        kinds: &[Kind],
+        read: impl Fn(&Row) -> SqlResult<T>,
+    ) -> SqlResult<Vec<T>> {
+        let rows = self.sql.rows(query, binds, kinds).await?;
+        rows.iter().map(read).collect()
     }
 
     async fn count(&self, query: &str, binds: &[BindValue]) -> SqlResult<i64> {
@@ -349,10 +357,8 @@ impl Dashboard {
     /// SQLite database never `ANALYZE`d has no `sqlite_stat1`: not a failure).
     async fn estimate(&self) -> SqlResult<Option<i64>> {
         let q = self.estimate_query();
-        let rows = self
-            .rows(&q.sql, &q.binds, self.catalog().estimate_kinds)
-            .await;
-        let rows = match rows {
+        let kinds = self.catalog().estimate_kinds;
+        let rows = match self.sql.rows(&q.sql, &q.binds, kinds).await {
             Err(_) if self.catalog().count_first => return Ok(None),
             rows => rows?,
         };
@@ -365,15 +371,13 @@ impl Dashboard {
         since: DateTime<Utc>,
     ) -> SqlResult<Vec<ConsumerInserts>> {
         let q = self.inserts_query(since);
-        let rows = self.rows(&q.sql, &q.binds, &[Text, Int]).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(ConsumerInserts {
-                    consumer: r.text(0)?,
-                    last_minute: r.int(1)?,
-                })
+        self.all(&q.sql, &q.binds, &[Text, Int], |r| {
+            Ok(ConsumerInserts {
+                consumer: r.text(0)?,
+                last_minute: r.int(1)?,
             })
-            .collect()
+        })
+        .await
     }
 
     /// The catalog's estimate when it is above [`COUNT_CAP`], else a capped count.
@@ -420,13 +424,9 @@ impl Dashboard {
     ) -> SqlResult<(i64, Vec<(String, String, Option<DateTime<Utc>>, i64)>)> {
         let [count, list] = self.in_doubt_queries(cutoff);
         let total = self.count(&count.sql, &count.binds).await?;
-        let rows = self.rows(&list.sql, &list.binds, &[Text, Text, Time, Int]);
-        let list = rows
-            .await?
-            .iter()
-            .map(|r| Ok((r.text(0)?, r.text(1)?, r.time(2), r.int(3)?)))
-            .collect::<SqlResult<_>>()?;
-        Ok((total, list))
+        let read = |r: &Row| Ok((r.text(0)?, r.text(1)?, r.time(2), r.int(3)?));
+        let kinds = [Text, Text, Time, Int];
+        Ok((total, self.all(&list.sql, &list.binds, &kinds, read).await?))
     }
 
     /// Dead letters by consumer and reason, with those received since `since`. A
@@ -435,46 +435,37 @@ impl Dashboard {
         &self,
         since: DateTime<Utc>,
     ) -> SqlResult<Vec<DeadLetterGroup>> {
-        let rows = self
-            .rows(
-                &self.queries.dead_letters,
-                &binds![since, LIST_LIMIT],
-                &[Text, Text, Int, Int, Time, Int],
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DeadLetterGroup {
-                    consumer: r.text(0)?,
-                    reason: r.text(1)?,
-                    total: r.int(2)?,
-                    last_hour: r.opt_int(3).unwrap_or(0),
-                    newest_at: r.time(4),
-                    newest_id: r.opt_int(5),
-                })
+        let (binds, kinds) = (binds![since, LIST_LIMIT], [Text, Text, Int, Int, Time, Int]);
+        self.all(&self.queries.dead_letters, &binds, &kinds, |r| {
+            Ok(DeadLetterGroup {
+                consumer: r.text(0)?,
+                reason: r.text(1)?,
+                total: r.int(2)?,
+                last_hour: r.opt_int(3).unwrap_or(0),
+                newest_at: r.time(4),
+                newest_id: r.opt_int(5),
             })
-            .collect()
+        })
+        .await
     }
 
     /// The newest [`LIST_LIMIT`] dead letters with the first [`DEAD_LETTER_PREFIX`]
     /// bytes of each.
     pub(super) async fn recent_dead_letters(&self) -> SqlResult<Vec<DeadLetterRow>> {
         let binds = binds![DEAD_LETTER_PREFIX, LIST_LIMIT];
-        let rows = self.rows(&self.queries.recent_dead_letters, &binds, &DEAD_LETTER);
-        rows.await?
-            .iter()
-            .map(|r| {
-                Ok(dead_letter_row((
-                    r.int(0)?,
-                    r.text(1)?,
-                    r.text(2)?,
-                    r.time(3),
-                    r.opt_text(4),
-                    r.opt_int(5).unwrap_or(0),
-                    r.opt_bytes(6).unwrap_or_default(),
-                )))
-            })
-            .collect()
+        let q = &self.queries.recent_dead_letters;
+        self.all(q, &binds, &DEAD_LETTER, |r| {
+            Ok(dead_letter_row((
+                r.int(0)?,
+                r.text(1)?,
+                r.text(2)?,
+                r.time(3),
+                r.opt_text(4),
+                r.opt_int(5).unwrap_or(0),
+                r.opt_bytes(6).unwrap_or_default(),
+            )))
+        })
+        .await
     }
 
     /// When each dead letter of `from..=to` arrived, by consumer and reason, oldest
@@ -486,11 +477,8 @@ impl Dashboard {
         limit: i64,
     ) -> SqlResult<Vec<DeadLetterArrival>> {
         let binds = binds![from, to, limit];
-        let rows = self.rows(
-            &self.queries.dead_letters_between,
-            &binds,
-            &[Text, Text, Time],
-        );
+        let q = &self.queries.dead_letters_between;
+        let rows = self.sql.rows(q, &binds, &[Text, Text, Time]);
         Ok(rows
             .await?
             .iter()
@@ -523,12 +511,10 @@ impl Dashboard {
     }
 
     pub(super) async fn markers(&self) -> SqlResult<Vec<TimelineMarker>> {
-        let kinds = [Text, Time, Text, Text];
+        let (binds, kinds) = (binds![LIST_LIMIT], [Text, Time, Text, Text]);
+        let rows = self.sql.rows(&self.queries.markers, &binds, &kinds);
         let mut out = Vec::new();
-        for r in self
-            .rows(&self.queries.markers, &binds![LIST_LIMIT], &kinds)
-            .await?
-        {
+        for r in rows.await? {
             // A marker whose time cannot be read cannot be placed on a chart.
             if let Some(at) = r.time(1) {
                 out.push(TimelineMarker {
@@ -545,20 +531,17 @@ impl Dashboard {
 
     pub(super) async fn drill_runs(&self) -> SqlResult<Vec<DrillRunSummary>> {
         let kinds = [Int, Text, Text, Time, Time, Text];
-        self.rows(&self.queries.drill_runs, &binds![LIST_LIMIT], &kinds)
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(DrillRunSummary {
-                    id: r.int(0)?,
-                    scenario: r.text(1)?,
-                    mode: r.text(2)?,
-                    started_at: r.time(3),
-                    finished_at: r.time(4),
-                    verdict: r.opt_text(5),
-                })
+        self.all(&self.queries.drill_runs, &binds![LIST_LIMIT], &kinds, |r| {
+            Ok(DrillRunSummary {
+                id: r.int(0)?,
+                scenario: r.text(1)?,
+                mode: r.text(2)?,
+                started_at: r.time(3),
+                finished_at: r.time(4),
+                verdict: r.opt_text(5),
             })
-            .collect()
+        })
+        .await
     }
 
     /// The newest history rows received since `since`, at most `limit`.
@@ -568,8 +551,8 @@ impl Dashboard {
         limit: i64,
     ) -> SqlResult<Vec<HistoryEvent>> {
         let binds = binds![since, limit];
-        let rows = self.rows(&self.queries.history_window, &binds, &HISTORY);
-        rows.await?.iter().map(history_event).collect()
+        let q = &self.queries.history_window;
+        self.all(q, &binds, &HISTORY, history_event).await
     }
 
     /// History rows received since `since` and not applied (late).
@@ -585,8 +568,8 @@ impl Dashboard {
         hi: i64,
     ) -> SqlResult<Vec<i64>> {
         let binds = binds![device_id, lo, hi];
-        let rows = self.rows(&self.queries.device_seqs, &binds, &[Int]);
-        rows.await?.iter().map(|r| r.int(0)).collect()
+        let q = &self.queries.device_seqs;
+        self.all(q, &binds, &[Int], |r| r.int(0)).await
     }
 
     /// State rows of these devices, in chunks that stay under SQLite's bind limit
@@ -599,12 +582,8 @@ impl Dashboard {
                 .sql
                 .native(&format!("{}{list}", self.queries.state_select));
             let devices = chunk.iter().map(|d| d.to_string()).collect();
-            for r in self
-                .rows(&sql, &[BindValue::TextList(devices)], &STATE)
-                .await?
-            {
-                out.push(state_row(&r)?);
-            }
+            let binds = [BindValue::TextList(devices)];
+            out.extend(self.all(&sql, &binds, &STATE, state_row).await?);
         }
         Ok(out)
     }
@@ -622,8 +601,8 @@ impl Dashboard {
         limit: i64,
     ) -> SqlResult<Vec<HistoryEvent>> {
         let binds = binds![device_id, limit];
-        let rows = self.rows(&self.queries.history_of_device, &binds, &HISTORY);
-        rows.await?.iter().map(history_event).collect()
+        let q = &self.queries.history_of_device;
+        self.all(q, &binds, &HISTORY, history_event).await
     }
 
     /// The dedup and claims queries a poll at `now` runs, with their bound values.
