@@ -96,16 +96,17 @@ impl Queries {
             ]),
             q(&s.table)
         );
+        // Each quoted identifier the statements below name more than once.
+        let (pt, pat) = (q(&pm.table), q(&pm.processed_at));
+        let (ct, cat) = (q(&c.table), q(&c.claimed_at));
+        let (dlt, dli, raw) = (q(&dl.table), q(&dl.id), q(&dl.raw));
+        let (ht, hd, hs, hat) = (q(&h.table), q(&h.device_id), q(&h.seq), q(&h.received_at));
         let backend = sql.backend();
         let oldest = if backend == Backend::Postgres {
-            format!(
-                "SELECT {} FROM {t} WHERE {at} IS NOT NULL ORDER BY {at} LIMIT 1",
-                cast(&pm.processed_at, Time),
-                t = q(&pm.table),
-                at = q(&pm.processed_at)
-            )
+            let at = cast(&pm.processed_at, Time);
+            format!("SELECT {at} FROM {pt} WHERE {pat} IS NOT NULL ORDER BY {pat} LIMIT 1")
         } else {
-            format!("SELECT MIN({}) FROM {}", q(&pm.processed_at), q(&pm.table))
+            format!("SELECT MIN({pat}) FROM {pt}")
         };
         // A dead letter as the lists and the detail read it (its raw bytes apart).
         let dead_letter_columns = columns(&[
@@ -115,7 +116,7 @@ impl Queries {
             (&dl.received_at, Time),
             (&dl.detail, Text),
         ]);
-        let in_doubt_where = format!("{} = 'claimed' AND {} <= ?", q(&c.state), q(&c.claimed_at));
+        let in_doubt_where = format!("{} = 'claimed' AND {cat} <= ?", q(&c.state));
         let (raw_length, raw_prefix) = match backend {
             Backend::Postgres => (
                 "octet_length({})::bigint",
@@ -141,67 +142,48 @@ impl Queries {
         };
         let queries = Queries {
             inserts_since: n(format!(
-                "SELECT {}, COUNT(*) FROM {t} WHERE {at} >= ? GROUP BY {c} ORDER BY {c}",
+                "SELECT {}, COUNT(*) FROM {pt} WHERE {pat} >= ? GROUP BY {c} ORDER BY {c}",
                 cast(&pm.consumer, Text),
-                c = q(&pm.consumer),
-                t = q(&pm.table),
-                at = q(&pm.processed_at)
+                c = q(&pm.consumer)
             )),
-            capped_count: n(format!(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM {} LIMIT ?) capped",
-                q(&pm.table)
-            )),
+            capped_count: n(format!("SELECT COUNT(*) FROM (SELECT 1 FROM {pt} LIMIT ?) capped")),
             oldest: n(oldest),
-            in_doubt_count: n(format!(
-                "SELECT COUNT(*) FROM {} WHERE {in_doubt_where}",
-                q(&c.table)
-            )),
+            in_doubt_count: n(format!("SELECT COUNT(*) FROM {ct} WHERE {in_doubt_where}")),
             in_doubt_list: n(format!(
-                "SELECT {} FROM {} WHERE {in_doubt_where} ORDER BY {} LIMIT ?",
+                "SELECT {} FROM {ct} WHERE {in_doubt_where} ORDER BY {cat} LIMIT ?",
                 columns(&[
                     (&c.consumer, Text),
                     (&c.message_key, Text),
                     (&c.claimed_at, Time),
                     (&c.attempts, Int)
-                ]),
-                q(&c.table),
-                q(&c.claimed_at)
+                ])
             )),
             dead_letters: n(format!(
                 "SELECT {}, {}, COUNT(*), COUNT(CASE WHEN {at} >= ? THEN 1 END), MAX({at}), MAX({id})
-                 FROM {t} GROUP BY {c}, {r} ORDER BY COUNT(*) DESC, {c}, {r} LIMIT ?",
+                 FROM {dlt} GROUP BY {c}, {r} ORDER BY COUNT(*) DESC, {c}, {r} LIMIT ?",
                 cast(&dl.consumer, Text),
                 cast(&dl.reason, Text),
                 id = cast(&dl.id, Int),
                 c = q(&dl.consumer),
                 r = q(&dl.reason),
-                at = q(&dl.received_at),
-                t = q(&dl.table)
+                at = q(&dl.received_at)
             )),
             recent_dead_letters: n(format!(
-                "SELECT {}, {}, {} FROM {} ORDER BY {} DESC LIMIT ?",
-                dead_letter_columns,
-                raw_length.replace("{}", &q(&dl.raw)),
-                raw_prefix.replace("{}", &q(&dl.raw)),
-                q(&dl.table),
-                q(&dl.id)
+                "SELECT {dead_letter_columns}, {}, {} FROM {dlt} ORDER BY {dli} DESC LIMIT ?",
+                raw_length.replace("{}", &raw),
+                raw_prefix.replace("{}", &raw)
             )),
             dead_letters_between: n(format!(
-                "SELECT {} FROM {t} WHERE {at} >= ? AND {at} <= ? ORDER BY {at} LIMIT ?",
+                "SELECT {} FROM {dlt} WHERE {at} >= ? AND {at} <= ? ORDER BY {at} LIMIT ?",
                 columns(&[
                     (&dl.consumer, Text),
                     (&dl.reason, Text),
                     (&dl.received_at, Time)
                 ]),
-                t = q(&dl.table),
                 at = q(&dl.received_at)
             )),
             dead_letter: n(format!(
-                "SELECT {}, {} FROM {} WHERE {} = ?",
-                dead_letter_columns,
-                q(&dl.raw),
-                q(&dl.table),
-                q(&dl.id)
+                "SELECT {dead_letter_columns}, {raw} FROM {dlt} WHERE {dli} = ?"
             )),
             markers: newest(
                 &[
@@ -226,29 +208,16 @@ impl Queries {
                 &d.id,
             ),
             history_window: n(format!(
-                "SELECT {history_columns} FROM {} WHERE {} >= ? ORDER BY {} DESC LIMIT ?",
-                q(&h.table),
-                q(&h.received_at),
-                q(&h.received_at)
+                "SELECT {history_columns} FROM {ht} WHERE {hat} >= ? ORDER BY {hat} DESC LIMIT ?"
             )),
-            late_count: n(format!(
-                "SELECT COUNT(*) FROM {} WHERE {not_applied} AND {} >= ?",
-                q(&h.table),
-                q(&h.received_at)
-            )),
+            late_count: n(format!("SELECT COUNT(*) FROM {ht} WHERE {not_applied} AND {hat} >= ?")),
             device_seqs: n(format!(
-                "SELECT DISTINCT {} FROM {} WHERE {} = ? AND {} BETWEEN ? AND ?",
-                cast(&h.seq, Int),
-                q(&h.table),
-                q(&h.device_id),
-                q(&h.seq)
+                "SELECT DISTINCT {} FROM {ht} WHERE {hd} = ? AND {hs} BETWEEN ? AND ?",
+                cast(&h.seq, Int)
             )),
             history_of_device: n(format!(
-                "SELECT {history_columns} FROM {} WHERE {} = ? ORDER BY {} DESC, {} DESC LIMIT ?",
-                q(&h.table),
-                q(&h.device_id),
-                q(&h.received_at),
-                q(&h.seq)
+                "SELECT {} FROM {ht} WHERE {hd} = ? ORDER BY {hat} DESC, {hs} DESC LIMIT ?",
+                history_columns
             )),
             state_of_device: n(format!("{state_select} WHERE {} = ?", q(&s.device_id))),
             state_select: format!("{state_select} WHERE "),
