@@ -54,6 +54,7 @@ on_every_backend!(
     purge_keeps_an_in_doubt_claim_and_takes_finished_claims_with_their_rows,
     an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes,
     purge_steps_past_rows_held_by_open_claims,
+    a_purge_batch_bigger_than_one_delete_takes_every_row_once,
 );
 
 // ---- drills -------------------------------------------------------------------
@@ -1985,6 +1986,49 @@ async fn purge_steps_past_rows_held_by_open_claims(db: &TestDb) {
         digest.claims
     );
     assert_eq!(digest.claims.len(), 3);
+}
+
+/// A purge batch deletes its picked keys in statements of a bounded size (500 keys on
+/// SQLite and MariaDB): a batch of 1,200 (the CLI's default is 5,000) is three of them,
+/// the last one short, and still takes exactly its 1,200 rows and then the rest, the
+/// finished claims with their rows.
+async fn a_purge_batch_bigger_than_one_delete_takes_every_row_once(db: &TestDb) {
+    use idemwatch::engine::store::ClaimState;
+    let store = store::open(&db.url).await.unwrap();
+    let rows: Vec<_> = (0..1300)
+        .map(|i| counted(&format!("k-purge-{i}"), "34-PB-1"))
+        .collect();
+    store.record_batch("trip-counter", &rows).await.unwrap();
+    for seq in 0..10 {
+        let e = zone_exit("34-PB-2", seq);
+        store
+            .claim_side_effect(
+                zone_exit_sms::NAME,
+                &e.key(),
+                &e.fingerprint(),
+                "pk",
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        store
+            .finish_side_effect(zone_exit_sms::NAME, &e.key(), ClaimState::Sent, "sent")
+            .await
+            .unwrap();
+    }
+    let cutoff = chrono::Utc::now() + chrono::Duration::seconds(5);
+    let mut batches = Vec::new();
+    for _ in 0..5 {
+        let n = store.purge_processed_batch(cutoff, 1200).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        batches.push(n);
+    }
+    assert_eq!(batches, vec![1200, 110], "whole batches, then the rest");
+    let digest = store.digest().await.unwrap();
+    assert!(digest.processed.is_empty(), "{:?}", &digest.processed[..3]);
+    assert!(digest.claims.is_empty(), "{:?}", digest.claims);
 }
 
 /// The guard is "newer", not "as new": an event whose seq equals the state's (another
