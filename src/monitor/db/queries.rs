@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 
 use super::*;
 use crate::config::TableMapping;
-use crate::engine::store::dialect::{binds, first, Catalog, Kind, Row, Sql};
+use crate::engine::store::dialect::{binds, each, first, Catalog, Kind, Row, Sql};
 use crate::engine::store::Backend;
 use crate::monitor::markers::MarkerSource;
 
@@ -258,18 +258,6 @@ impl Dashboard {
         }
     }
 
-    /// Every row of a query, each read by `read`.
-    async fn all<T>(
-        &self,
-        query: &str,
-        binds: &[BindValue],
-        kinds: &[Kind],
-        read: impl Fn(&Row) -> SqlResult<T>,
-    ) -> SqlResult<Vec<T>> {
-        let rows = self.sql.rows(query, binds, kinds).await?;
-        rows.iter().map(read).collect()
-    }
-
     async fn count(&self, query: &str, binds: &[BindValue]) -> SqlResult<i64> {
         first(self.sql.as_ref(), query, binds, &[Int])
             .await?
@@ -340,7 +328,7 @@ impl Dashboard {
         since: DateTime<Utc>,
     ) -> SqlResult<Vec<ConsumerInserts>> {
         let q = self.inserts_query(since);
-        self.all(&q.sql, &q.binds, &[Text, Int], |r| {
+        each(&*self.sql, &q.sql, &q.binds, &[Text, Int], |r| {
             Ok(ConsumerInserts {
                 consumer: r.text(0)?,
                 last_minute: r.int(1)?,
@@ -395,7 +383,8 @@ impl Dashboard {
         let total = self.count(&count.sql, &count.binds).await?;
         let read = |r: &Row| Ok((r.text(0)?, r.text(1)?, r.time(2), r.int(3)?));
         let kinds = [Text, Text, Time, Int];
-        Ok((total, self.all(&list.sql, &list.binds, &kinds, read).await?))
+        let list: SqlResult<_> = each(&*self.sql, &list.sql, &list.binds, &kinds, read).await;
+        Ok((total, list?))
     }
 
     /// Dead letters by consumer and reason, with those received since `since`. A
@@ -405,7 +394,8 @@ impl Dashboard {
         since: DateTime<Utc>,
     ) -> SqlResult<Vec<DeadLetterGroup>> {
         let (binds, kinds) = (binds![since, LIST_LIMIT], [Text, Text, Int, Int, Time, Int]);
-        self.all(&self.queries.dead_letters, &binds, &kinds, |r| {
+        let q = &self.queries.dead_letters;
+        each(&*self.sql, q, &binds, &kinds, |r| {
             Ok(DeadLetterGroup {
                 consumer: r.text(0)?,
                 reason: r.text(1)?,
@@ -423,7 +413,7 @@ impl Dashboard {
     pub(super) async fn recent_dead_letters(&self) -> SqlResult<Vec<DeadLetterRow>> {
         let binds = binds![DEAD_LETTER_PREFIX, LIST_LIMIT];
         let q = &self.queries.recent_dead_letters;
-        self.all(q, &binds, &DEAD_LETTER, |r| {
+        each(&*self.sql, q, &binds, &DEAD_LETTER, |r| {
             Ok(dead_letter_row((
                 r.int(0)?,
                 r.text(1)?,
@@ -500,7 +490,8 @@ impl Dashboard {
 
     pub(super) async fn drill_runs(&self) -> SqlResult<Vec<DrillRunSummary>> {
         let kinds = [Int, Text, Text, Time, Time, Text];
-        self.all(&self.queries.drill_runs, &binds![LIST_LIMIT], &kinds, |r| {
+        let q = &self.queries.drill_runs;
+        each(&*self.sql, q, &binds![LIST_LIMIT], &kinds, |r| {
             Ok(DrillRunSummary {
                 id: r.int(0)?,
                 scenario: r.text(1)?,
@@ -521,7 +512,7 @@ impl Dashboard {
     ) -> SqlResult<Vec<HistoryEvent>> {
         let binds = binds![since, limit];
         let q = &self.queries.history_window;
-        self.all(q, &binds, &HISTORY, history_event).await
+        each(&*self.sql, q, &binds, &HISTORY, history_event).await
     }
 
     /// History rows received since `since` and not applied (late).
@@ -538,7 +529,7 @@ impl Dashboard {
     ) -> SqlResult<Vec<i64>> {
         let binds = binds![device_id, lo, hi];
         let q = &self.queries.device_seqs;
-        self.all(q, &binds, &[Int], |r| r.int(0)).await
+        each(&*self.sql, q, &binds, &[Int], |r| r.int(0)).await
     }
 
     /// State rows of these devices, in chunks that stay under SQLite's bind limit
@@ -552,7 +543,7 @@ impl Dashboard {
                 .native(&format!("{}{list}", self.queries.state_select));
             let devices = chunk.iter().map(|d| d.to_string()).collect();
             let binds = [BindValue::TextList(devices)];
-            out.extend(self.all(&sql, &binds, &STATE, state_row).await?);
+            out.extend(each(&*self.sql, &sql, &binds, &STATE, state_row).await?);
         }
         Ok(out)
     }
@@ -571,7 +562,7 @@ impl Dashboard {
     ) -> SqlResult<Vec<HistoryEvent>> {
         let binds = binds![device_id, limit];
         let q = &self.queries.history_of_device;
-        self.all(q, &binds, &HISTORY, history_event).await
+        each(&*self.sql, q, &binds, &HISTORY, history_event).await
     }
 
     /// The dedup and claims queries a poll at `now` runs, with their bound values.
