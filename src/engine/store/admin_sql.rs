@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 
-use super::dialect::{binds, each, first, Kind, Row, Sql};
+use super::dialect::{binds, each, first, BindValue, Kind, Row, Sql};
 use super::repair_sql::{claim, CLAIM_COLUMNS, CLAIM_KINDS};
 use super::*;
 
@@ -20,13 +20,14 @@ const STATE_COLUMNS: &str =
     "device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at";
 const STATE_KINDS: [Kind; 9] = [Text, Int, Text, Text, Text, Float, Float, Time, Time];
 
-/// The history columns every history query selects (the payload as text: `jsonb` on
-/// PostgreSQL, whose own text form is what the rows have always shown).
-fn history_select(sql: &dyn Sql) -> String {
-    format!(
-        "SELECT device_id, seq, event_type, occurred_at, received_at, applied, {} FROM vehicle_history",
-        sql.cast("payload", Text)
-    )
+/// The history rows `tail` (their WHERE and ORDER BY) selects, the payload as text
+/// (`jsonb` on PostgreSQL, whose own text form is what the rows have always shown).
+async fn history(sql: &dyn Sql, tail: &str, values: &[BindValue]) -> StoreResult<Vec<HistoryRow>> {
+    let payload = sql.cast("payload", Text);
+    let select = format!(
+        "SELECT device_id, seq, event_type, occurred_at, received_at, applied, {payload} FROM vehicle_history {tail}"
+    );
+    each(sql, &select, values, &HISTORY_KINDS, history_row).await
 }
 const HISTORY_KINDS: [Kind; 7] = [Text, Int, Text, Time, Time, Bool, Text];
 
@@ -95,13 +96,8 @@ impl<S: Store> AdminStore for S {
     }
 
     async fn vehicle_history(&self, device_id: &str) -> StoreResult<Vec<HistoryRow>> {
-        let sql = self.sql();
-        let select = format!(
-            "{} WHERE device_id = ? ORDER BY received_at, seq",
-            history_select(&*sql.0)
-        );
-        let values = binds![device_id];
-        each(&*sql.0, &select, &values, &HISTORY_KINDS, history_row).await
+        let tail = "WHERE device_id = ? ORDER BY received_at, seq";
+        history(&*self.sql().0, tail, &binds![device_id]).await
     }
 
     async fn recent_history(
@@ -109,14 +105,10 @@ impl<S: Store> AdminStore for S {
         event_type: Option<&str>,
         limit: i64,
     ) -> StoreResult<Vec<HistoryRow>> {
-        let sql = self.sql();
-        let select = format!(
-            "{} WHERE device_id NOT LIKE 'DRILL-%' AND (? IS NULL OR event_type = ?)
-             ORDER BY received_at DESC, seq DESC LIMIT ?",
-            history_select(&*sql.0)
-        );
+        let tail = "WHERE device_id NOT LIKE 'DRILL-%' AND (? IS NULL OR event_type = ?)
+             ORDER BY received_at DESC, seq DESC LIMIT ?";
         let values = binds![event_type, event_type, limit];
-        each(&*sql.0, &select, &values, &HISTORY_KINDS, history_row).await
+        history(&*self.sql().0, tail, &values).await
     }
 
     /// A prefix compared by characters on every backend (PostgreSQL's `substr` takes
