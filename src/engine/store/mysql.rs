@@ -76,13 +76,7 @@ impl MysqlStore {
 
 #[async_trait]
 impl Store for MysqlStore {
-    fn sql(&self) -> SqlHandle {
-        SqlHandle::of(self.pool.clone())
-    }
-
-    fn redacted_url(&self) -> String {
-        redact_url(&self.url)
-    }
+    dialect::pooled_store!(pool_and_url);
 
     /// Always durable as far as idemwatch goes: the flush policy is the server's
     /// (`innodb_flush_log_at_trx_commit`), see [`Durability::check_url`].

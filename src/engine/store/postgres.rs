@@ -64,17 +64,7 @@ impl PostgresStore {
 
 #[async_trait]
 impl Store for PostgresStore {
-    fn sql(&self) -> SqlHandle {
-        SqlHandle::of(self.pool.clone())
-    }
-
-    fn redacted_url(&self) -> String {
-        redact_url(&self.url)
-    }
-
-    fn durability(&self) -> Durability {
-        self.durability
-    }
+    dialect::pooled_store!();
 
     async fn record_batch(
         &self,

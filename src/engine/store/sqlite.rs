@@ -60,17 +60,7 @@ impl SqliteStore {
 
 #[async_trait]
 impl Store for SqliteStore {
-    fn sql(&self) -> SqlHandle {
-        SqlHandle::of(self.pool.clone())
-    }
-
-    fn redacted_url(&self) -> String {
-        redact_url(&self.url)
-    }
-
-    fn durability(&self) -> Durability {
-        self.durability
-    }
+    dialect::pooled_store!();
 
     async fn record_batch(
         &self,

@@ -370,6 +370,28 @@ pub(crate) trait Sql: Send + Sync {
     async fn begin(&self) -> Result<Box<dyn SqlTx>, sqlx::Error>;
 }
 
+/// The [`Store`](super::Store) methods each SQL store answers alike from its `pool`,
+/// `url` and (unless it has a durability of its own) `durability` fields.
+macro_rules! pooled_store {
+    () => {
+        $crate::engine::store::dialect::pooled_store!(pool_and_url);
+
+        fn durability(&self) -> $crate::engine::store::Durability {
+            self.durability
+        }
+    };
+    (pool_and_url) => {
+        fn sql(&self) -> $crate::engine::store::SqlHandle {
+            $crate::engine::store::SqlHandle::of(self.pool.clone())
+        }
+
+        fn redacted_url(&self) -> String {
+            $crate::redact::redact_url(&self.url)
+        }
+    };
+}
+pub(crate) use pooled_store;
+
 /// See [`Sql::in_list`].
 pub(crate) fn in_list(backend: Backend, column: &str, n: usize) -> String {
     match backend {
