@@ -1937,36 +1937,45 @@ async fn an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes(db: &TestD
     store.after_purge().await.unwrap();
 }
 
+/// A zone exit's SMS claimed and never finished: a dedup row held by a claim in
+/// doubt, which a purge must leave.
+async fn claim_sms(store: &Arc<dyn store::Store>, e: &Envelope) {
+    store
+        .claim_side_effect(
+            zone_exit_sms::NAME,
+            &e.key(),
+            &e.fingerprint(),
+            "pk",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+}
+
+/// A zone exit's SMS claimed and finished as sent: a dedup row with a finished claim,
+/// which a purge takes with its row.
+async fn sent_sms(store: &Arc<dyn store::Store>, e: Envelope) {
+    claim_sms(store, &e).await;
+    store
+        .finish_side_effect(
+            zone_exit_sms::NAME,
+            &e.key(),
+            store::ClaimState::Sent,
+            "sent",
+        )
+        .await
+        .unwrap();
+}
+
 async fn purge_steps_past_rows_held_by_open_claims(db: &TestDb) {
-    use idemwatch::engine::store::ClaimState;
     // The oldest dedup rows are held by open claims (in doubt); younger ones have
     // finished claims. A batch smaller than the held rows must still reach them.
     let store = store::open(&db.url).await.unwrap();
-    let claim = |e: Envelope| {
-        let store = store.clone();
-        async move {
-            store
-                .claim_side_effect(
-                    zone_exit_sms::NAME,
-                    &e.key(),
-                    &e.fingerprint(),
-                    "pk",
-                    Duration::from_secs(60),
-                )
-                .await
-                .unwrap();
-            e
-        }
-    };
     for seq in 0..3 {
-        claim(zone_exit("34-PH-1", seq)).await;
+        claim_sms(&store, &zone_exit("34-PH-1", seq)).await;
     }
     for seq in 10..20 {
-        let e = claim(zone_exit("34-PH-1", seq)).await;
-        store
-            .finish_side_effect(zone_exit_sms::NAME, &e.key(), ClaimState::Sent, "sent")
-            .await
-            .unwrap();
+        sent_sms(&store, zone_exit("34-PH-1", seq)).await;
     }
     let cutoff = chrono::Utc::now() + chrono::Duration::seconds(5);
     let mut deleted = 0;
@@ -1993,28 +2002,13 @@ async fn purge_steps_past_rows_held_by_open_claims(db: &TestDb) {
 /// the last one short, and still takes exactly its 1,200 rows and then the rest, the
 /// finished claims with their rows.
 async fn a_purge_batch_bigger_than_one_delete_takes_every_row_once(db: &TestDb) {
-    use idemwatch::engine::store::ClaimState;
     let store = store::open(&db.url).await.unwrap();
     let rows: Vec<_> = (0..1300)
         .map(|i| counted(&format!("k-purge-{i}"), "34-PB-1"))
         .collect();
     store.record_batch("trip-counter", &rows).await.unwrap();
     for seq in 0..10 {
-        let e = zone_exit("34-PB-2", seq);
-        store
-            .claim_side_effect(
-                zone_exit_sms::NAME,
-                &e.key(),
-                &e.fingerprint(),
-                "pk",
-                Duration::from_secs(60),
-            )
-            .await
-            .unwrap();
-        store
-            .finish_side_effect(zone_exit_sms::NAME, &e.key(), ClaimState::Sent, "sent")
-            .await
-            .unwrap();
+        sent_sms(&store, zone_exit("34-PB-2", seq)).await;
     }
     let cutoff = chrono::Utc::now() + chrono::Duration::seconds(5);
     let mut batches = Vec::new();
