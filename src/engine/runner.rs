@@ -334,10 +334,6 @@ impl Worker {
         self
     }
 
-    pub fn consumer_name(&self) -> &'static str {
-        self.consumer.name()
-    }
-
     /// Ack `done` (committed deliveries, possibly none), then lease up to
     /// [`RunnerSettings::lease_size`] deliveries, waiting up to `batch_max_wait` for a
     /// batch's worth once the first one is in.
