@@ -930,6 +930,7 @@ mod tests {
     use super::*;
     use crate::engine::consumers::Deps;
     use crate::engine::envelope::EventType;
+    use crate::engine::queue::QueueDepth;
     use crate::engine::store::StoreError;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -1335,6 +1336,51 @@ mod tests {
         }
     }
 
+    /// A handled batch returns what to ack: what it settled (applied, or kept as a
+    /// dead letter), not what goes back to the queue for another try. A delivery left
+    /// out of it is never acked (it comes back after its lease as a duplicate); one
+    /// put in is lost if its retry was the only thing keeping it.
+    #[tokio::test]
+    async fn a_handled_batch_acks_what_it_settled_and_not_what_it_retries() {
+        use DeliveryOutcome::{DeadLettered, Processed, Retry};
+        let dir = tempfile::tempdir().unwrap();
+        let settings = RunnerSettings {
+            lease_batch: 3,
+            pipeline: false,
+            ..RunnerSettings::default()
+        };
+        let consumer = |_: &Deps| {
+            let calls = AtomicUsize::new(0);
+            Arc::new(FailsFirst { failures: 1, calls }) as Arc<dyn Consumer>
+        };
+        let (mut w, queue) = worker_of(&dir, settings, consumer).await;
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        w.events = Some(Arc::new(move |e: DeliveryEvent| {
+            sink.lock().unwrap().push(e.outcome);
+        }));
+        let q = vec!["q".to_string()];
+        let bodies = [event(1, "zone_exit"), event(2, "zone_exit"), b"{".to_vec()];
+        queue.publish(&q, &bodies).await.unwrap();
+        let mut held = w.ack_then_lease(Vec::new()).await;
+        let ids: Vec<i64> = held.deliveries.iter().map(|(d, _)| d.id).collect();
+        let batch = held.take(3);
+        let mut acked: Vec<i64> = w
+            .handle(batch)
+            .await
+            .unwrap()
+            .iter()
+            .map(|d| d.id)
+            .collect();
+        acked.sort_unstable();
+        // The first call fails (a counted retry), the second applies, the third body
+        // is not JSON.
+        assert_eq!(acked, [ids[1], ids[2]]);
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort_by_key(|o| o.as_str());
+        assert_eq!(seen, [DeadLettered, Processed, Retry]);
+    }
+
     /// SPEC §8's budget: a counted retry goes back to the queue until the message has
     /// used up `max_deliveries`, and the delivery that uses up the last one is
     /// dead-lettered with the cause, not delivered once more. So a message that fails
@@ -1391,7 +1437,8 @@ mod tests {
             gather: 10,
             ..RunnerSettings::default()
         };
-        let (w, queue) = worker(&dir, settings).await;
+        let (mut w, queue) = worker(&dir, settings).await;
+        let log = LeaseLog::over(&mut w);
         let q = vec!["q".to_string()];
         let others: Vec<Vec<u8>> = (1..=20).map(|seq| event(seq, "ignition_on")).collect();
         queue.publish(&q, &others).await.unwrap();
@@ -1406,5 +1453,159 @@ mod tests {
         );
         let depth = queue.depth("q").await.unwrap();
         assert_eq!((depth.ready, depth.in_flight), (10, 10));
+        // And in one round trip for all the room left: the lease of one batch, then
+        // one of the 8 the limit leaves (a lease asking for less fills the batch in
+        // more round trips, each one the batch waits for).
+        assert_eq!(log.leases(), [(2, 2), (8, 8)]);
+    }
+
+    /// The worker's queue, with a log of its lease round trips: how many deliveries
+    /// each asked for, and how many it brought.
+    struct LeaseLog {
+        queue: Arc<dyn Queue>,
+        leases: std::sync::Mutex<Vec<(usize, usize)>>,
+    }
+
+    impl LeaseLog {
+        /// Put a log between `w` and its queue.
+        fn over(w: &mut Worker) -> Arc<LeaseLog> {
+            let log = Arc::new(LeaseLog {
+                queue: w.queue.clone(),
+                leases: std::sync::Mutex::new(Vec::new()),
+            });
+            w.queue = log.clone();
+            log
+        }
+
+        fn leases(&self) -> Vec<(usize, usize)> {
+            self.leases.lock().unwrap().clone()
+        }
+
+        fn record(&self, max: usize, leased: &QueueResult<Vec<Delivery>>) {
+            let brought = leased.as_ref().map_or(0, Vec::len);
+            self.leases.lock().unwrap().push((max, brought));
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Queue for LeaseLog {
+        async fn publish(&self, queues: &[String], bodies: &[Vec<u8>]) -> QueueResult<()> {
+            self.queue.publish(queues, bodies).await
+        }
+        async fn lease(
+            &self,
+            queue: &str,
+            max: usize,
+            visibility: Duration,
+        ) -> QueueResult<Vec<Delivery>> {
+            let leased = self.queue.lease(queue, max, visibility).await;
+            self.record(max, &leased);
+            leased
+        }
+        async fn ack_then_lease(
+            &self,
+            done: &[Delivery],
+            queue: &str,
+            max: usize,
+            visibility: Duration,
+        ) -> (QueueResult<()>, QueueResult<Vec<Delivery>>) {
+            let (acked, leased) = self
+                .queue
+                .ack_then_lease(done, queue, max, visibility)
+                .await;
+            self.record(max, &leased);
+            (acked, leased)
+        }
+        async fn ack(&self, delivery: &Delivery) -> QueueResult<bool> {
+            self.queue.ack(delivery).await
+        }
+        async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
+            self.queue.ack_batch(deliveries).await
+        }
+        async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
+            self.queue.nack(delivery, delay).await
+        }
+        async fn nack_uncounted(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
+            self.queue.nack_uncounted(delivery, delay).await
+        }
+        async fn depth(&self, queue: &str) -> QueueResult<QueueDepth> {
+            self.queue.depth(queue).await
+        }
+        async fn purge_queue(&self, queue: &str) -> QueueResult<u64> {
+            self.queue.purge_queue(queue).await
+        }
+        fn redacted_url(&self) -> String {
+            self.queue.redacted_url()
+        }
+    }
+
+    /// A worker paused by its store or its seen-set pings that part before it leases a
+    /// trial delivery. While the ping fails nothing more is leased (the delivery in
+    /// hand when the worker found itself paused goes back at once): a message does not
+    /// go back and forth through the queue, nor hit a database that is down, for the
+    /// length of an outage. Once the ping passes, the trial delivery takes it.
+    #[tokio::test]
+    async fn a_paused_worker_leases_nothing_until_the_part_that_paused_it_answers() {
+        use crate::engine::seen_set::{RedisSeenSet, SeenSetConfig, Unavailable};
+        use crate::engine::store::{sqlite::SqliteStore, Durability};
+        use DeliveryOutcome::Processed;
+        let run = |kind: InfraKind, down: bool| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let settings = RunnerSettings {
+                lease_batch: 1,
+                pipeline: false,
+                retry_delay: Duration::from_millis(1),
+                max_pause: Duration::from_millis(20),
+                idle_poll: Duration::from_millis(1),
+                ..RunnerSettings::default()
+            };
+            let (mut w, queue) = worker(&dir, settings).await;
+            let log = LeaseLog::over(&mut w);
+            let (store, metrics) = (w.store.clone(), w.metrics.clone());
+            let sql_seen_set = GuardedSeenSet::open(&SeenSetConfig::default(), store, metrics);
+            w.seen_set = Some(sql_seen_set.unwrap());
+            match (kind, down) {
+                (_, false) => {}
+                (InfraKind::Store, true) => {
+                    // The worker's database through connections that are all gone:
+                    // every statement fails as an outage (sqlx's `PoolClosed`).
+                    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+                    let gone = SqliteStore::open(&url, Durability::Durable).await.unwrap();
+                    gone.pool().close().await;
+                    w.store = Arc::new(gone);
+                }
+                (InfraKind::SeenSet, true) => {
+                    // Nothing listens on port 1: a Redis seen-set there is refused.
+                    let ttl = Duration::from_secs(60);
+                    let refused = RedisSeenSet::new("redis://127.0.0.1:1", ttl).unwrap();
+                    let (policy, metrics) = (Unavailable::FailClosed, w.metrics.clone());
+                    w.seen_set = Some(GuardedSeenSet::new(Arc::new(refused), policy, metrics));
+                }
+                (kind, true) => unreachable!("{kind:?} has no ping"),
+            }
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let sink = seen.clone();
+            w.events = Some(Arc::new(move |e: DeliveryEvent| {
+                sink.lock().unwrap().push((e.delivery_count, e.outcome));
+            }));
+            let q = vec!["q".to_string()];
+            queue.publish(&q, &[event(1, "zone_exit")]).await.unwrap();
+            w.health.failed(kind, None, "down");
+            let within = Duration::from_millis(if down { 300 } else { 10_000 });
+            let drained = tokio::time::timeout(within, w.run_until_idle()).await;
+            let leased: usize = log.leases().iter().map(|(_, brought)| brought).sum();
+            let paused = w.health.pause().map(|p| p.kind);
+            let seen = seen.lock().unwrap().clone();
+            (drained.is_ok(), leased, paused, seen)
+        };
+        for kind in [InfraKind::Store, InfraKind::SeenSet] {
+            assert_eq!(
+                run(kind, true).await,
+                (false, 1, Some(kind), vec![]),
+                "{kind:?} down"
+            );
+            let answered = (true, 2, None, vec![(2, Processed)]);
+            assert_eq!(run(kind, false).await, answered, "{kind:?} back");
+        }
     }
 }
