@@ -1414,7 +1414,8 @@ mod tests {
             }));
             let q = vec!["q".to_string()];
             queue.publish(&q, &[event(1, "zone_exit")]).await.unwrap();
-            w.run_until_idle().await.unwrap();
+            let ran = tokio::time::timeout(HUNG, w.run_until_idle()).await;
+            ran.expect("drained").unwrap();
             let seen = seen.lock().unwrap().clone();
             seen
         };
@@ -1425,23 +1426,34 @@ mod tests {
         assert_eq!(run(10).await, [retry(1), retry(2), last]);
     }
 
-    /// A batch gathering across leases leases only what its limit leaves room for: a
-    /// lease beyond it would hold deliveries no batch takes yet, their visibility
-    /// timeout running, instead of leaving them on the queue for another worker.
-    #[tokio::test]
-    async fn a_gathering_batch_leases_no_more_than_its_limit_leaves() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A worker that gathers batches of 2 of its own across leases of 2, up to 10
+    /// deliveries, its lease round trips logged, on a queue of `others` events that
+    /// are not its own.
+    async fn gathering_worker(
+        dir: &tempfile::TempDir,
+        others: u64,
+    ) -> (Worker, Arc<dyn Queue>, Arc<LeaseLog>) {
         let settings = RunnerSettings {
             lease_batch: 2,
             prefetch: 1,
             gather: 10,
             ..RunnerSettings::default()
         };
-        let (mut w, queue) = worker(&dir, settings).await;
+        let (mut w, queue) = worker(dir, settings).await;
         let log = LeaseLog::over(&mut w);
         let q = vec!["q".to_string()];
-        let others: Vec<Vec<u8>> = (1..=20).map(|seq| event(seq, "ignition_on")).collect();
+        let others: Vec<Vec<u8>> = (1..=others).map(|seq| event(seq, "ignition_on")).collect();
         queue.publish(&q, &others).await.unwrap();
+        (w, queue, log)
+    }
+
+    /// A batch gathering across leases leases only what its limit leaves room for: a
+    /// lease beyond it would hold deliveries no batch takes yet, their visibility
+    /// timeout running, instead of leaving them on the queue for another worker.
+    #[tokio::test]
+    async fn a_gathering_batch_leases_no_more_than_its_limit_leaves() {
+        let dir = tempfile::tempdir().unwrap();
+        let (w, queue, log) = gathering_worker(&dir, 20).await;
         let mut held = w.ack_then_lease(Vec::new()).await;
         assert_eq!(held.deliveries.len(), 2);
         let batch = w.gather(&mut held, &mut Vec::new(), 2, 10).await;
@@ -1464,6 +1476,8 @@ mod tests {
     struct LeaseLog {
         queue: Arc<dyn Queue>,
         leases: std::sync::Mutex<Vec<(usize, usize)>>,
+        /// The sizes of the acks sent on their own, not with a lease.
+        acks: std::sync::Mutex<Vec<usize>>,
     }
 
     impl LeaseLog {
@@ -1472,6 +1486,7 @@ mod tests {
             let log = Arc::new(LeaseLog {
                 queue: w.queue.clone(),
                 leases: std::sync::Mutex::new(Vec::new()),
+                acks: std::sync::Mutex::new(Vec::new()),
             });
             w.queue = log.clone();
             log
@@ -1479,6 +1494,10 @@ mod tests {
 
         fn leases(&self) -> Vec<(usize, usize)> {
             self.leases.lock().unwrap().clone()
+        }
+
+        fn acks(&self) -> Vec<usize> {
+            self.acks.lock().unwrap().clone()
         }
 
         fn record(&self, max: usize, leased: &QueueResult<Vec<Delivery>>) {
@@ -1520,6 +1539,7 @@ mod tests {
             self.queue.ack(delivery).await
         }
         async fn ack_batch(&self, deliveries: &[Delivery]) -> QueueResult<usize> {
+            self.acks.lock().unwrap().push(deliveries.len());
             self.queue.ack_batch(deliveries).await
         }
         async fn nack(&self, delivery: &Delivery, delay: Duration) -> QueueResult<()> {
@@ -1607,5 +1627,154 @@ mod tests {
             let answered = (true, 2, None, vec![(2, Processed)]);
             assert_eq!(run(kind, false).await, answered, "{kind:?} back");
         }
+    }
+
+    /// How long a test lets a worker run before it calls it hung.
+    const HUNG: Duration = Duration::from_secs(10);
+
+    /// A serving worker (`run`) waits `idle_poll` between looks at an empty queue,
+    /// rather than asking it again at once; handles what arrives, its ack going with
+    /// the next lease; and stops when told, with nothing left in flight.
+    #[tokio::test]
+    async fn a_serving_worker_handles_what_arrives_and_stops_when_told() {
+        let dir = tempfile::tempdir().unwrap();
+        let idle_poll = Duration::from_millis(20);
+        let settings = RunnerSettings {
+            idle_poll,
+            ..RunnerSettings::default()
+        };
+        let (mut w, queue) = worker(&dir, settings).await;
+        let log = LeaseLog::over(&mut w);
+        let (done, mut events) = tokio::sync::mpsc::unbounded_channel();
+        w.events = Some(Arc::new(move |e: DeliveryEvent| {
+            let _ = done.send((e.delivery_count, e.outcome));
+        }));
+        let (stop, shutdown) = watch::channel(false);
+        let idle_for = idle_poll * 10;
+        let serve = async {
+            tokio::time::sleep(idle_for).await;
+            let idle_leases = log.leases().len();
+            let q = vec!["q".to_string()];
+            queue.publish(&q, &[event(1, "zone_exit")]).await.unwrap();
+            let handled = tokio::time::timeout(HUNG, events.recv()).await;
+            // Its ack goes out with the next lease, not after the worker's next sleep.
+            let acked = tokio::time::timeout(HUNG, async {
+                while !queue.depth("q").await.unwrap().is_empty() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+            let acked = acked.await.is_ok();
+            stop.send(true).unwrap();
+            (idle_leases, handled, acked)
+        };
+        let both = tokio::time::timeout(HUNG, async { tokio::join!(w.run(shutdown), serve) });
+        let (ran, (idle_leases, handled, acked)) = both.await.expect("stopped when told");
+        ran.unwrap();
+        // One lease per idle_poll at the most (twice that, for a loaded machine's
+        // timers): a worker that does not wait leases thousands of times.
+        let most = 2 * (idle_for.as_millis() / idle_poll.as_millis()) as usize;
+        assert!(
+            (1..=most).contains(&idle_leases),
+            "{idle_leases} leases of an empty queue in {idle_for:?}"
+        );
+        assert_eq!(
+            handled.ok().flatten(),
+            Some((1, DeliveryOutcome::Processed))
+        );
+        assert!(acked, "the delivery was never acked");
+        assert_eq!(log.acks(), Vec::<usize>::new(), "acked apart from a lease");
+    }
+
+    /// Asked to stop with deliveries in hand, a worker handles one more batch of
+    /// them, without gathering it across leases nor leasing beside it, gives the rest
+    /// back and stops: nothing more is leased once it has been told.
+    #[tokio::test]
+    async fn a_stopping_worker_handles_one_more_batch_and_leases_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, queue, log) = gathering_worker(&dir, 40).await;
+        let (stop, shutdown) = watch::channel(false);
+        let handled = Arc::new(AtomicUsize::new(0));
+        let count = handled.clone();
+        // Told at the first delivery it handles.
+        w.events = Some(Arc::new(move |_: DeliveryEvent| {
+            count.fetch_add(1, Ordering::SeqCst);
+            let _ = stop.send(true);
+        }));
+        let ran = tokio::time::timeout(HUNG, w.run(shutdown)).await;
+        ran.expect("stopped when told").unwrap();
+        // A batch gathered to its limit of 10 (a lease of 2, then of the 8 left), the
+        // next one's 2 leased beside it; then those 2 alone.
+        assert_eq!(log.leases(), [(2, 2), (8, 8), (2, 2)]);
+        assert_eq!(handled.load(Ordering::SeqCst), 12);
+        let depth = queue.depth("q").await.unwrap();
+        assert_eq!((depth.ready, depth.in_flight), (28, 0));
+    }
+
+    /// A prefetch of several batches is handled a batch at a time from what is in
+    /// hand, each delivery once: the deliveries still in hand are not leased over
+    /// (they would come back only after their visibility timeout, as redeliveries).
+    #[tokio::test]
+    async fn a_prefetch_is_handled_a_batch_at_a_time_each_delivery_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = RunnerSettings {
+            lease_batch: 2,
+            prefetch: 4,
+            gather: 0,
+            visibility_timeout: Duration::from_secs(2),
+            ..RunnerSettings::default()
+        };
+        let (mut w, queue) = worker(&dir, settings).await;
+        let log = LeaseLog::over(&mut w);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        w.events = Some(Arc::new(move |e: DeliveryEvent| {
+            sink.lock().unwrap().push(e.delivery_count);
+        }));
+        let q = vec!["q".to_string()];
+        let exits: Vec<Vec<u8>> = (1..=4).map(|seq| event(seq, "zone_exit")).collect();
+        queue.publish(&q, &exits).await.unwrap();
+        let ran = tokio::time::timeout(HUNG, w.run_until_idle()).await;
+        ran.expect("drained").unwrap();
+        assert_eq!(*seen.lock().unwrap(), [1; 4]);
+        assert_eq!(log.leases(), [(4, 4), (4, 0)]);
+    }
+
+    /// A worker paused by an outage tries the way with one delivery at a time: while
+    /// each trial fails, it leases nothing beside it (a prefetch leased then would
+    /// only be given back at the next pause).
+    #[tokio::test]
+    async fn a_paused_worker_tries_one_delivery_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = RunnerSettings {
+            retry_delay: Duration::from_millis(1),
+            max_pause: Duration::from_millis(20),
+            ..RunnerSettings::default()
+        };
+        let consumer = |_: &Deps| {
+            let outage = FailingBatch {
+                error: || StoreError::LostRace { what: "k" },
+                alone: Default::default(),
+            };
+            Arc::new(outage) as Arc<dyn Consumer>
+        };
+        let (mut w, queue) = worker_of(&dir, settings, consumer).await;
+        let log = LeaseLog::over(&mut w);
+        let q = vec!["q".to_string()];
+        let exits: Vec<Vec<u8>> = (1..=5).map(|seq| event(seq, "zone_exit")).collect();
+        queue.publish(&q, &exits).await.unwrap();
+        let failing = tokio::time::timeout(Duration::from_millis(300), w.run_until_idle());
+        assert!(failing.await.is_err(), "drained while every batch fails");
+        let leases = log.leases();
+        let lease_size = w.settings.lease_size();
+        assert_eq!(leases.first(), Some(&(lease_size, 5)));
+        // From the first trial on (before it, the first batch leased the rest of the
+        // queue beside it), each lease is of one delivery.
+        let asked: Vec<usize> = leases.iter().map(|(asked, _)| *asked).collect();
+        let trials: Vec<usize> = asked.into_iter().skip_while(|&n| n != 1).collect();
+        assert!(
+            trials.len() > 1,
+            "fewer than two trials in 300 ms: {leases:?}"
+        );
+        assert_eq!(trials, vec![1; trials.len()], "{leases:?}");
     }
 }
