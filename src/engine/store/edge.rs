@@ -180,3 +180,99 @@ pub(crate) fn key_step(row: &KeyRow, req: &IdemRequest<'_>, now: DateTime<Utc>) 
         KeyStep::TakeOver
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(fingerprint: &str) -> IdemRequest<'_> {
+        IdemRequest {
+            scope: "alice",
+            key: "k-1",
+            route: "POST /v1/trip-notes",
+            fingerprint,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+
+    fn row(
+        fingerprint: &str,
+        state: &str,
+        locked_until: Option<DateTime<Utc>>,
+        expires_at: DateTime<Utc>,
+    ) -> KeyRow {
+        KeyRow {
+            fingerprint: fingerprint.into(),
+            state: state.into(),
+            locked_until,
+            expires_at,
+        }
+    }
+
+    /// What a stored key means for a new request, in the order the checks go: an
+    /// expired key is new whatever it held, then a different request is refused (even
+    /// while the first one is in flight), a completed key replays, a live lease is in
+    /// progress for what it has left, and a lapsed or missing lease is taken over. A
+    /// lease and a key end at their instant, on both sides the same way.
+    #[test]
+    fn a_stored_key_is_expired_mismatched_replayed_in_progress_or_taken_over() {
+        let now = now_micros();
+        let lease = Duration::from_secs(30);
+        let (live, remembered) = (after(now, lease), after(now, Duration::from_secs(3600)));
+        let lapsed = now - chrono::Duration::seconds(1);
+        let cases = [
+            (row("fp", "completed", None, lapsed), KeyStep::Expired),
+            (
+                row("other", "in_progress", Some(live), now),
+                KeyStep::Expired,
+            ),
+            (
+                row("other", "completed", None, remembered),
+                KeyStep::Mismatch,
+            ),
+            (
+                row("other", "in_progress", Some(live), remembered),
+                KeyStep::Mismatch,
+            ),
+            (row("fp", "completed", None, remembered), KeyStep::Replay),
+            (
+                row("fp", "in_progress", Some(live), remembered),
+                KeyStep::InProgress(lease),
+            ),
+            (
+                row("fp", "in_progress", Some(now), remembered),
+                KeyStep::TakeOver,
+            ),
+            (
+                row("fp", "in_progress", Some(lapsed), remembered),
+                KeyStep::TakeOver,
+            ),
+            (
+                row("fp", "in_progress", None, remembered),
+                KeyStep::TakeOver,
+            ),
+        ];
+        for (i, (stored, step)) in cases.iter().enumerate() {
+            assert_eq!(&key_step(stored, &request("fp"), now), step, "case {i}");
+        }
+    }
+
+    /// The `Retry-After` of a 409: what the lease has left, and never less than a
+    /// second (the header counts whole seconds; 0 would invite a busy loop).
+    #[test]
+    fn retry_after_is_what_the_lease_has_left_and_at_least_a_second() {
+        let now = now_micros();
+        let s = Duration::from_secs;
+        assert_eq!(retry_after(Some(after(now, s(30))), now), s(30));
+        assert_eq!(
+            retry_after(Some(after(now, Duration::from_millis(300))), now),
+            s(1)
+        );
+        assert_eq!(
+            retry_after(Some(now - chrono::Duration::seconds(5)), now),
+            s(1)
+        );
+        assert_eq!(retry_after(None, now), s(1));
+    }
+}

@@ -826,3 +826,146 @@ pub(crate) fn ts(t: DateTime<Utc>) -> String {
 pub(crate) fn parse_ts(s: &str) -> DateTime<Utc> {
     dialect::parse_text_time(s).unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLAIM_STATES: [ClaimState; 3] =
+        [ClaimState::Claimed, ClaimState::Sent, ClaimState::Failed];
+    const MARKER_KINDS: [MarkerKind; 6] = [
+        MarkerKind::Deploy,
+        MarkerKind::Restart,
+        MarkerKind::Drill,
+        MarkerKind::Manual,
+        MarkerKind::Incident,
+        MarkerKind::Note,
+    ];
+    const DURABILITIES: [Durability; 2] = [Durability::Durable, Durability::Relaxed];
+
+    /// A claim's `state`, a marker's `kind` and the `durability` label are stored
+    /// (and scraped) as words: each word reads back as the value it was written
+    /// from, and is the one the JSON of snapshots and reports shows (and, for
+    /// durability, the `--durability` argument). The readers of a stored word fall
+    /// back on a default for a word they do not know (`Claimed`, `Manual`), so a
+    /// word that no longer parsed would read as that default without an error.
+    #[test]
+    fn stored_words_read_back_as_what_they_were_written_from() {
+        for s in CLAIM_STATES {
+            assert_eq!(serde_json::json!(s), s.as_str());
+            assert_eq!(ClaimState::parse(s.as_str()), Some(s), "{s:?}");
+        }
+        assert_eq!(
+            CLAIM_STATES.map(ClaimState::as_str),
+            ["claimed", "sent", "failed"]
+        );
+        for k in MARKER_KINDS {
+            assert_eq!(serde_json::json!(k), k.as_str());
+            assert_eq!(MarkerKind::parse(k.as_str()), Some(k), "{k:?}");
+        }
+        assert_eq!(
+            MARKER_KINDS.map(MarkerKind::as_str),
+            ["deploy", "restart", "drill", "manual", "incident", "note"]
+        );
+        for d in DURABILITIES {
+            assert_eq!(serde_json::json!(d), d.as_str());
+            assert_eq!(Durability::parse(d.as_str()), Some(d), "{d:?}");
+            let argument = <Durability as clap::ValueEnum>::from_str(d.as_str(), false);
+            assert_eq!(argument, Ok(d));
+        }
+        assert_eq!(DURABILITIES.map(Durability::as_str), ["durable", "relaxed"]);
+        for unknown in ["", "Sent", "xyzzy"] {
+            assert_eq!(ClaimState::parse(unknown), None);
+            assert_eq!(MarkerKind::parse(unknown), None);
+            assert_eq!(Durability::parse(unknown), None);
+        }
+    }
+
+    /// Relaxed durability is refused on both URL forms of MySQL/MariaDB and only
+    /// there, before any connection (these hosts do not resolve), and the refusal
+    /// names the URL without its password; durable is refused nowhere.
+    #[test]
+    fn relaxed_durability_is_refused_on_mysql_and_mariadb_only() {
+        for url in [
+            "mysql://app:hunter2@db.invalid/fleet",
+            "mariadb://app:hunter2@db.invalid/fleet",
+        ] {
+            match Durability::Relaxed.check_url(url) {
+                Err(StoreError::DurabilityUnsupported(m)) => {
+                    assert!(
+                        m.contains(&redact_url(url)) && !m.contains("hunter2"),
+                        "{m}"
+                    )
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+            assert!(Durability::Durable.check_url(url).is_ok(), "{url}");
+        }
+        for url in [
+            "sqlite:///var/lib/idemwatch/fleet.db",
+            "postgres://app:hunter2@db.invalid/fleet",
+            "postgresql://app:hunter2@db.invalid/fleet",
+        ] {
+            for d in DURABILITIES {
+                assert!(d.check_url(url).is_ok(), "{d:?} {url}");
+            }
+        }
+    }
+
+    /// The twice property compares the digests of two databases, so a digest line
+    /// must change with every column it stands for: one that dropped a column (or
+    /// were the same for every row) would call two different states equal.
+    #[test]
+    fn a_vehicle_digest_line_changes_with_every_column() {
+        #[derive(Clone)]
+        struct Row {
+            device: &'static str,
+            seq: i64,
+            event_type: &'static str,
+            ignition: Option<String>,
+            zone: Option<String>,
+            lat: Option<f64>,
+            lon: Option<f64>,
+            at: DateTime<Utc>,
+        }
+        let line = |r: &Row| {
+            let (ignition, zone) = (r.ignition.clone(), r.zone.clone());
+            vehicle_digest_line(
+                r.device,
+                r.seq,
+                r.event_type,
+                ignition,
+                zone,
+                r.lat,
+                r.lon,
+                r.at,
+            )
+        };
+        let state = Row {
+            device: "34-AB-1",
+            seq: 7,
+            event_type: "zone_enter",
+            ignition: Some("on".into()),
+            zone: Some("depot".into()),
+            lat: Some(41.15),
+            lon: Some(-8.61),
+            at: parse_ts("2026-12-01T10:00:00.000000Z"),
+        };
+        assert_eq!(line(&state), line(&state.clone()));
+        let changes: [fn(&mut Row); 8] = [
+            |r| r.device = "34-AB-2",
+            |r| r.seq += 1,
+            |r| r.event_type = "position",
+            |r| r.ignition = None,
+            |r| r.zone = Some("yard".into()),
+            |r| r.lat = None,
+            |r| r.lon = Some(-8.62),
+            |r| r.at += chrono::Duration::microseconds(1),
+        ];
+        for (column, change) in changes.iter().enumerate() {
+            let mut other = state.clone();
+            change(&mut other);
+            assert_ne!(line(&other), line(&state), "column {column}");
+        }
+    }
+}
