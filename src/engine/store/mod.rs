@@ -912,6 +912,31 @@ mod tests {
         }
     }
 
+    /// What the state upsert writes is derived here once for every backend: an
+    /// ignition event carries its `on`/`off`, a zone entry the zone it names; every
+    /// other event carries neither (the statement then clears the zone on a zone exit
+    /// and keeps both columns otherwise).
+    #[test]
+    fn each_event_type_carries_only_its_own_state_columns() {
+        let facts = |event_type: &str, payload: &str| {
+            let raw = format!(
+                r#"{{"device_id":"34-AB-1","seq":7,"event_type":"{event_type}","occurred_at":"2026-11-30T04:12:03Z","payload":{{{payload}}}}}"#
+            );
+            let env = Envelope::parse(raw.as_bytes()).unwrap();
+            let f = VehicleFacts::of(&env).unwrap();
+            (f.ignition, f.zone.map(String::from))
+        };
+        assert_eq!(facts("ignition_on", ""), (Some("on"), None));
+        assert_eq!(facts("ignition_off", ""), (Some("off"), None));
+        let zone = r#""zone":"depot""#;
+        assert_eq!(facts("zone_enter", zone), (None, Some("depot".into())));
+        assert_eq!(facts("zone_exit", zone), (None, None));
+        assert_eq!(
+            facts("position", r#""lat":41.15,"lon":-8.61"#),
+            (None, None)
+        );
+    }
+
     /// The twice property compares the digests of two databases, so a digest line
     /// must change with every column it stands for: one that dropped a column (or
     /// were the same for every row) would call two different states equal.
