@@ -325,7 +325,7 @@ mod tests {
     use crate::engine::seen_set::SeenSetConfig;
 
     /// Deps over a real SQLite store in `dir` (nothing here reaches a provider).
-    async fn deps(dir: &tempfile::TempDir) -> Deps {
+    pub(super) async fn deps(dir: &tempfile::TempDir) -> Deps {
         let url = format!("sqlite://{}", dir.path().join("consumers.db").display());
         let store = super::super::store::open(&url).await.unwrap();
         let metrics = Arc::new(Metrics::new());

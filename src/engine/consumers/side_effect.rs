@@ -176,6 +176,13 @@ where
 /// `deps.provider_concurrency` in flight, each with its own claim's provider key),
 /// then every answer recorded in one transaction. One outcome per envelope, in order.
 ///
+/// A redelivery in the same batch as the delivery before it (same key, same
+/// fingerprint: a producer's retry lands next to its first send more often than not)
+/// is not claimed a second time: decided one by one it would find the first's live
+/// claim and come back `Busy`, a retry after `retry_delay` only to be acked as a
+/// duplicate then. It takes its twin's fate instead ([`twin_outcome`]). The same key
+/// with another fingerprint is claimed as it comes, and conflicts there.
+///
 /// The ack of a finished call waits for the batch's slowest call, never longer: the
 /// batch is the unit of commit and ack. A crash point reached after one call drops
 /// the calls still in flight, as a dying process would; their claims stay `claimed`
@@ -188,7 +195,7 @@ where
 pub(crate) async fn perform_batch<'e, F, Fut>(
     consumer: &'static str,
     deps: &Deps,
-    envs: &[&'e Message],
+    batch: &[&'e Message],
     crash: &CrashPlan,
     send: F,
 ) -> Result<Vec<Outcome>, HandleError>
@@ -196,6 +203,9 @@ where
     F: Fn(&'e Message, String) -> Fut,
     Fut: Future<Output = Result<ProviderReply, ProviderError>>,
 {
+    // `envs`: what is claimed (no two of one key and fingerprint); `place`: where
+    // each envelope of the batch takes its outcome from.
+    let (envs, place) = twins(batch);
     let requests: Vec<ClaimRequest> = envs
         .iter()
         .map(|env| claim_request(consumer, env))
@@ -296,10 +306,65 @@ where
             finish_one_by_one(deps, consumer, &results, answers, &mut outcomes).await;
         }
     }
-    Ok(outcomes
+    let decided: Vec<Outcome> = outcomes
         .into_iter()
         .map(|o| o.unwrap_or_else(|| Outcome::retry(RetryCause::Message, "no outcome decided")))
+        .collect();
+    Ok(place
+        .into_iter()
+        .map(|p| match p {
+            Place::First(k) => decided[k].clone(),
+            Place::Twin(k) => twin_outcome(deps, consumer, &decided[k]),
+        })
         .collect())
+}
+
+/// Where one envelope of a batch is decided: as the `k`-th of the envelopes claimed,
+/// or as the twin of that one (a redelivery of it in the same batch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Place {
+    First(usize),
+    Twin(usize),
+}
+
+/// The envelopes of `envs` to claim (the first delivery of each key and fingerprint,
+/// in order) and, for every envelope, where its outcome comes from.
+fn twins<'e>(envs: &[&'e Message]) -> (Vec<&'e Message>, Vec<Place>) {
+    let mut firsts: Vec<&'e Message> = Vec::with_capacity(envs.len());
+    let mut by_key: std::collections::HashMap<&MessageKey, usize> =
+        std::collections::HashMap::with_capacity(envs.len());
+    let mut place = Vec::with_capacity(envs.len());
+    for env in envs {
+        match by_key.get(env.key()) {
+            Some(&k) if firsts[k].fingerprint() == env.fingerprint() => place.push(Place::Twin(k)),
+            seen => {
+                if seen.is_none() {
+                    by_key.insert(env.key(), firsts.len());
+                }
+                place.push(Place::First(firsts.len()));
+                firsts.push(env);
+            }
+        }
+    }
+    (firsts, place)
+}
+
+/// The outcome of a redelivery decided with its twin in the same batch: what a claim
+/// after the twin's would have found. The twin's effect happened, was suppressed, or
+/// was refused for good (its claim is `sent` or `failed`): a duplicate, suppressed.
+/// The twin comes back (busy, an outage, a throttling provider): so does it. The key
+/// is stored with another fingerprint: a key conflict for it as well.
+fn twin_outcome(deps: &Deps, consumer: &str, twin: &Outcome) -> Outcome {
+    match twin {
+        Outcome::Retry(r) => Outcome::Retry(r.clone()),
+        Outcome::Rejected(r) if r.reason == RejectReason::KeyConflict => {
+            Outcome::Rejected(r.clone())
+        }
+        _ => {
+            deps.metrics.side_effect(consumer, EffectResult::Suppressed);
+            Outcome::Duplicate
+        }
+    }
 }
 
 /// A provider's answer waiting to be recorded on its claim (phase 3).
@@ -482,6 +547,91 @@ fn conflict(stored: &str) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::envelope::EventType;
+    use std::sync::Mutex;
+
+    fn zone_exit(seq: u64, zone: &str) -> Message {
+        Message::parse(
+            format!(
+                r#"{{"device_id":"TWIN-1","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-12-03T10:00:00Z","payload":{{"zone":"{zone}","phone":"+905550000000"}}}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    /// A redelivery in the batch of its first delivery is decided with it: claimed
+    /// and sent once, the redelivery a duplicate at once (one by one it came back
+    /// busy, a retry a second later); the same key with another payload still meets
+    /// the first's claim and conflicts; a twin of a retried send comes back with it.
+    #[tokio::test]
+    async fn a_redelivery_in_the_batch_of_its_first_delivery_is_decided_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = super::super::tests::deps(&dir).await;
+        let (a, b, other) = (
+            zone_exit(1, "depot"),
+            zone_exit(2, "depot"),
+            zone_exit(1, "port"),
+        );
+        assert_eq!(a.event_type, EventType::ZoneExit);
+        let sent = Mutex::new(Vec::new());
+        let send = |env: &Message, key: String| {
+            sent.lock().unwrap().push((env.seq, key));
+            async {
+                Ok(ProviderReply {
+                    status: 202,
+                    replayed: false,
+                    body: String::new(),
+                })
+            }
+        };
+        let batch = [&a, &b, &a, &other, &b];
+        let crash = CrashPlan::none();
+        let outcomes = perform_batch("twin-test", &deps, &batch, &crash, send)
+            .await
+            .unwrap();
+        let sent_once = Outcome::Processed {
+            effect: Some(EffectResult::Sent),
+            took_over_in_doubt: false,
+        };
+        assert_eq!(outcomes[0], sent_once);
+        assert_eq!(outcomes[1], sent_once);
+        assert_eq!(outcomes[2], Outcome::Duplicate);
+        assert!(
+            matches!(&outcomes[3], Outcome::Rejected(r) if r.reason == RejectReason::KeyConflict),
+            "{:?}",
+            outcomes[3]
+        );
+        assert_eq!(outcomes[4], Outcome::Duplicate);
+        let sent = sent.into_inner().unwrap();
+        assert_eq!(
+            sent.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+            vec![1, 2],
+            "each key sent once"
+        );
+        let counts = deps.metrics.counts("twin-test");
+        assert_eq!(counts.side_effects_sent, 2);
+        assert_eq!(counts.side_effects_suppressed, 2);
+
+        // The provider fails: the first and its twin both come back, uncounted, and
+        // the claim is released for the retry under the same provider key.
+        let c = zone_exit(3, "depot");
+        let failing = |_: &Message, _: String| async {
+            Err(ProviderError::Unavailable {
+                status: 503,
+                body: "down".into(),
+            })
+        };
+        let outcomes = perform_batch("twin-test", &deps, &[&c, &c], &crash, failing)
+            .await
+            .unwrap();
+        assert_eq!(outcomes[0], outcomes[1]);
+        assert!(
+            matches!(&outcomes[0], Outcome::Retry(r) if matches!(r.cause, RetryCause::Infra { .. })),
+            "{:?}",
+            outcomes[0]
+        );
+    }
 
     /// The claim's detail tells an operator reading `claims` whether this delivery
     /// sent the effect or the provider replayed an earlier send, and with what status;
