@@ -344,6 +344,21 @@ mod tests {
         }
     }
 
+    /// [`deps`] with both providers (SMS and webhook) at `provider`.
+    async fn deps_on(dir: &tempfile::TempDir, provider: &str) -> Deps {
+        Deps {
+            provider: ProviderClient::new(provider, provider),
+            ..deps(dir).await
+        }
+    }
+
+    /// `sql` run on `dir`'s store database beside the store (a trigger that makes the
+    /// database refuse or fail a statement: nothing a consumer could know).
+    pub(super) fn exec(dir: &tempfile::TempDir, sql: &str) {
+        let db = rusqlite::Connection::open(dir.path().join("consumers.db")).unwrap();
+        db.execute_batch(sql).expect(sql);
+    }
+
     const MODES: [ConsumerMode; 3] = [
         ConsumerMode::Idempotent,
         ConsumerMode::SeenSet,
@@ -508,7 +523,7 @@ mod tests {
         );
     }
 
-    fn zone_exit(device: &str, seq: u64, zone: &str) -> Message {
+    pub(super) fn zone_exit(device: &str, seq: u64, zone: &str) -> Message {
         let line = format!(
             r#"{{"device_id":"{device}","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T07:12:03+03:00","payload":{{"zone":"{zone}","phone":"+905551112233"}}}}"#
         );
@@ -560,5 +575,143 @@ mod tests {
         assert_eq!((&request.key, &request.provider_key), (&key, &k));
         assert_eq!(&request.fingerprint, exit.fingerprint());
         assert_eq!(request.message, exit.to_json_line().into_bytes());
+    }
+
+    /// An event of `event_type` from `device` at `seq`, with a zone and, when given,
+    /// a phone to notify.
+    fn event(device: &str, seq: u64, event_type: &str, phone: Option<&str>) -> Message {
+        let phone = phone
+            .map(|p| format!(r#","phone":"{p}""#))
+            .unwrap_or_default();
+        let line = format!(
+            r#"{{"device_id":"{device}","seq":{seq},"event_type":"{event_type}","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"X"{phone}}}}}"#
+        );
+        Message::parse(line.as_bytes()).unwrap()
+    }
+
+    fn applied() -> Outcome {
+        Outcome::Processed {
+            effect: None,
+            took_over_in_doubt: false,
+        }
+    }
+
+    fn sent() -> Outcome {
+        Outcome::Processed {
+            effect: Some(EffectResult::Sent),
+            took_over_in_doubt: false,
+        }
+    }
+
+    /// `consumer`'s batch of `envs`, which must succeed.
+    async fn batch(consumer: &dyn Consumer, envs: &[Message]) -> Vec<Outcome> {
+        consumer
+            .handle_batch(envs, &CrashPlan::none())
+            .await
+            .unwrap()
+    }
+
+    /// `env` delivered three times to `consumer`: in a batch of its own, again, then
+    /// alone; `first` the first time, `then` after.
+    async fn three_deliveries(
+        consumer: &dyn Consumer,
+        env: &Message,
+        first: Outcome,
+        then: &Outcome,
+    ) {
+        let (name, mode) = (consumer.name(), consumer.mode());
+        let one = std::slice::from_ref(env);
+        assert_eq!(batch(consumer, one).await, [first], "{name} {mode:?}");
+        let again = batch(consumer, one).await;
+        assert_eq!(again, std::slice::from_ref(then), "{name} {mode:?}");
+        let alone = consumer.handle(env, &CrashPlan::none()).await.unwrap();
+        assert_eq!(&alone, then, "{name} {mode:?}");
+    }
+
+    /// trip-counter: idempotent, a zone exit counts once however often it comes, in a
+    /// batch or alone; naive (drills only) counts every delivery — its batch is one
+    /// by one, never the deduplicating batch.
+    #[tokio::test]
+    async fn the_trip_counter_counts_a_zone_exit_once_unless_naive() {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = deps(&dir).await;
+        for (mode, device, then, counted) in [
+            (ConsumerMode::Idempotent, "34-TC-I", Outcome::Duplicate, 1),
+            (ConsumerMode::Naive, "34-TC-N", applied(), 3),
+        ] {
+            let counter = build(trip_counter::NAME, &deps, mode).unwrap();
+            let exit = event(device, 1, "zone_exit", None);
+            three_deliveries(&*counter, &exit, applied(), &then).await;
+            let zone_exits = deps.store.zone_exits(device).await.unwrap();
+            assert_eq!(zone_exits, counted, "{mode:?}");
+        }
+    }
+
+    /// vehicle-state: guarded (idempotent, and seen-set, which runs guarded), an event
+    /// older than the state is late, in a batch or alone; naive (drills only) applies
+    /// it over the newer state — its batch is one by one, never the guarded batch.
+    #[tokio::test]
+    async fn vehicle_state_keeps_the_newest_event_unless_naive() {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = deps(&dir).await;
+        for (mode, device) in MODES.into_iter().zip(["34-VS-I", "34-VS-S", "34-VS-N"]) {
+            let state = build(vehicle_state::NAME, &deps, mode).unwrap();
+            let naive = mode == ConsumerMode::Naive;
+            let late = if naive { applied() } else { Outcome::Late };
+            let newest = [event(device, 5, "ignition_on", None)];
+            assert_eq!(batch(&*state, &newest).await, [applied()], "{mode:?}");
+            let older = [event(device, 3, "ignition_off", None)];
+            let outcomes = batch(&*state, &older).await;
+            assert_eq!(outcomes, std::slice::from_ref(&late), "{mode:?}");
+            let oldest = event(device, 2, "zone_enter", None);
+            let alone = state.handle(&oldest, &CrashPlan::none()).await.unwrap();
+            assert_eq!(alone, late, "{mode:?}");
+            let last = deps.store.vehicle_state(device).await.unwrap().unwrap();
+            assert_eq!(last.last_seq, if naive { 2 } else { 5 }, "{mode:?}");
+        }
+    }
+
+    /// zone-exit-sms and erp-webhook against a sandbox provider: idempotent, each
+    /// event's effect goes out once (a zone exit without a phone notifies nobody),
+    /// in a batch or alone; naive (drills only) sends it on every delivery — its
+    /// batch is one by one, never the claiming batch.
+    #[tokio::test]
+    async fn a_side_effect_goes_out_once_unless_naive() {
+        let sandbox = crate::sim::sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let deps = deps_on(&dir, &sandbox.url()).await;
+        for (mode, sms, erp, then, times) in [
+            (
+                ConsumerMode::Idempotent,
+                "34-SMS-I",
+                "34-ERP-I",
+                Outcome::Duplicate,
+                1,
+            ),
+            (ConsumerMode::Naive, "34-SMS-N", "34-ERP-N", sent(), 3),
+        ] {
+            let zone_exit_sms = build(zone_exit_sms::NAME, &deps, mode).unwrap();
+            let nobody = [event(sms, 2, "zone_exit", None)];
+            let skipped = batch(&*zone_exit_sms, &nobody).await;
+            assert_eq!(skipped, [Outcome::Skipped], "{mode:?}");
+            let exit = event(sms, 1, "zone_exit", Some("+905551112233"));
+            three_deliveries(&*zone_exit_sms, &exit, sent(), &then).await;
+            let erp_webhook = build(erp_webhook::NAME, &deps, mode).unwrap();
+            let off = event(erp, 1, "ignition_off", None);
+            three_deliveries(&*erp_webhook, &off, sent(), &then).await;
+            let state = sandbox.state();
+            let texts = state
+                .sent_sms()
+                .into_iter()
+                .filter(|s| s.text.contains(sms));
+            assert_eq!(texts.count(), times, "{mode:?}");
+            let posts = state
+                .sent_erp()
+                .into_iter()
+                .filter(|e| e.body["device_id"] == erp);
+            assert_eq!(posts.count(), times, "{mode:?}");
+        }
     }
 }

@@ -546,9 +546,14 @@ fn conflict(stored: &str) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{deps, exec};
+    use super::super::Retry;
     use super::*;
+    use crate::engine::crash::{CrashStyle, Crashed};
     use crate::engine::envelope::EventType;
+    use crate::engine::health::InfraKind;
     use std::sync::Mutex;
+    use ClaimState::{Claimed, Failed, Sent};
 
     fn zone_exit(seq: u64, zone: &str) -> Message {
         Message::parse(
@@ -631,6 +636,313 @@ mod tests {
             "{:?}",
             outcomes[0]
         );
+    }
+
+    const SMS: &str = "zone-exit-sms";
+
+    type Reply = Result<ProviderReply, ProviderError>;
+
+    fn accepted(replayed: bool) -> Reply {
+        Ok(ProviderReply {
+            status: 200,
+            replayed,
+            body: String::new(),
+        })
+    }
+
+    fn sent() -> Reply {
+        accepted(false)
+    }
+
+    fn refused() -> Reply {
+        Err(ProviderError::Rejected {
+            status: 400,
+            body: "recipient_refused".into(),
+        })
+    }
+
+    fn failing() -> Reply {
+        Err(ProviderError::Unavailable {
+            status: 503,
+            body: "down".into(),
+        })
+    }
+
+    /// A SQLite store in a tempdir and `n` zone exits of devices `{prefix}-{i}`.
+    async fn setup(prefix: &str, n: usize) -> (tempfile::TempDir, Deps, Vec<Message>) {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = deps(&dir).await;
+        let msgs = (0..n)
+            .map(|i| super::super::tests::zone_exit(&format!("{prefix}-{i}"), 1, "X"))
+            .collect();
+        (dir, deps, msgs)
+    }
+
+    /// `m` alone in idempotent mode (the claim sweeper's path), the provider
+    /// answering `reply`.
+    async fn alone(deps: &Deps, m: &Message, reply: fn() -> Reply) -> Result<Outcome, HandleError> {
+        let mode = ConsumerMode::Idempotent;
+        perform(SMS, deps, mode, m, &CrashPlan::none(), |_| async move {
+            reply()
+        })
+        .await
+    }
+
+    /// `envs` as one batch, every send accepted.
+    async fn all_sent(deps: &Deps, envs: &[&Message]) -> Result<Vec<Outcome>, HandleError> {
+        perform_batch(SMS, deps, envs, &CrashPlan::none(), |_, _| async { sent() }).await
+    }
+
+    fn processed(effect: EffectResult, took_over_in_doubt: bool) -> Outcome {
+        Outcome::Processed {
+            effect: Some(effect),
+            took_over_in_doubt,
+        }
+    }
+
+    /// The reason and detail of a rejection, the cause of a retry, or the outcome.
+    fn fate(o: &Outcome) -> String {
+        match o {
+            Outcome::Rejected(r) => format!("{}: {}", r.reason, r.detail),
+            Outcome::Retry(Retry { cause, .. }) => format!("retry {cause:?}"),
+            o => format!("{o:?}"),
+        }
+    }
+
+    /// A `store_rejected` dead letter that names the database's refusal and says the
+    /// effect happened, and `more`.
+    fn assert_refused_but_sent(o: &Outcome, more: &str) {
+        let fate = fate(o);
+        for words in ["store_rejected: ", "idw_refuse", "DID happen", more] {
+            assert!(fate.contains(words), "{words:?} in {fate}");
+        }
+    }
+
+    fn assert_outage<T: std::fmt::Debug>(r: &Result<T, HandleError>) {
+        assert!(
+            matches!(r, Err(HandleError::Store(e)) if e.is_infrastructure()),
+            "{r:?}"
+        );
+    }
+
+    /// Each of `msgs` has a claim, in the state `want` gives it.
+    async fn assert_claims(deps: &Deps, msgs: &[Message], want: &[ClaimState]) {
+        let mut states = Vec::new();
+        for m in msgs {
+            let claim = deps.store.claim(SMS, m.key()).await.unwrap();
+            states.push(claim.expect("a claim").state);
+        }
+        assert_eq!(states, want);
+    }
+
+    /// A batch of sends, each answered its own way: sent, replayed, refused for good,
+    /// failing. Each answer is recorded on its own claim: `sent` (twice), `failed`
+    /// (nothing went out, never send it again), and a release — the claim stays open
+    /// and the next delivery takes it over in doubt and sends it under the same key,
+    /// while the three finished ones are duplicates.
+    #[tokio::test]
+    async fn a_batch_records_each_answer_on_its_own_claim() {
+        let (_dir, deps, msgs) = setup("34-ANS", 4).await;
+        let envs: Vec<&Message> = msgs.iter().collect();
+        let first = perform_batch(SMS, &deps, &envs, &CrashPlan::none(), |env, _key| {
+            let reply = match env.device_id.as_str() {
+                "34-ANS-0" => sent(),
+                "34-ANS-1" => accepted(true),
+                "34-ANS-2" => refused(),
+                _ => failing(),
+            };
+            async move { reply }
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            first[..2],
+            [
+                processed(EffectResult::Sent, false),
+                processed(EffectResult::Suppressed, false)
+            ]
+        );
+        let infra = RetryCause::Infra {
+            kind: InfraKind::ProviderUnavailable,
+            after: None,
+        };
+        assert_eq!(
+            first[2..].iter().map(fate).collect::<Vec<_>>(),
+            [
+                "provider_rejected: provider rejected the request (400): recipient_refused"
+                    .to_string(),
+                format!("retry {infra:?}")
+            ]
+        );
+        assert_claims(&deps, &msgs, &[Sent, Sent, Failed, Claimed]).await;
+        let keys = std::sync::Mutex::new(Vec::new());
+        let again = perform_batch(SMS, &deps, &envs, &CrashPlan::none(), |env, key| {
+            keys.lock().unwrap().push((env.device_id.clone(), key));
+            async { sent() }
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            again,
+            [
+                Outcome::Duplicate,
+                Outcome::Duplicate,
+                Outcome::Duplicate,
+                processed(EffectResult::Sent, true)
+            ]
+        );
+        assert_eq!(
+            keys.into_inner().unwrap(),
+            [("34-ANS-3".to_string(), provider_key(SMS, msgs[3].key()))]
+        );
+        assert_claims(&deps, &msgs[3..], &[Sent]).await;
+    }
+
+    /// The crash point between the claims and the sends is reached when the batch won
+    /// a claim (nothing sent: the claim comes back in doubt) and not when it has
+    /// nothing to send.
+    #[tokio::test]
+    async fn a_batch_reaches_the_after_claim_point_only_when_it_has_a_send_to_make() {
+        let (_dir, deps, msgs) = setup("34-CRASH", 2).await;
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let send = |_: &Message, _: String| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { sent() }
+        };
+        let first = perform_batch(SMS, &deps, &[&msgs[0]], &CrashPlan::none(), send)
+            .await
+            .unwrap();
+        assert_eq!(first, [processed(EffectResult::Sent, false)]);
+        let crash = CrashPlan::at(CrashPoint::AfterClaim, 1, CrashStyle::Unwind);
+        let done = perform_batch(SMS, &deps, &[&msgs[0]], &crash, send)
+            .await
+            .unwrap();
+        assert_eq!((done, crash.pending()), (vec![Outcome::Duplicate], 1));
+        let died = perform_batch(SMS, &deps, &[&msgs[1]], &crash, send).await;
+        assert!(
+            matches!(
+                died,
+                Err(HandleError::Crashed(Crashed(CrashPoint::AfterClaim)))
+            ),
+            "{died:?}"
+        );
+        assert_eq!(crash.pending(), 0);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_claims(&deps, &msgs[1..], &[Claimed]).await;
+    }
+
+    /// A trigger that runs `body` before an update of `key`'s claim to `state`
+    /// (SQLite cannot add a CHECK to a table; a trigger's error is what the database
+    /// says of the row).
+    fn trigger(dir: &tempfile::TempDir, key: &MessageKey, state: &str, body: &str) {
+        let key = key.as_str();
+        exec(
+            dir,
+            &format!(
+                "CREATE TABLE IF NOT EXISTS idw_one (x INTEGER PRIMARY KEY);
+                 INSERT OR IGNORE INTO idw_one VALUES (1);
+                 CREATE TRIGGER \"idw {state} {key}\" BEFORE UPDATE ON side_effect_claims
+                 WHEN NEW.state = '{state}' AND NEW.message_key = '{key}'
+                 BEGIN {body}; END;"
+            ),
+        );
+    }
+
+    /// The database refuses the row for what it holds (SQLITE_CONSTRAINT_TRIGGER).
+    const REFUSE: &str = "SELECT RAISE(ABORT, 'idw_refuse: not this row')";
+    /// A unique key taken (SQLITE_CONSTRAINT_PRIMARYKEY): another writer got there
+    /// first, a race the store reports as its health, retried later.
+    const DOWN: &str = "INSERT INTO idw_one VALUES (1)";
+    /// An error that is neither (SQLITE_ERROR): a bug, a schema that does not match.
+    const BROKEN: &str = "SELECT json('not json')";
+
+    /// The database refuses the batch's record for one row's content: the answers are
+    /// recorded one by one, the refused `sent` becomes one `store_rejected` dead letter
+    /// saying the SMS went out, its claim is closed `failed`, and the answers after it
+    /// commit as sent.
+    #[tokio::test]
+    async fn a_refused_record_in_a_batch_costs_only_its_own_message() {
+        let (dir, deps, msgs) = setup("34-REF", 3).await;
+        trigger(&dir, msgs[0].key(), "sent", REFUSE);
+        let envs: Vec<&Message> = msgs.iter().collect();
+        let outcomes = all_sent(&deps, &envs).await.unwrap();
+        assert_refused_but_sent(&outcomes[0], "closed `failed`");
+        assert_eq!(
+            outcomes[1..],
+            [
+                processed(EffectResult::Sent, false),
+                processed(EffectResult::Sent, false)
+            ]
+        );
+        assert_claims(&deps, &msgs, &[Failed, Sent, Sent]).await;
+    }
+
+    /// A refused `sent` whose closing `failed` is refused too: still one
+    /// `store_rejected` dead letter saying the SMS went out, and that the claim stays
+    /// open for the sweeper (the provider replays) and `claims resolve`. A closing
+    /// `failed` that fails for the store's health instead is an uncounted retry of
+    /// the whole message (its claim still open, taken over in doubt later).
+    #[tokio::test]
+    async fn a_refused_send_whose_claim_cannot_be_closed_stays_open() {
+        let (dir, deps, msgs) = setup("34-CLOSE", 2).await;
+        for (m, body) in msgs.iter().zip([REFUSE, DOWN]) {
+            trigger(&dir, m.key(), "sent", REFUSE);
+            trigger(&dir, m.key(), "failed", body);
+        }
+        let refused = alone(&deps, &msgs[0], sent).await.unwrap();
+        assert_refused_but_sent(&refused, "refused too");
+        assert_outage(&alone(&deps, &msgs[1], sent).await);
+        assert_claims(&deps, &msgs, &[Claimed, Claimed]).await;
+    }
+
+    /// A `sent` that cannot be recorded for the store's health is the store's failure,
+    /// alone or in a batch: the batch is not recorded one by one (every statement would
+    /// meet the same outage), and nothing is dead-lettered; the claims stay open.
+    #[tokio::test]
+    async fn a_record_failing_for_the_stores_health_is_an_error_not_an_outcome() {
+        let (dir, deps, msgs) = setup("34-DOWN", 3).await;
+        trigger(&dir, msgs[0].key(), "sent", DOWN);
+        trigger(&dir, msgs[2].key(), "sent", DOWN);
+        assert_outage(&all_sent(&deps, &[&msgs[1], &msgs[0]]).await);
+        assert_outage(&alone(&deps, &msgs[2], sent).await);
+        assert_claims(&deps, &msgs, &[Claimed, Claimed, Claimed]).await;
+    }
+
+    /// A `sent` the database fails for a reason that is neither the row's content nor
+    /// its health (a bug, a schema that does not match) is a counted retry: the claim
+    /// is not closed, since nothing says the row is wrong.
+    #[tokio::test]
+    async fn a_record_failing_for_another_reason_is_a_counted_retry() {
+        let (dir, deps, msgs) = setup("34-BUG", 1).await;
+        trigger(&dir, msgs[0].key(), "sent", BROKEN);
+        let outcome = alone(&deps, &msgs[0], sent).await.unwrap();
+        assert_eq!(fate(&outcome), "retry Message");
+        assert_claims(&deps, &msgs, &[Claimed]).await;
+    }
+
+    /// One message alone (the path of the claim sweeper and of a batch's retry):
+    /// sent under its claim's provider key and recorded `sent`, refused and recorded
+    /// `failed`, failing and released (open, taken over in doubt next time).
+    #[tokio::test]
+    async fn one_message_alone_records_its_answer_on_its_claim() {
+        let (_dir, deps, msgs) = setup("34-ONE", 3).await;
+        let mut outcomes = Vec::new();
+        for (m, reply) in msgs.iter().zip([sent(), refused(), failing()]) {
+            let want = provider_key(SMS, m.key());
+            let send = |key: Option<String>| async move {
+                assert_eq!(key, Some(want));
+                reply
+            };
+            let mode = ConsumerMode::Idempotent;
+            let crash = CrashPlan::none();
+            outcomes.push(perform(SMS, &deps, mode, m, &crash, send).await.unwrap());
+        }
+        assert_eq!(outcomes[0], processed(EffectResult::Sent, false));
+        assert!(fate(&outcomes[1]).starts_with("provider_rejected: "));
+        assert!(fate(&outcomes[2]).starts_with("retry Infra"));
+        assert_claims(&deps, &msgs, &[Sent, Failed, Claimed]).await;
+        let again = alone(&deps, &msgs[2], || accepted(true)).await.unwrap();
+        assert_eq!(again, processed(EffectResult::Suppressed, true));
     }
 
     /// The claim's detail tells an operator reading `claims` whether this delivery
