@@ -4,6 +4,7 @@
 //! Parsing never panics and never loses input: every rejection carries a
 //! [`RejectReason`] and the caller keeps the raw bytes for `dead_letters`.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use chrono::{DateTime, Datelike, SecondsFormat, Utc};
@@ -249,9 +250,12 @@ pub struct Fingerprint(String);
 
 impl Fingerprint {
     pub fn of(payload: &Map<String, Value>, occurred_at: &DateTime<Utc>) -> Self {
-        // serde_json's Map is a BTreeMap here (no `preserve_order`), so serializing
-        // it yields sorted keys at every depth: a canonical form.
-        let canonical = serde_json::to_string(payload).unwrap_or_default();
+        Fingerprint::of_canonical(&canonical_payload(payload), occurred_at)
+    }
+
+    /// [`Fingerprint::of`] given the payload's [`canonical_payload`] already made
+    /// (parsing makes it once, to measure the payload against its limit).
+    fn of_canonical(canonical: &str, occurred_at: &DateTime<Utc>) -> Self {
         let mut hasher = Sha256::new();
         hasher.update(canonical.as_bytes());
         hasher.update(b"\n");
@@ -266,6 +270,12 @@ impl Fingerprint {
     pub fn from_stored(s: String) -> Self {
         Fingerprint(s)
     }
+}
+
+/// The payload in its canonical form: serde_json's Map is a BTreeMap here (no
+/// `preserve_order`), so serializing it yields sorted keys at every depth.
+fn canonical_payload(payload: &Map<String, Value>) -> String {
+    serde_json::to_string(payload).unwrap_or_default()
 }
 
 impl fmt::Display for Fingerprint {
@@ -298,7 +308,29 @@ impl Message {
 
     /// [`Envelope::parse`], with the identity computed once.
     pub fn parse(raw: &[u8]) -> Result<Message, Rejection> {
-        Envelope::parse(raw).map(Message::new)
+        Envelope::parse_canonical(raw).map(|(env, canonical)| Message::of(env, &canonical))
+    }
+
+    /// Parse one delivery for a consumer that handles the events `wants` says yes to:
+    /// those get their identity (key and fingerprint) at once, the others only their
+    /// key (they are acked as skipped). Bad input is refused for every consumer alike.
+    /// The runner parses a lease as soon as it arrives, beside the batch before it,
+    /// so the fingerprint's hashing is off the path a batch waits on.
+    pub fn parse_for(raw: &[u8], wants: impl Fn(EventType) -> bool) -> Result<Parsed, Rejection> {
+        let (env, canonical) = Envelope::parse_canonical(raw)?;
+        Ok(if wants(env.event_type) {
+            Parsed::Own(Message::of(env, &canonical))
+        } else {
+            Parsed::Other(env.key())
+        })
+    }
+
+    fn of(envelope: Envelope, canonical: &str) -> Message {
+        Message {
+            key: envelope.key(),
+            fingerprint: Fingerprint::of_canonical(canonical, &envelope.occurred_at),
+            envelope,
+        }
     }
 
     pub fn key(&self) -> &MessageKey {
@@ -326,6 +358,15 @@ impl From<Envelope> for Message {
     fn from(envelope: Envelope) -> Message {
         Message::new(envelope)
     }
+}
+
+/// One delivery parsed for one consumer ([`Message::parse_for`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// An event the consumer handles, with its identity.
+    Own(Message),
+    /// Another consumer's event: only its key, for the record of the skip.
+    Other(MessageKey),
 }
 
 /// One parsed message.
@@ -377,6 +418,79 @@ impl Envelope {
     /// Parse one message. Every failure is a [`Rejection`] with a precise detail;
     /// nothing here panics, whatever the bytes.
     pub fn parse(raw: &[u8]) -> Result<Envelope, Rejection> {
+        Envelope::parse_canonical(raw).map(|(env, _)| env)
+    }
+
+    /// [`Envelope::parse`], with the payload's canonical form it measured.
+    ///
+    /// Two paths, one result. A well-formed message is read straight into its fields
+    /// ([`Wire`], the strings borrowed from the bytes where they hold no escape):
+    /// every message of every consumer is parsed, four times over in a fleet, and a
+    /// tree of `Value`s per message was most of the runner's own CPU. Anything that
+    /// path does not accept whole — a field missing, null, of the wrong type or out
+    /// of its bounds, a key given twice, a message that is not one JSON object — is
+    /// parsed again by the reference path below, which names the field and the fault.
+    /// The fast path accepts nothing the reference refuses and builds the same
+    /// envelope (`the_fast_path_agrees_with_the_reference` checks both on mutated
+    /// and generated messages).
+    fn parse_canonical(raw: &[u8]) -> Result<(Envelope, String), Rejection> {
+        if raw.len() > MAX_RAW_BYTES {
+            return Envelope::parse_reference(raw);
+        }
+        match Envelope::parse_fast(raw) {
+            Some(parsed) => Ok(parsed),
+            None => Envelope::parse_reference(raw),
+        }
+    }
+
+    /// The fast path of [`Envelope::parse_canonical`]: `None` for anything it does
+    /// not accept whole, to be told why by the reference path.
+    fn parse_fast(raw: &[u8]) -> Option<(Envelope, String)> {
+        // A derived `Deserialize` also reads a struct from a JSON array; a message is
+        // an object.
+        let first = raw.iter().find(|b| !b" \t\n\r".contains(b))?;
+        if *first != b'{' {
+            return None;
+        }
+        let wire: Wire<'_> = serde_json::from_slice(raw).ok()?;
+        check_device_id(&wire.device_id).ok()?;
+        if wire.seq > MAX_SEQ {
+            return None;
+        }
+        let event_type = EventType::parse(&wire.event_type)?;
+        let occurred_at = DateTime::parse_from_rfc3339(&wire.occurred_at)
+            .ok()?
+            .with_timezone(&Utc);
+        if !OCCURRED_AT_YEARS.contains(&occurred_at.year()) {
+            return None;
+        }
+        if let Some(id) = &wire.message_id {
+            check_text(id, MAX_MESSAGE_ID_BYTES).ok()?;
+        }
+        let payload = wire.payload.unwrap_or_default();
+        let canonical = canonical_payload(&payload);
+        if canonical.len() > MAX_PAYLOAD_BYTES {
+            return None;
+        }
+        check_payload(event_type, &payload).ok()?;
+        check_map_no_nul("payload", &payload).ok()?;
+        Some((
+            Envelope {
+                message_id: wire.message_id.map(Cow::into_owned),
+                device_id: wire.device_id.into_owned(),
+                seq: wire.seq,
+                event_type,
+                occurred_at,
+                payload,
+            },
+            canonical,
+        ))
+    }
+
+    /// The reference path of [`Envelope::parse_canonical`]: the message read as a
+    /// tree of `Value`s, each field taken out and checked in turn, so that every
+    /// refusal names its field and its fault.
+    fn parse_reference(raw: &[u8]) -> Result<(Envelope, String), Rejection> {
         if raw.len() > MAX_RAW_BYTES {
             return Err(Rejection::new(
                 RejectReason::TooLarge,
@@ -457,9 +571,8 @@ impl Envelope {
             Some(Value::Object(m)) => m,
             Some(other) => return Err(wrong_type("payload", "an object", &other)),
         };
-        let payload_len = serde_json::to_string(&payload)
-            .map(|s| s.len())
-            .unwrap_or(0);
+        let canonical = canonical_payload(&payload);
+        let payload_len = canonical.len();
         if payload_len > MAX_PAYLOAD_BYTES {
             return Err(Rejection::new(
                 RejectReason::TooLarge,
@@ -469,15 +582,36 @@ impl Envelope {
         check_payload(event_type, &payload)?;
         check_map_no_nul("payload", &payload)?;
 
-        Ok(Envelope {
-            message_id,
-            device_id,
-            seq,
-            event_type,
-            occurred_at,
-            payload,
-        })
+        Ok((
+            Envelope {
+                message_id,
+                device_id,
+                seq,
+                event_type,
+                occurred_at,
+                payload,
+            },
+            canonical,
+        ))
     }
+}
+
+/// A well-formed message as it is on the wire: the fast path of
+/// [`Envelope::parse_canonical`]. Unknown fields are ignored, as the reference path
+/// ignores them; a null `message_id` or `payload` is none, as there.
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow)]
+    device_id: Cow<'a, str>,
+    seq: u64,
+    #[serde(borrow)]
+    event_type: Cow<'a, str>,
+    #[serde(borrow)]
+    occurred_at: Cow<'a, str>,
+    #[serde(default, borrow)]
+    message_id: Option<Cow<'a, str>>,
+    #[serde(default)]
+    payload: Option<Map<String, Value>>,
 }
 
 /// The payload fields each event type needs (SPEC §1).
@@ -802,7 +936,65 @@ mod tests {
         );
     }
 
+    /// The fast path accepts nothing the reference path refuses and builds the same
+    /// envelope and canonical payload; it takes the messages producers send.
+    fn agree(raw: &[u8]) -> Result<(), String> {
+        match (Envelope::parse_fast(raw), Envelope::parse_reference(raw)) {
+            (Some(fast), Ok(reference)) if fast == reference => Ok(()),
+            (Some(fast), reference) => Err(format!("fast {fast:?}, reference {reference:?}")),
+            (None, _) => Ok(()),
+        }
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_the_reference() {
+        let cases = [
+            GOOD.to_string(),
+            format!("  \n{GOOD}\t "),
+            GOOD.replace("\"seq\":48211", "\"seq\":48211,\"seq\":7"),
+            GOOD.replace("\"payload\":{", "\"payload\":null,\"x\":{"),
+            GOOD.replace("\"message_id\":\"p-81f3\"", "\"message_id\":null"),
+            GOOD.replace("\"message_id\":\"p-81f3\"", "\"message_id\":5"),
+            GOOD.replace(
+                "\"message_id\":\"p-81f3\"",
+                "\"extra\":[1,{\"a\":2}],\"extra\":3",
+            ),
+            GOOD.replace("34-ABC-123", "34-ABC\\u0041"),
+            GOOD.replace("zone_exit", "zone\\u005fexit"),
+            GOOD.replace("\"seq\"", "\"se\\u0071\""),
+            GOOD.replace("48211", "48211.0"),
+            GOOD.replace("48211", &MAX_SEQ.to_string()),
+            GOOD.replace("48211", &(MAX_SEQ + 1).to_string()),
+            GOOD.replace("2026-11-30T04:12:03Z", "0999-11-30T04:12:03Z"),
+            GOOD.replace("\"X\"", "\"X\\u0000\""),
+            GOOD.replace("\"device_id\":\"34-ABC-123\"", "\"device_id\":null"),
+            r#"["34-ABC-123",48211,"zone_exit","2026-11-30T04:12:03Z"]"#.to_string(),
+            format!("{GOOD} x"),
+        ];
+        for case in &cases {
+            agree(case.as_bytes()).unwrap_or_else(|e| panic!("{case}: {e}"));
+        }
+        // The messages a producer sends take the fast path.
+        for case in &cases[..2] {
+            assert!(Envelope::parse_fast(case.as_bytes()).is_some(), "{case}");
+        }
+        let position = r#"{"device_id":"D","seq":1,"event_type":"position","occurred_at":"2026-11-30T04:12:03.250+03:00","payload":{"lat":41.0,"lon":29.0,"speed_kmh":12}}"#;
+        assert!(Envelope::parse_fast(position.as_bytes()).is_some());
+        agree(position.as_bytes()).unwrap();
+        // What the fast path refuses is refused, or taken, by the reference alone.
+        assert!(Envelope::parse_fast(cases[2].as_bytes()).is_none());
+        assert_eq!(Envelope::parse(cases[2].as_bytes()).unwrap().seq, 7);
+    }
+
     proptest! {
+        #[test]
+        fn the_fast_path_agrees_on_mutated_envelopes(pos in 0usize..GOOD.len(), byte in any::<u8>(), cut in 0usize..=GOOD.len()) {
+            let mut bytes = GOOD.as_bytes().to_vec();
+            bytes[pos] = byte;
+            prop_assert!(agree(&bytes).is_ok(), "{:?}", agree(&bytes));
+            prop_assert!(agree(&GOOD.as_bytes()[..cut]).is_ok());
+        }
+
         #[test]
         fn parse_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = Envelope::parse(&bytes);

@@ -14,7 +14,7 @@ use tokio::sync::{watch, Notify};
 pub use super::consumers::DeliveryOutcome;
 use super::consumers::{Consumer, HandleError, Outcome, Retry, RetryCause};
 use super::crash::{CrashPlan, CrashPoint, Crashed};
-use super::envelope::{Envelope, Message, MessageKey, RejectReason, Rejection};
+use super::envelope::{EventType, Message, MessageKey, Parsed, RejectReason, Rejection};
 use super::health::{Backoff, ConsumerHealth, InfraKind};
 use super::metrics::{EffectResult, Metrics};
 use super::queue::{Delivery, Queue, QueueResult};
@@ -175,11 +175,12 @@ enum Paused {
 /// then dies at the ack crash point has already reported what it did.
 pub type EventSink = Arc<dyn Fn(DeliveryEvent) + Send + Sync>;
 
-/// Leased deliveries in hand, parsed as soon as they are leased: pipelined, that
-/// happens while the batch before commits, off the path the batch waits on. With a
-/// prefetch they are taken up a batch at a time.
+/// Leased deliveries in hand, parsed for the consumer as soon as they are leased
+/// (its own events with their key and fingerprint, see [`Message::parse_for`]):
+/// pipelined, that happens while the batch before commits, off the path the batch
+/// waits on. With a prefetch they are taken up a batch at a time.
 struct Leased {
-    deliveries: VecDeque<(Delivery, Result<Envelope, Rejection>)>,
+    deliveries: VecDeque<(Delivery, Result<Parsed, Rejection>)>,
     /// When the lease was asked for: the visibility timeout runs from here.
     leased_at: Instant,
     /// Whether a batch was taken from this lease yet.
@@ -189,7 +190,7 @@ struct Leased {
 /// One batch taken up for handling, and when: latency counts from there (for the
 /// first batch of a lease, from when the lease was asked for).
 struct Batch {
-    deliveries: Vec<(Delivery, Result<Envelope, Rejection>)>,
+    deliveries: Vec<(Delivery, Result<Parsed, Rejection>)>,
     at: Instant,
     /// Deliveries the consumer's handler will see (parsed, and an event it wants).
     own: usize,
@@ -199,20 +200,14 @@ struct Batch {
 
 impl Batch {
     /// Move deliveries from `from` until this batch holds `want` of the consumer's
-    /// own (`wants`), `limit` deliveries or [`GATHER_MAX_BYTES`], or `from` is empty.
-    fn gather(
-        &mut self,
-        from: &mut Leased,
-        want: usize,
-        limit: usize,
-        wants: impl Fn(&Envelope) -> bool,
-    ) {
+    /// own, `limit` deliveries or [`GATHER_MAX_BYTES`], or `from` is empty.
+    fn gather(&mut self, from: &mut Leased, want: usize, limit: usize) {
         from.started = true;
         while self.own < want && self.deliveries.len() < limit && self.bytes < GATHER_MAX_BYTES {
             let Some(next) = from.deliveries.pop_front() else {
                 return;
             };
-            if matches!(&next.1, Ok(env) if wants(env)) {
+            if matches!(&next.1, Ok(Parsed::Own(_))) {
                 self.own += 1;
             }
             self.bytes += next.0.body.len();
@@ -228,12 +223,13 @@ impl Batch {
 }
 
 impl Leased {
-    fn new(deliveries: Vec<Delivery>, at: Instant) -> Self {
+    /// `wants`: the consumer's events (see [`Consumer::wants`]).
+    fn new(deliveries: Vec<Delivery>, at: Instant, wants: impl Fn(EventType) -> bool) -> Self {
         Leased {
             deliveries: deliveries
                 .into_iter()
                 .map(|d| {
-                    let parsed = Envelope::parse(&d.body);
+                    let parsed = Message::parse_for(&d.body, &wants);
                     (d, parsed)
                 })
                 .collect(),
@@ -243,7 +239,7 @@ impl Leased {
     }
 
     fn none() -> Self {
-        Leased::new(Vec::new(), Instant::now())
+        Leased::new(Vec::new(), Instant::now(), |_| false)
     }
 
     fn is_empty(&self) -> bool {
@@ -383,7 +379,7 @@ impl Worker {
                 deliveries.extend(self.leased_or_warn(more).await);
             }
         }
-        Leased::new(deliveries, at)
+        Leased::new(deliveries, at, |t| self.consumer.wants(t))
     }
 
     /// Give the deliveries in hand back to the queue (a stopping or paused worker, or
@@ -540,9 +536,8 @@ impl Worker {
         batch: usize,
         limit: usize,
     ) -> Batch {
-        let wants = |env: &Envelope| self.consumer.wants(env.event_type);
         let mut current = held.take(0);
-        current.gather(held, batch, limit, wants);
+        current.gather(held, batch, limit);
         while held.is_empty() && current.wants_more(batch, limit) {
             let more = self
                 .ack_then_lease_up_to(
@@ -555,7 +550,7 @@ impl Worker {
                 break;
             }
             *held = more;
-            current.gather(held, batch, limit, wants);
+            current.gather(held, batch, limit);
         }
         current
     }
@@ -612,7 +607,9 @@ impl Worker {
             .queue
             .lease(&self.queue_name, 1, self.settings.visibility_timeout)
             .await;
-        Leased::new(self.leased_or_warn(leased).await, at)
+        Leased::new(self.leased_or_warn(leased).await, at, |t| {
+            self.consumer.wants(t)
+        })
     }
 
     /// Nothing leased: `true` to stop (the queue is drained, or shutdown was asked),
@@ -786,7 +783,7 @@ impl Worker {
     async fn classify(
         &self,
         delivery: &Delivery,
-        parsed: Result<Envelope, Rejection>,
+        parsed: Result<Parsed, Rejection>,
         event: &mut DeliveryEvent,
     ) -> Result<Message, bool> {
         if delivery.attempts > self.settings.max_deliveries {
@@ -801,22 +798,20 @@ impl Worker {
                 .dead_letter(RejectReason::MaxDeliveries, &detail, delivery, event)
                 .await);
         }
-        let env = match parsed {
-            Ok(env) => env,
-            Err(rejection) => {
-                return Err(self
-                    .dead_letter(rejection.reason, &rejection.detail, delivery, event)
-                    .await)
+        match parsed {
+            Ok(Parsed::Own(message)) => {
+                event.key = Some(message.key().clone());
+                Ok(message)
             }
-        };
-        if !self.consumer.wants(env.event_type) {
-            event.key = Some(env.key());
-            event.outcome = DeliveryOutcome::Skipped;
-            return Err(true);
+            Ok(Parsed::Other(key)) => {
+                event.key = Some(key);
+                event.outcome = DeliveryOutcome::Skipped;
+                Err(true)
+            }
+            Err(rejection) => Err(self
+                .dead_letter(rejection.reason, &rejection.detail, delivery, event)
+                .await),
         }
-        let message = Message::new(env);
-        event.key = Some(message.key().clone());
-        Ok(message)
     }
 
     /// Count one handler outcome. Returns whether to ack. `pause`: the consumer's
@@ -978,7 +973,7 @@ mod tests {
                 lease_token: "t".into(),
             })
             .collect();
-        let mut held = Leased::new(deliveries, leased_at);
+        let mut held = Leased::new(deliveries, leased_at, |_| true);
         let first = held.take(2);
         assert_eq!((first.deliveries.len(), first.at), (2, leased_at));
         let second = held.take(2);
@@ -989,6 +984,7 @@ mod tests {
         let mut old = Leased::new(
             vec![first.deliveries.into_iter().next().unwrap().0],
             leased_at,
+            |_| true,
         );
         assert!(old.is_stale(Duration::from_secs(9)));
         assert!(!old.is_stale(Duration::from_secs(11)));
@@ -1015,13 +1011,14 @@ mod tests {
         .into_bytes()
     }
 
+    /// A lease of `bodies` for a consumer of the zone exits.
     fn leased(bodies: Vec<Vec<u8>>) -> Leased {
         let deliveries = bodies
             .into_iter()
             .enumerate()
             .map(|(i, b)| delivery(i as i64 + 1, b))
             .collect();
-        Leased::new(deliveries, Instant::now())
+        Leased::new(deliveries, Instant::now(), |t| t == EventType::ZoneExit)
     }
 
     fn ids(batch: &Batch) -> Vec<i64> {
@@ -1034,11 +1031,10 @@ mod tests {
     /// may take more by the same three bounds.
     #[test]
     fn a_gathering_batch_stops_at_its_own_events_its_limit_or_its_bytes() {
-        let wants = |env: &Envelope| env.event_type == super::super::envelope::EventType::ZoneExit;
         let gathered = |bodies: Vec<Vec<u8>>, want, limit| {
             let mut held = leased(bodies);
             let mut batch = held.take(0);
-            batch.gather(&mut held, want, limit, wants);
+            batch.gather(&mut held, want, limit);
             (batch, held)
         };
         // Zone exits at odd seqs, ignition-ons between them.
@@ -1286,7 +1282,7 @@ mod tests {
             };
             let (w, _) = worker_of(&dir, RunnerSettings::default(), consumer).await;
             let envs: Vec<Message> = (1..=n)
-                .map(|seq| Message::new(Envelope::parse(&event(seq, "zone_exit")).unwrap()))
+                .map(|seq| Message::parse(&event(seq, "zone_exit")).unwrap())
                 .collect();
             let outcomes = w.handle_envelopes(&envs).await.unwrap();
             (outcomes, alone.load(Ordering::SeqCst))
