@@ -945,6 +945,38 @@ mod tests {
         assert_eq!(again, processed(EffectResult::Suppressed, true));
     }
 
+    /// A redelivery in the batch of its first delivery takes the first's fate as a
+    /// second claim after it would have found it: a key conflict stays a key conflict
+    /// (its key is stored with another fingerprint), a refusal for good is a
+    /// duplicate (the claim is `failed`: never send it again). One call in all.
+    #[tokio::test]
+    async fn a_twin_conflicts_with_its_first_and_is_a_duplicate_of_its_refusal() {
+        let (_dir, deps, msgs) = setup("34-TWIN", 2).await;
+        let stored = super::super::tests::zone_exit("34-TWIN-0", 1, "elsewhere");
+        assert_eq!(stored.key(), msgs[0].key());
+        let first = all_sent(&deps, &[&stored]).await.unwrap();
+        assert_eq!(first, [processed(EffectResult::Sent, false)]);
+        let calls = std::sync::Mutex::new(Vec::new());
+        let (x, y) = (&msgs[0], &msgs[1]);
+        let outcomes = perform_batch(SMS, &deps, &[x, y, x, y], &CrashPlan::none(), |env, _| {
+            calls.lock().unwrap().push(env.device_id.clone());
+            async { refused() }
+        })
+        .await
+        .unwrap();
+        let fates: Vec<String> = outcomes.iter().map(fate).collect();
+        let kinds: Vec<&str> = fates.iter().map(|f| f.split(':').next().unwrap()).collect();
+        let want = [
+            "key_conflict",
+            "provider_rejected",
+            "key_conflict",
+            "Duplicate",
+        ];
+        assert_eq!(kinds, want, "{fates:?}");
+        assert_eq!(calls.into_inner().unwrap(), ["34-TWIN-1"]);
+        assert_claims(&deps, &msgs, &[Sent, Failed]).await;
+    }
+
     /// The claim's detail tells an operator reading `claims` whether this delivery
     /// sent the effect or the provider replayed an earlier send, and with what status;
     /// the effect counted is `sent` or `suppressed` accordingly.
