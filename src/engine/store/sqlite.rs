@@ -115,6 +115,7 @@ mod tests {
     use sqlx::ConnectOptions;
 
     use super::*;
+    use crate::engine::store::vehicle_batch::tests::event;
 
     fn item(key: &str, device: &str) -> Recordable {
         Recordable {
@@ -206,5 +207,138 @@ mod tests {
             .unwrap();
         assert_eq!(ok, [DedupOutcome::Applied, DedupOutcome::Duplicate]);
         assert_eq!(store.zone_exits("D1").await.unwrap(), 1);
+    }
+
+    fn request(key: &str) -> ClaimRequest {
+        ClaimRequest {
+            key: MessageKey::from_stored(key.to_string()),
+            fingerprint: Fingerprint::from_stored(format!("fp-{key}")),
+            provider_key: format!("pk-{key}"),
+            message: key.as_bytes().to_vec(),
+        }
+    }
+
+    fn result(key: &str, finish: ClaimFinish) -> ClaimResult {
+        ClaimResult {
+            key: MessageKey::from_stored(key.to_string()),
+            finish,
+        }
+    }
+
+    /// Each batch job on the store's thread (`sqlite_batch.rs`) answers for every
+    /// item of its batch and reads what the batches before it stored: a key or an
+    /// event is a duplicate in the next batch, a vehicle's state makes an older event
+    /// late, a claim is busy until finished, then done, or in doubt at once when
+    /// released. (The conformance suite's SQLite half checks the same against
+    /// one-by-one calls; this is the one the `--lib` mutation runs reach.)
+    #[tokio::test]
+    async fn each_batch_job_answers_every_item_and_reads_what_the_batches_before_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = SqliteStore::open(&url, Durability::Durable).await.unwrap();
+
+        let mut recorded = Vec::new();
+        for batch in [
+            vec![item("k1", "D1")],
+            vec![item("k1", "D1"), item("k2", "D1")],
+        ] {
+            recorded.push(store.record_batch("c", &batch).await.unwrap());
+        }
+        use DedupOutcome::{Applied, Duplicate};
+        assert_eq!(recorded, [vec![Applied], vec![Duplicate, Applied]]);
+        assert_eq!(store.zone_exits("D1").await.unwrap(), 2);
+
+        let position = r#""lat":1.0,"lon":2.0"#;
+        let first = [event("V1", 5, "position", position)];
+        assert_eq!(
+            store.apply_vehicle_batch(&first).await.unwrap(),
+            [VehicleOutcome::Applied]
+        );
+        let next = [
+            event("V1", 5, "position", position),
+            event("V1", 4, "position", position),
+            event("V1", 6, "zone_enter", r#""zone":"Z""#),
+        ];
+        assert_eq!(
+            store.apply_vehicle_batch(&next).await.unwrap(),
+            [
+                VehicleOutcome::Duplicate,
+                VehicleOutcome::Late,
+                VehicleOutcome::Applied
+            ]
+        );
+        let state = store.vehicle_state("V1").await.unwrap().unwrap();
+        assert_eq!((state.last_seq, state.zone.as_deref()), (6, Some("Z")));
+        assert_eq!(store.vehicle_history("V1").await.unwrap().len(), 3);
+
+        let lease = Duration::from_secs(3600);
+        let keys = [request("a"), request("b"), request("c")];
+        let claimed = store.claim_batch("s", &keys, lease).await.unwrap();
+        assert!(
+            matches!(
+                &claimed[..],
+                [ClaimOutcome::Fresh(a), ClaimOutcome::Fresh(_), ClaimOutcome::Fresh(_)]
+                    if a.provider_key == "pk-a"
+            ),
+            "{claimed:?}"
+        );
+        let busy = store.claim_batch("s", &keys[..1], lease).await.unwrap();
+        assert_eq!(busy, [ClaimOutcome::Busy]);
+        let done = |state, detail: &str| ClaimFinish::Done {
+            state,
+            detail: detail.to_string(),
+        };
+        let results = [
+            result("a", done(ClaimState::Sent, "ok")),
+            result("b", done(ClaimState::Failed, "refused")),
+            result(
+                "c",
+                ClaimFinish::Release {
+                    detail: "later".to_string(),
+                },
+            ),
+        ];
+        store.finish_batch("s", &results).await.unwrap();
+        let again = store.claim_batch("s", &keys, lease).await.unwrap();
+        assert_eq!(
+            again[..2],
+            [
+                ClaimOutcome::Done(ClaimState::Sent),
+                ClaimOutcome::Done(ClaimState::Failed)
+            ]
+        );
+        assert!(
+            matches!(&again[2], ClaimOutcome::InDoubt(c) if c.provider_key == "pk-c"),
+            "{again:?}"
+        );
+        let a = store.claim("s", &keys[0].key).await.unwrap().unwrap();
+        assert_eq!(
+            (a.state, a.detail.as_deref()),
+            (ClaimState::Sent, Some("ok"))
+        );
+        assert!(a.finished_at.is_some());
+        let c = store.claim("s", &keys[2].key).await.unwrap().unwrap();
+        assert_eq!((c.state, c.attempts), (ClaimState::Claimed, 2));
+    }
+
+    /// A store file's directories are made when it is opened (the default store is
+    /// in a data directory a first run has not made yet); where one cannot be made
+    /// (a file stands in its place), the error names it.
+    #[tokio::test]
+    async fn a_store_file_gets_its_directories_made_or_an_error_that_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("data").join("idemwatch");
+        let url = format!("sqlite://{}", nested.join("s.db").display());
+        let store = SqliteStore::open(&url, Durability::Durable).await.unwrap();
+        assert_eq!(store.zone_exits("D1").await.unwrap(), 0);
+        assert!(nested.join("s.db").is_file());
+
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let url = format!("sqlite://{}", file.join("s.db").display());
+        match SqliteStore::open(&url, Durability::Durable).await {
+            Err(StoreError::CreateDir { path, .. }) => assert_eq!(path, file),
+            other => panic!("{other:?}"),
+        }
     }
 }

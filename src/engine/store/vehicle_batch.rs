@@ -156,10 +156,16 @@ impl<'a> VehicleBatch<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn event(device: &str, seq: u64, event_type: &str, extra: &str) -> Message {
+    /// A vehicle event as it arrives (also for the SQLite store's tests).
+    pub(in crate::engine::store) fn event(
+        device: &str,
+        seq: u64,
+        event_type: &str,
+        extra: &str,
+    ) -> Message {
         Message::parse(
             format!(
                 r#"{{"device_id":"{device}","seq":{seq},"event_type":"{event_type}","occurred_at":"2026-11-30T04:12:03Z","payload":{{{extra}}}}}"#
