@@ -933,6 +933,31 @@ async fn a_finish_batch_is_recorded_as_if_one_by_one(db: &TestDb) {
         view(t),
         "sent Some(\"sent (200)\") due_now=false finished=true"
     );
+    // The other order, released then sent: the release still took (the claim due at
+    // once), then the answer closed it. A store that ran its finals before its releases
+    // would leave the release refused by the closed claim.
+    let released_first = MessageKey::from_stored("T-sent".to_string());
+    store
+        .finish_batch(
+            c,
+            &[
+                ClaimResult {
+                    key: released_first.clone(),
+                    finish: release("503 from the provider"),
+                },
+                ClaimResult {
+                    key: released_first.clone(),
+                    finish: done(ClaimState::Sent, "sent (200)"),
+                },
+            ],
+        )
+        .await
+        .unwrap();
+    let t = store.claim(c, &released_first).await.unwrap().unwrap();
+    assert_eq!(
+        view(t),
+        "sent Some(\"sent (200)\") due_now=true finished=true"
+    );
 }
 
 async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
@@ -1933,8 +1958,29 @@ async fn an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes(db: &TestD
         30,
         "business rows untouched"
     );
-    // What `idemwatch purge` runs after a complete purge (VACUUM on PostgreSQL).
+    // What `idemwatch purge` runs after a complete purge: on PostgreSQL a VACUUM (ANALYZE)
+    // of both purged tables (the dead index entries dropped, the row estimate fresh),
+    // which the server's own statistics count.
     store.after_purge().await.unwrap();
+    if db.kind == Kind::Postgres {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let counts: Vec<(String, bool, bool)> = sqlx::query_as(
+            "SELECT relname::text, vacuum_count > 0, analyze_count > 0 FROM pg_stat_user_tables
+             WHERE relname IN ('processed_messages', 'side_effect_claims') ORDER BY relname",
+        )
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        let vacuumed = |t: &str| (t.to_string(), true, true);
+        assert_eq!(
+            counts,
+            vec![
+                vacuumed("processed_messages"),
+                vacuumed("side_effect_claims")
+            ]
+        );
+    }
 }
 
 /// A zone exit's SMS claimed and never finished: a dedup row held by a claim in
