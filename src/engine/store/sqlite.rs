@@ -115,6 +115,7 @@ mod tests {
     use sqlx::ConnectOptions;
 
     use super::*;
+    use crate::engine::store::repair::{ClaimFilter, StrandedClaim};
     use crate::engine::store::vehicle_batch::tests::event;
 
     fn item(key: &str, device: &str) -> Recordable {
@@ -225,6 +226,24 @@ mod tests {
         }
     }
 
+    /// Claim `a` sent ("ok"), `b` failed ("refused"), `c` released ("later").
+    fn finished_a_b_c() -> [ClaimResult; 3] {
+        let done = |state, detail: &str| ClaimFinish::Done {
+            state,
+            detail: detail.to_string(),
+        };
+        [
+            result("a", done(ClaimState::Sent, "ok")),
+            result("b", done(ClaimState::Failed, "refused")),
+            result(
+                "c",
+                ClaimFinish::Release {
+                    detail: "later".to_string(),
+                },
+            ),
+        ]
+    }
+
     /// Each batch job on the store's thread (`sqlite_batch.rs`) answers for every
     /// item of its batch and reads what the batches before it stored: a key or an
     /// event is a duplicate in the next batch, a vehicle's state makes an older event
@@ -284,20 +303,7 @@ mod tests {
         );
         let busy = store.claim_batch("s", &keys[..1], lease).await.unwrap();
         assert_eq!(busy, [ClaimOutcome::Busy]);
-        let done = |state, detail: &str| ClaimFinish::Done {
-            state,
-            detail: detail.to_string(),
-        };
-        let results = [
-            result("a", done(ClaimState::Sent, "ok")),
-            result("b", done(ClaimState::Failed, "refused")),
-            result(
-                "c",
-                ClaimFinish::Release {
-                    detail: "later".to_string(),
-                },
-            ),
-        ];
+        let results = finished_a_b_c();
         store.finish_batch("s", &results).await.unwrap();
         let again = store.claim_batch("s", &keys, lease).await.unwrap();
         assert_eq!(
@@ -340,5 +346,141 @@ mod tests {
             Err(StoreError::CreateDir { path, .. }) => assert_eq!(path, file),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// SQLite's store with [`Store::finish_batch`]'s provided body, which MySQL runs
+    /// (it has no job of its own for it), in place of SQLite's job; every other
+    /// method is SQLite's own.
+    struct ProvidedFinish(SqliteStore);
+
+    #[async_trait]
+    impl Store for ProvidedFinish {
+        fn sql(&self) -> SqlHandle {
+            self.0.sql()
+        }
+        fn redacted_url(&self) -> String {
+            self.0.redacted_url()
+        }
+        fn durability(&self) -> Durability {
+            self.0.durability()
+        }
+        async fn record_batch(
+            &self,
+            c: &str,
+            items: &[Recordable],
+        ) -> StoreResult<Vec<DedupOutcome>> {
+            self.0.record_batch(c, items).await
+        }
+        async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
+            self.0.apply_vehicle_batch(envs).await
+        }
+        async fn claim_batch(
+            &self,
+            c: &str,
+            requests: &[ClaimRequest],
+            lease: Duration,
+        ) -> StoreResult<Vec<ClaimOutcome>> {
+            self.0.claim_batch(c, requests, lease).await
+        }
+        async fn purge_processed_batch(
+            &self,
+            cutoff: DateTime<Utc>,
+            batch: i64,
+        ) -> StoreResult<u64> {
+            self.0.purge_processed_batch(cutoff, batch).await
+        }
+    }
+
+    #[async_trait]
+    impl RepairStore for ProvidedFinish {
+        async fn find_dead_letters(&self, f: &DeadLetterFilter) -> StoreResult<Vec<DeadLetter>> {
+            self.0.find_dead_letters(f).await
+        }
+        async fn mark_replayed(&self, id: i64) -> StoreResult<bool> {
+            self.0.mark_replayed(id).await
+        }
+        async fn keep_claim_message(&self, c: &str, key: &str, message: &[u8]) -> StoreResult<()> {
+            self.0.keep_claim_message(c, key, message).await
+        }
+        async fn rearm_failed_claim(&self, c: &str, key: &str, detail: &str) -> StoreResult<bool> {
+            self.0.rearm_failed_claim(c, key, detail).await
+        }
+        async fn list_claims(&self, f: &ClaimFilter) -> StoreResult<Vec<Claim>> {
+            self.0.list_claims(f).await
+        }
+        async fn stranded_claims(
+            &self,
+            consumers: &[&str],
+            claimed_before: DateTime<Utc>,
+            limit: i64,
+        ) -> StoreResult<Vec<StrandedClaim>> {
+            self.0
+                .stranded_claims(consumers, claimed_before, limit)
+                .await
+        }
+        async fn resolve_claim(
+            &self,
+            c: &str,
+            key: &str,
+            state: ClaimState,
+            detail: &str,
+        ) -> StoreResult<bool> {
+            self.0.resolve_claim(c, key, state, detail).await
+        }
+    }
+
+    /// [`Store::finish_batch`]'s provided body (MySQL's) records each result on its
+    /// claim as SQLite's own job does: a final answer closes the claim with its
+    /// detail, a release keeps it open, noted and in doubt at once, a claim with no
+    /// result is left as it was, and no result at all changes nothing.
+    #[tokio::test]
+    async fn the_provided_finish_batch_records_each_result_as_sqlites_own_job_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| {
+            let url = format!("sqlite://{}", dir.path().join(name).display());
+            async move { SqliteStore::open(&url, Durability::Durable).await.unwrap() }
+        };
+        let own: Box<dyn Store> = Box::new(open("own.db").await);
+        let provided: Box<dyn Store> = Box::new(ProvidedFinish(open("provided.db").await));
+        let lease = Duration::from_secs(3600);
+        let keys = [request("a"), request("b"), request("c"), request("d")];
+        let results = finished_a_b_c();
+        let mut seen = Vec::new();
+        for store in [&own, &provided] {
+            let claimed = store.claim_batch("s", &keys, lease).await.unwrap();
+            assert!(claimed.iter().all(|c| matches!(c, ClaimOutcome::Fresh(_))));
+            store.finish_batch("s", &[]).await.unwrap();
+            store.finish_batch("s", &results).await.unwrap();
+            let mut claims = Vec::new();
+            for k in &keys {
+                let c = store.claim("s", &k.key).await.unwrap().unwrap();
+                claims.push((c.state, c.detail, c.attempts, c.finished_at.is_some()));
+            }
+            let again = store.claim_batch("s", &keys, lease).await.unwrap();
+            let again: Vec<_> = again
+                .iter()
+                .map(|o| match o {
+                    ClaimOutcome::InDoubt(c) => format!("in doubt {}", c.provider_key),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            seen.push((claims, again));
+        }
+        let (claimed, sent, failed) = (ClaimState::Claimed, ClaimState::Sent, ClaimState::Failed);
+        let text = |s: &str| Some(s.to_string());
+        assert_eq!(
+            seen[1].0,
+            [
+                (sent, text("ok"), 1, true),
+                (failed, text("refused"), 1, true),
+                (claimed, text("later"), 1, false),
+                (claimed, None, 1, false),
+            ]
+        );
+        assert_eq!(
+            seen[1].1,
+            ["Done(Sent)", "Done(Failed)", "in doubt pk-c", "Busy"]
+        );
+        assert_eq!(seen[0], seen[1], "SQLite's own job, then the provided body");
     }
 }
