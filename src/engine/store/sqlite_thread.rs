@@ -626,11 +626,14 @@ mod tests {
         assert_eq!(rows(&path), 3);
     }
 
-    #[tokio::test]
-    async fn write_jobs_waiting_together_commit_together_and_fail_apart() {
-        let (_dir, path) = file();
-        let thread = SqliteThread::spawn(&path, options(Duration::from_secs(5))).unwrap();
-        // Hold the thread with a job of its own until three write jobs wait behind it.
+    /// A job that holds `thread` (running, inside its transaction) until told to go
+    /// on, so that the jobs sent after it wait in the channel together.
+    async fn hold(
+        thread: &SqliteThread,
+    ) -> (
+        tokio::task::JoinHandle<StoreResult<()>>,
+        std::sync::mpsc::Sender<()>,
+    ) {
         let (go_on, wait) = std::sync::mpsc::channel::<()>();
         let (started, holding) = oneshot::channel();
         let holder = tokio::spawn({
@@ -645,6 +648,15 @@ mod tests {
             }
         });
         holding.await.unwrap();
+        (holder, go_on)
+    }
+
+    #[tokio::test]
+    async fn write_jobs_waiting_together_commit_together_and_fail_apart() {
+        let (_dir, path) = file();
+        let thread = SqliteThread::spawn(&path, options(Duration::from_secs(5))).unwrap();
+        // Hold the thread with a job of its own until three write jobs wait behind it.
+        let (holder, go_on) = hold(&thread).await;
         // The first job's row is not committed yet when the next one runs: they share
         // a transaction (one by one, another connection would already see it).
         let watch = path.clone();
@@ -706,5 +718,178 @@ mod tests {
         let (_dir2, other) = file();
         let c = SqliteThread::for_file(&other, options(Duration::from_secs(5))).unwrap();
         assert!(!Arc::ptr_eq(&a.inner, &c.inner));
+    }
+
+    /// The printed handle names its file and how it was opened (a store's `Debug`
+    /// shows it).
+    #[test]
+    fn a_thread_prints_its_file_and_options() {
+        let (_dir, path) = file();
+        let thread = SqliteThread::spawn(&path, options(Duration::from_secs(5))).unwrap();
+        let printed = format!("{thread:?}");
+        assert!(printed.starts_with("SqliteThread"), "{printed}");
+        assert!(printed.contains("t.sqlite"), "{printed}");
+        assert!(printed.contains("synchronous: \"FULL\""), "{printed}");
+    }
+
+    /// A file whose last handle went is forgotten by the next opener of any file:
+    /// the table of threads does not grow with every file ever opened.
+    #[test]
+    fn a_thread_that_ended_leaves_the_table_of_threads() {
+        let (_dir, path) = file();
+        let key = std::fs::canonicalize(&path).unwrap();
+        let known = |key: &Path| {
+            let threads = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+            threads.as_ref().is_some_and(|t| t.contains_key(key))
+        };
+        let thread = SqliteThread::for_file(&path, options(Duration::from_secs(5))).unwrap();
+        assert!(known(&key));
+        drop(thread);
+        let (_dir2, other) = file();
+        let _other = SqliteThread::for_file(&other, options(Duration::from_secs(5))).unwrap();
+        assert!(!known(&key), "a thread gone is still in the table");
+    }
+
+    /// Seventeen write jobs waiting: the first GROUP_MAX share one transaction (none
+    /// sees another's row committed), the last is a group of its own after them.
+    #[tokio::test]
+    async fn a_group_takes_at_most_group_max_jobs() {
+        let (_dir, path) = file();
+        let thread = SqliteThread::spawn(&path, options(Duration::from_secs(5))).unwrap();
+        let (holder, go_on) = hold(&thread).await;
+        let waiting = GROUP_MAX + 1;
+        let jobs: Vec<_> = (0..waiting)
+            .map(|n| {
+                let t = thread.clone();
+                let watch = path.clone();
+                tokio::spawn(async move {
+                    // From 100: the table refuses a 7.
+                    t.write(move |tx| {
+                        tx.execute("INSERT INTO t (n) VALUES (?1)", [100 + n as i64])
+                            .map_err(db)?;
+                        Ok::<_, StoreError>(rows(&watch))
+                    })
+                    .await
+                })
+            })
+            .collect();
+        while thread.inner.jobs.capacity() > QUEUED_JOBS - waiting {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        go_on.send(()).unwrap();
+        holder.await.unwrap().unwrap();
+        let mut seen = Vec::new();
+        for job in jobs {
+            seen.push(job.await.unwrap().unwrap());
+        }
+        seen.sort_unstable();
+        let mut expected = vec![0; GROUP_MAX];
+        expected.push(GROUP_MAX as i64);
+        assert_eq!(
+            seen, expected,
+            "committed rows each job saw from another connection"
+        );
+        assert_eq!(rows(&path), waiting as i64);
+    }
+
+    /// The connection's own fsync policy for an ordinary group, `FULL` for one with a
+    /// durable job, and the policy back after it.
+    #[tokio::test]
+    async fn a_durable_job_commits_with_synchronous_full_and_the_policy_comes_back() {
+        let (_dir, path) = file();
+        let normal = ThreadOptions {
+            synchronous: "NORMAL",
+            busy_timeout: Duration::from_secs(5),
+        };
+        let thread = SqliteThread::spawn(&path, normal).unwrap();
+        let level = |durable: bool| {
+            thread.write_with(durable, |tx| {
+                tx.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))
+                    .map_err(|e| StoreError::from(db(e)))
+            })
+        };
+        // PRAGMA synchronous reads 1 for NORMAL, 2 for FULL.
+        assert_eq!(level(false).await.unwrap(), 1);
+        assert_eq!(level(true).await.unwrap(), 2);
+        assert_eq!(level(false).await.unwrap(), 1);
+    }
+
+    /// One connection for the thread's life: what a job leaves on it (a temporary
+    /// table, the prepared statements) is there for the next job.
+    #[tokio::test]
+    async fn the_connection_outlives_its_jobs() {
+        let (_dir, path) = file();
+        let thread = SqliteThread::spawn(&path, options(Duration::from_secs(5))).unwrap();
+        let run = |sql: &'static str| {
+            thread.write(move |tx| tx.execute_batch(sql).map_err(|e| StoreError::from(db(e))))
+        };
+        run("CREATE TEMP TABLE kept (n INTEGER)").await.unwrap();
+        run("INSERT INTO kept (n) VALUES (1)").await.unwrap();
+        run("INSERT INTO kept (n) VALUES (2)").await.unwrap();
+    }
+
+    /// SQLite's answers through [`db`] read as sqlx's own SQLite errors do: the
+    /// extended code, SQLite's message, and the constraint's kind.
+    #[test]
+    fn sqlite_answers_keep_their_code_message_and_kind() {
+        use sqlx::error::ErrorKind;
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "PRAGMA foreign_keys = ON;
+             CREATE TABLE p (id INTEGER PRIMARY KEY);
+             CREATE TABLE c (id INTEGER PRIMARY KEY, u TEXT UNIQUE,
+                             p INTEGER REFERENCES p (id), nn TEXT NOT NULL DEFAULT 'x',
+                             ck INTEGER CHECK (ck >= 0));
+             CREATE TRIGGER no_sevens BEFORE INSERT ON c WHEN NEW.id = 7
+             BEGIN SELECT RAISE(ABORT, 'no sevens'); END;
+             INSERT INTO p (id) VALUES (1);
+             INSERT INTO c (id, u, p) VALUES (1, 'a', 1);",
+        )
+        .unwrap();
+        let cases = [
+            (
+                "INSERT INTO c (id) VALUES (1)",
+                "1555",
+                "UNIQUE constraint failed: c.id",
+                ErrorKind::UniqueViolation,
+            ),
+            (
+                "INSERT INTO c (id, u) VALUES (2, 'a')",
+                "2067",
+                "UNIQUE constraint failed: c.u",
+                ErrorKind::UniqueViolation,
+            ),
+            (
+                "INSERT INTO c (id, p) VALUES (3, 9)",
+                "787",
+                "FOREIGN KEY constraint failed",
+                ErrorKind::ForeignKeyViolation,
+            ),
+            (
+                "INSERT INTO c (id, nn) VALUES (4, NULL)",
+                "1299",
+                "NOT NULL constraint failed: c.nn",
+                ErrorKind::NotNullViolation,
+            ),
+            (
+                "INSERT INTO c (id, ck) VALUES (5, -1)",
+                "275",
+                "CHECK constraint failed: ck >= 0",
+                ErrorKind::CheckViolation,
+            ),
+            (
+                "INSERT INTO c (id) VALUES (7)",
+                "1811",
+                "no sevens",
+                ErrorKind::Other,
+            ),
+        ];
+        for (sql, code, message, kind) in cases {
+            let e = db(conn.execute(sql, []).unwrap_err());
+            let answer = e.as_database_error().expect("a database error");
+            assert_eq!(answer.code().as_deref(), Some(code), "{sql}");
+            assert_eq!(answer.message(), message, "{sql}");
+            assert_eq!(answer.kind(), kind, "{sql}");
+        }
     }
 }
