@@ -434,18 +434,16 @@ impl Envelope {
     /// envelope (`the_fast_path_agrees_with_the_reference` checks both on mutated
     /// and generated messages).
     fn parse_canonical(raw: &[u8]) -> Result<(Envelope, String), Rejection> {
-        if raw.len() > MAX_RAW_BYTES {
-            return Envelope::parse_reference(raw);
-        }
-        match Envelope::parse_fast(raw) {
-            Some(parsed) => Ok(parsed),
-            None => Envelope::parse_reference(raw),
-        }
+        Envelope::parse_fast(raw).map_or_else(|| Envelope::parse_reference(raw), Ok)
     }
 
     /// The fast path of [`Envelope::parse_canonical`]: `None` for anything it does
-    /// not accept whole, to be told why by the reference path.
+    /// not accept whole, to be told why by the reference path. Its checks of the
+    /// values are the reference's own (`seq_of` … `payload_of`), in the same order.
     fn parse_fast(raw: &[u8]) -> Option<(Envelope, String)> {
+        if raw.len() > MAX_RAW_BYTES {
+            return None;
+        }
         // A derived `Deserialize` also reads a struct from a JSON array; a message is
         // an object.
         let first = raw.iter().find(|b| !b" \t\n\r".contains(b))?;
@@ -454,26 +452,14 @@ impl Envelope {
         }
         let wire: Wire<'_> = serde_json::from_slice(raw).ok()?;
         check_device_id(&wire.device_id).ok()?;
-        if wire.seq > MAX_SEQ {
-            return None;
-        }
-        let event_type = EventType::parse(&wire.event_type)?;
-        let occurred_at = DateTime::parse_from_rfc3339(&wire.occurred_at)
-            .ok()?
-            .with_timezone(&Utc);
-        if !OCCURRED_AT_YEARS.contains(&occurred_at.year()) {
-            return None;
-        }
+        seq_of(wire.seq).ok()?;
+        let event_type = event_type_of(&wire.event_type).ok()?;
+        let occurred_at = occurred_at_of(&wire.occurred_at).ok()?;
         if let Some(id) = &wire.message_id {
-            check_text(id, MAX_MESSAGE_ID_BYTES).ok()?;
+            message_id_of(id).ok()?;
         }
         let payload = wire.payload.unwrap_or_default();
-        let canonical = canonical_payload(&payload);
-        if canonical.len() > MAX_PAYLOAD_BYTES {
-            return None;
-        }
-        check_payload(event_type, &payload).ok()?;
-        check_map_no_nul("payload", &payload).ok()?;
+        let canonical = payload_of(event_type, &payload).ok()?;
         Some((
             Envelope {
                 message_id: wire.message_id.map(Cow::into_owned),
@@ -521,47 +507,22 @@ impl Envelope {
                         &format!("{n} is not an unsigned 64-bit integer"),
                     ))
                 }
-                // Every backend stores seq as a signed BIGINT; see README "Deviations".
-                Some(seq) if seq > MAX_SEQ => {
-                    return Err(invalid(
-                        "seq",
-                        &format!("{seq} exceeds {MAX_SEQ}, the largest storable sequence number"),
-                    ))
-                }
-                Some(seq) => seq,
+                Some(seq) => seq_of(seq)?,
             },
             other => return Err(wrong_type("seq", "an unsigned integer", &other)),
         };
         let event_type = match take_required(&mut obj, "event_type")? {
-            Value::String(s) => EventType::parse(&s).ok_or_else(|| {
-                Rejection::new(
-                    RejectReason::UnknownEventType,
-                    format!("event_type {s:?} is not one of ignition_on, ignition_off, position, zone_enter, zone_exit"),
-                )
-            })?,
+            Value::String(s) => event_type_of(&s)?,
             other => return Err(wrong_type("event_type", "a string", &other)),
         };
         let occurred_at = match take_required(&mut obj, "occurred_at")? {
-            Value::String(s) => DateTime::parse_from_rfc3339(&s)
-                .map_err(|e| invalid("occurred_at", &format!("{s:?} is not RFC 3339: {e}")))?
-                .with_timezone(&Utc),
+            Value::String(s) => occurred_at_of(&s)?,
             other => return Err(wrong_type("occurred_at", "an RFC 3339 string", &other)),
         };
-        if !OCCURRED_AT_YEARS.contains(&occurred_at.year()) {
-            return Err(invalid(
-                "occurred_at",
-                &format!(
-                    "{} is outside the years {}..={} (UTC) every backend stores",
-                    rfc3339(&occurred_at),
-                    OCCURRED_AT_YEARS.start(),
-                    OCCURRED_AT_YEARS.end()
-                ),
-            ));
-        }
         let message_id = match obj.remove("message_id") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => {
-                check_text(&s, MAX_MESSAGE_ID_BYTES).map_err(|d| invalid("message_id", &d))?;
+                message_id_of(&s)?;
                 Some(s)
             }
             Some(other) => return Err(wrong_type("message_id", "a string", &other)),
@@ -571,16 +532,7 @@ impl Envelope {
             Some(Value::Object(m)) => m,
             Some(other) => return Err(wrong_type("payload", "an object", &other)),
         };
-        let canonical = canonical_payload(&payload);
-        let payload_len = canonical.len();
-        if payload_len > MAX_PAYLOAD_BYTES {
-            return Err(Rejection::new(
-                RejectReason::TooLarge,
-                format!("payload is {payload_len} bytes, limit {MAX_PAYLOAD_BYTES}"),
-            ));
-        }
-        check_payload(event_type, &payload)?;
-        check_map_no_nul("payload", &payload)?;
+        let canonical = payload_of(event_type, &payload)?;
 
         Ok((
             Envelope {
@@ -594,6 +546,68 @@ impl Envelope {
             canonical,
         ))
     }
+}
+
+// The checks of one field's value, shared by both paths of `parse_canonical`: the
+// reference turns their refusals into dead letters, the fast path into a fall-back.
+
+/// `seq` within what every backend stores (a signed BIGINT; see README "Deviations").
+fn seq_of(seq: u64) -> Result<u64, Rejection> {
+    if seq > MAX_SEQ {
+        return Err(invalid(
+            "seq",
+            &format!("{seq} exceeds {MAX_SEQ}, the largest storable sequence number"),
+        ));
+    }
+    Ok(seq)
+}
+
+fn event_type_of(s: &str) -> Result<EventType, Rejection> {
+    EventType::parse(s).ok_or_else(|| {
+        Rejection::new(
+            RejectReason::UnknownEventType,
+            format!("event_type {s:?} is not one of ignition_on, ignition_off, position, zone_enter, zone_exit"),
+        )
+    })
+}
+
+/// `occurred_at` as RFC 3339, in the years every backend stores.
+fn occurred_at_of(s: &str) -> Result<DateTime<Utc>, Rejection> {
+    let occurred_at = DateTime::parse_from_rfc3339(s)
+        .map_err(|e| invalid("occurred_at", &format!("{s:?} is not RFC 3339: {e}")))?
+        .with_timezone(&Utc);
+    if !OCCURRED_AT_YEARS.contains(&occurred_at.year()) {
+        return Err(invalid(
+            "occurred_at",
+            &format!(
+                "{} is outside the years {}..={} (UTC) every backend stores",
+                rfc3339(&occurred_at),
+                OCCURRED_AT_YEARS.start(),
+                OCCURRED_AT_YEARS.end()
+            ),
+        ));
+    }
+    Ok(occurred_at)
+}
+
+fn message_id_of(s: &str) -> Result<(), Rejection> {
+    check_text(s, MAX_MESSAGE_ID_BYTES).map_err(|d| invalid("message_id", &d))
+}
+
+/// The payload checked for its size, its event type's fields and NULs: its
+/// canonical form, which the size was measured on.
+fn payload_of(event_type: EventType, payload: &Map<String, Value>) -> Result<String, Rejection> {
+    let canonical = canonical_payload(payload);
+    let payload_len = canonical.len();
+    if payload_len > MAX_PAYLOAD_BYTES {
+        return Err(Rejection::new(
+            RejectReason::TooLarge,
+            format!("payload is {payload_len} bytes, limit {MAX_PAYLOAD_BYTES}"),
+        ));
+    }
+    check_payload(event_type, payload)?;
+    check_map_no_nul("payload", payload)?;
+    Ok(canonical)
 }
 
 /// A well-formed message as it is on the wire: the fast path of

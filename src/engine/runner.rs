@@ -379,6 +379,11 @@ impl Worker {
                 deliveries.extend(self.leased_or_warn(more).await);
             }
         }
+        self.leased(deliveries, at)
+    }
+
+    /// Deliveries leased at `at`, parsed for this worker's consumer.
+    fn leased(&self, deliveries: Vec<Delivery>, at: Instant) -> Leased {
         Leased::new(deliveries, at, |t| self.consumer.wants(t))
     }
 
@@ -607,9 +612,7 @@ impl Worker {
             .queue
             .lease(&self.queue_name, 1, self.settings.visibility_timeout)
             .await;
-        Leased::new(self.leased_or_warn(leased).await, at, |t| {
-            self.consumer.wants(t)
-        })
+        self.leased(self.leased_or_warn(leased).await, at)
     }
 
     /// Nothing leased: `true` to stop (the queue is drained, or shutdown was asked),
@@ -777,9 +780,9 @@ impl Worker {
         }
     }
 
-    /// Route one parsed delivery. `Ok(message)`: for the consumer to handle, its key
-    /// and fingerprint computed here, once; `Err(ack)`: settled here (dead-lettered,
-    /// or not this consumer's event).
+    /// Route one parsed delivery. `Ok(message)`: for the consumer to handle (its key
+    /// and fingerprint were computed once, when the lease was parsed); `Err(ack)`:
+    /// settled here (dead-lettered, or not this consumer's event).
     async fn classify(
         &self,
         delivery: &Delivery,

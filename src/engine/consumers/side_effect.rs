@@ -546,7 +546,7 @@ fn conflict(stored: &str) -> Outcome {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{deps, exec};
+    use super::super::tests::{deps, exec, zone_exit};
     use super::super::Retry;
     use super::*;
     use crate::engine::crash::{CrashStyle, Crashed};
@@ -555,16 +555,6 @@ mod tests {
     use std::sync::Mutex;
     use ClaimState::{Claimed, Failed, Sent};
 
-    fn zone_exit(seq: u64, zone: &str) -> Message {
-        Message::parse(
-            format!(
-                r#"{{"device_id":"TWIN-1","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-12-03T10:00:00Z","payload":{{"zone":"{zone}","phone":"+905550000000"}}}}"#
-            )
-            .as_bytes(),
-        )
-        .unwrap()
-    }
-
     /// A redelivery in the batch of its first delivery is decided with it: claimed
     /// and sent once, the redelivery a duplicate at once (one by one it came back
     /// busy, a retry a second later); the same key with another payload still meets
@@ -572,11 +562,11 @@ mod tests {
     #[tokio::test]
     async fn a_redelivery_in_the_batch_of_its_first_delivery_is_decided_with_it() {
         let dir = tempfile::tempdir().unwrap();
-        let deps = super::super::tests::deps(&dir).await;
+        let deps = deps(&dir).await;
         let (a, b, other) = (
-            zone_exit(1, "depot"),
-            zone_exit(2, "depot"),
-            zone_exit(1, "port"),
+            zone_exit("TWIN-1", 1, "depot"),
+            zone_exit("TWIN-1", 2, "depot"),
+            zone_exit("TWIN-1", 1, "port"),
         );
         assert_eq!(a.event_type, EventType::ZoneExit);
         let sent = Mutex::new(Vec::new());
@@ -620,7 +610,7 @@ mod tests {
 
         // The provider fails: the first and its twin both come back, uncounted, and
         // the claim is released for the retry under the same provider key.
-        let c = zone_exit(3, "depot");
+        let c = zone_exit("TWIN-1", 3, "depot");
         let failing = |_: &Message, _: String| async {
             Err(ProviderError::Unavailable {
                 status: 503,
@@ -673,7 +663,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let deps = deps(&dir).await;
         let msgs = (0..n)
-            .map(|i| super::super::tests::zone_exit(&format!("{prefix}-{i}"), 1, "X"))
+            .map(|i| zone_exit(&format!("{prefix}-{i}"), 1, "X"))
             .collect();
         (dir, deps, msgs)
     }
@@ -952,7 +942,7 @@ mod tests {
     #[tokio::test]
     async fn a_twin_conflicts_with_its_first_and_is_a_duplicate_of_its_refusal() {
         let (_dir, deps, msgs) = setup("34-TWIN", 2).await;
-        let stored = super::super::tests::zone_exit("34-TWIN-0", 1, "elsewhere");
+        let stored = zone_exit("34-TWIN-0", 1, "elsewhere");
         assert_eq!(stored.key(), msgs[0].key());
         let first = all_sent(&deps, &[&stored]).await.unwrap();
         assert_eq!(first, [processed(EffectResult::Sent, false)]);
