@@ -198,6 +198,16 @@ fn fleet_with_history() -> Option<Fleet> {
         last = now;
         std::thread::sleep(Duration::from_secs(3));
     }
+    // Thirty seconds of history with the duplicates in it before the deploy: the
+    // consumers drain the trace within a scrape or two (a redelivery in its first
+    // delivery's batch is a duplicate at once), and a chart of 15 minutes must still
+    // draw that history in columns of its own left of the dashboard's seam.
+    wait_for(
+        &url,
+        r#"count_over_time((sum(idem_duplicate_dropped_total{job="fleet"}) > 0)[1m:1s])"#,
+        Duration::from_secs(60),
+        |v| v >= 30.0,
+    );
     let before_restart = instant(&url, r#"max(process_start_time_seconds{job="fleet"})"#).unwrap();
 
     // A deploy: the process goes, a new one comes up on the same address.
