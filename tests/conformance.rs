@@ -15,7 +15,9 @@ use idemwatch::drills::{self, DrillOptions, DrillReport, Scenario, Verdict};
 use idemwatch::engine::consumers::{trip_counter, vehicle_state, zone_exit_sms, ConsumerMode};
 use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::envelope::{Envelope, EventType, Fingerprint, Message, MessageKey};
-use idemwatch::engine::runner::{DeliveryEvent, DeliveryOutcome, EventSink, RunnerSettings};
+use idemwatch::engine::runner::{
+    DeliveryEvent, DeliveryOutcome, EventSink, RunnerSettings, Worker,
+};
 use idemwatch::engine::store::{self, BusinessWrite, ClaimOutcome, DedupOutcome, MarkerKind};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::fleet::{FleetConfig, FleetSim};
@@ -333,6 +335,17 @@ async fn racing_workers_never_double_an_effect(db: &TestDb) {
     assert_eq!(distinct.len() as u64, keys);
 }
 
+/// Run `worker` until its queue is idle, for at most a minute (these runs take a few
+/// seconds). A worker retries what its store refuses, and a store that loses the same
+/// race on every try (a broken lost-race guard) is retried for ever: the test then
+/// fails here, at once, instead of hanging until the harness gives up on it.
+async fn until_idle_within_a_minute(worker: &Worker) {
+    tokio::time::timeout(Duration::from_secs(60), worker.run_until_idle())
+        .await
+        .expect("the worker drains its queue within a minute (a store retried for ever?)")
+        .expect("the worker does not crash");
+}
+
 async fn a_batch_of_zone_exits_is_sent_concurrently_and_once(db: &TestDb) {
     let state = sandbox_provider::SandboxState::new();
     // Slow enough that the calls of one batch overlap when they are concurrent.
@@ -360,12 +373,10 @@ async fn a_batch_of_zone_exits_is_sent_concurrently_and_once(db: &TestDb) {
         })
         .collect();
     engine.publish(&bodies).await.unwrap();
-    engine
+    let worker = engine
         .worker(zone_exit_sms::NAME, Arc::new(CrashPlan::none()), None)
-        .unwrap()
-        .run_until_idle()
-        .await
         .unwrap();
+    until_idle_within_a_minute(&worker).await;
     let sms = &engine.summary().consumers[zone_exit_sms::NAME];
     assert_eq!((sms.processed, sms.duplicate_dropped), (keys, keys));
     let sent = state.sent_sms();
@@ -1693,12 +1704,10 @@ async fn refused_writes_are_retried_then_applied_once(
         let done = done.clone();
         Arc::new(move |e| done.lock().unwrap().push(e))
     };
-    engine
+    let worker = engine
         .worker(consumer, Arc::new(CrashPlan::none()), Some(sink))
-        .unwrap()
-        .run_until_idle()
-        .await
         .unwrap();
+    until_idle_within_a_minute(&worker).await;
     let done = std::mem::take(&mut *done.lock().unwrap());
     assert_eq!(done.len() as u64, n, "{done:#?}");
     for e in &done {
