@@ -357,6 +357,15 @@ async fn engine(
     }
     engine.queue.close().await;
     let counts = engine.metrics.counts(trip_counter::NAME);
+    // A run that stopped before its last batch would report a rate for work it did
+    // not do (and the queue removed above takes the rest with it).
+    let settled = counts.processed + counts.duplicate_dropped;
+    if settled != bodies.len() as u64 {
+        return Err(BenchError::Run(format!(
+            "the engine run ended with {settled} of {} messages settled",
+            bodies.len()
+        )));
+    }
     let lat = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     Ok(figures(
         bodies.len(),
