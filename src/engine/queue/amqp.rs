@@ -53,9 +53,12 @@ use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
 
 /// Least `basic.qos` prefetch per consumer channel. Without `?prefetch=N` a channel
-/// asks for twice the first lease's size when that is more: the pipelined runner
-/// holds one batch unacked while it leases the next, and a prefetch no bigger than
-/// a batch would leave the broker nothing to send it.
+/// asks for three times the first lease's size when that is more: while the pipelined
+/// runner handles one lease and leases the next beside it, the lease before is still
+/// unacked in the broker's count (its ack goes out with that next lease, and a quorum
+/// queue settles it through its log). With room for only two, the broker pushes the
+/// next lease's deliveries only after that ack is settled, a few at a time, and the
+/// next batch waits for them; with three they are in the client's buffer by then.
 pub const DEFAULT_PREFETCH: u16 = 32;
 /// The broker-side safety net (quorum queues only), well above any `max_deliveries`.
 pub const BROKER_DELIVERY_LIMIT: i64 = 100;
@@ -83,7 +86,7 @@ pub enum QueueKind {
 /// Options read from (and removed from) the `amqp://` URL's query string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmqpOptions {
-    /// `?prefetch=N`; `None`: [`DEFAULT_PREFETCH`] or twice the lease size, the more.
+    /// `?prefetch=N`; `None`: [`DEFAULT_PREFETCH`] or three times the lease size, the more.
     pub prefetch: Option<u16>,
     /// `?queue_type=quorum|classic`
     pub kind: QueueKind,
@@ -1074,11 +1077,11 @@ fn channel_of(token: &str) -> &str {
 }
 
 /// The prefetch of a consumer channel that leases up to `max` at a time: the URL's,
-/// else [`DEFAULT_PREFETCH`] or twice `max`, the more.
+/// else [`DEFAULT_PREFETCH`] or three times `max`, the more.
 fn prefetch(set: Option<u16>, max: usize) -> u16 {
     set.unwrap_or_else(|| {
-        let twice = u16::try_from(max.saturating_mul(2)).unwrap_or(u16::MAX);
-        twice.max(DEFAULT_PREFETCH)
+        let thrice = u16::try_from(max.saturating_mul(3)).unwrap_or(u16::MAX);
+        thrice.max(DEFAULT_PREFETCH)
     })
 }
 
@@ -1295,8 +1298,9 @@ mod tests {
     #[test]
     fn prefetch_leaves_room_for_a_leased_ahead_batch_unless_the_url_sets_it() {
         assert_eq!(prefetch(None, 1), DEFAULT_PREFETCH);
-        assert_eq!(prefetch(None, 16), DEFAULT_PREFETCH);
-        assert_eq!(prefetch(None, 100), 200);
+        assert_eq!(prefetch(None, 10), DEFAULT_PREFETCH);
+        assert_eq!(prefetch(None, 16), 48);
+        assert_eq!(prefetch(None, 100), 300);
         assert_eq!(prefetch(None, 1_000_000), u16::MAX);
         assert_eq!(prefetch(Some(8), 100), 8);
     }
