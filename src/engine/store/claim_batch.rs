@@ -22,8 +22,8 @@ pub struct ClaimRequest {
     /// The provider key a fresh claim records (a takeover keeps the stored one).
     pub provider_key: String,
     /// The message the claim is taken for, kept beside a claim this batch takes
-    /// (fresh or taken over) for the claim sweeper
-    /// ([`RepairStore::keep_claim_message`](super::RepairStore::keep_claim_message)).
+    /// (fresh or taken over), in the same transaction, for the claim sweeper
+    /// ([`RepairStore::stranded_claims`](super::RepairStore::stranded_claims)).
     pub message: Vec<u8>,
 }
 

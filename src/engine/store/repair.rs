@@ -75,15 +75,6 @@ pub trait RepairStore: Send + Sync {
     /// The `detail` (the last cause) is left as it was. `false` when there is no such row.
     async fn mark_replayed(&self, id: i64) -> StoreResult<bool>;
 
-    /// Keep the message a claim was taken for beside it, so the claim sweeper can
-    /// re-drive the claim when no redelivery comes. Only while the claim is open.
-    async fn keep_claim_message(
-        &self,
-        consumer: &str,
-        key: &str,
-        message: &[u8],
-    ) -> StoreResult<()>;
-
     /// Re-arm a `failed` claim for a replay of its `provider_rejected` dead letter:
     /// it becomes `claimed` again with an expired lease (claimed at the epoch), the
     /// same provider key, and `detail`, so the replayed message takes it over in
@@ -153,4 +144,63 @@ pub struct StrandedClaim {
     pub claim: Claim,
     /// The envelope the claim was taken for, as JSON.
     pub message: Option<Vec<u8>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listing asks for at most `MAX_LISTED` rows and never a negative count; a
+    /// claim listing's 0 (or less) is the cap, not "none".
+    #[test]
+    fn a_listing_takes_its_limit_up_to_the_cap() {
+        let letters = |limit| DeadLetterFilter::newest(limit).capped_limit();
+        assert_eq!(
+            [-5, 0, 7, MAX_LISTED, MAX_LISTED + 1].map(letters),
+            [0, 0, 7, MAX_LISTED, MAX_LISTED]
+        );
+        let claims = |limit| {
+            ClaimFilter {
+                limit,
+                ..ClaimFilter::default()
+            }
+            .capped_limit()
+        };
+        assert_eq!(
+            [-5, 0, 1, 7, MAX_LISTED + 1].map(claims),
+            [MAX_LISTED, MAX_LISTED, 1, 7, MAX_LISTED]
+        );
+    }
+
+    /// `newest` is the unfiltered listing (replayed letters included) with its own limit.
+    #[test]
+    fn the_newest_letters_are_every_letter_up_to_the_limit() {
+        let newest = DeadLetterFilter::newest(3);
+        let every = DeadLetterFilter::default();
+        assert_eq!((newest.limit, newest.takes_replayed()), (3, true));
+        assert_eq!(DeadLetterFilter { limit: 3, ..every }, newest);
+    }
+
+    /// A blanket listing leaves replayed letters out only when asked to; a listing by
+    /// id always takes them (the operator named the row).
+    #[test]
+    fn replayed_letters_are_taken_unless_left_out_of_a_blanket_listing() {
+        let takes = |include_replayed, ids: &[i64]| {
+            DeadLetterFilter {
+                include_replayed,
+                ids: ids.to_vec(),
+                ..DeadLetterFilter::default()
+            }
+            .takes_replayed()
+        };
+        assert_eq!(
+            [
+                takes(true, &[]),
+                takes(false, &[]),
+                takes(false, &[4]),
+                takes(true, &[4])
+            ],
+            [true, false, true, true]
+        );
+    }
 }

@@ -80,19 +80,6 @@ pub(super) async fn mark_replayed(sql: &dyn Sql, id: i64) -> StoreResult<bool> {
     Ok(done.rows_affected == 1)
 }
 
-/// See [`RepairStore::keep_claim_message`].
-pub(super) async fn keep_claim_message(
-    sql: &dyn Sql,
-    consumer: &str,
-    key: &str,
-    message: &[u8],
-) -> StoreResult<()> {
-    let update = "UPDATE side_effect_claims SET message = ?
-                  WHERE consumer = ? AND message_key = ? AND state = 'claimed'";
-    sql.execute(update, &binds![message, consumer, key]).await?;
-    Ok(())
-}
-
 /// See [`RepairStore::rearm_failed_claim`]: claimed at the epoch, a lease long over.
 pub(super) async fn rearm_failed_claim(
     sql: &dyn Sql,
@@ -204,15 +191,6 @@ macro_rules! repair_over_sql {
             async fn mark_replayed(&self, id: i64) -> StoreResult<bool> {
                 mark_replayed(&Pooled(self.pool().clone()), id).await
             }
-            async fn keep_claim_message(
-                &self,
-                consumer: &str,
-                key: &str,
-                message: &[u8],
-            ) -> StoreResult<()> {
-                let sql = Pooled(self.pool().clone());
-                keep_claim_message(&sql, consumer, key, message).await
-            }
             async fn rearm_failed_claim(
                 &self,
                 consumer: &str,
@@ -251,3 +229,121 @@ macro_rules! repair_over_sql {
 repair_over_sql!(SqliteStore);
 repair_over_sql!(PostgresStore);
 repair_over_sql!(MysqlStore);
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::engine::envelope::{Fingerprint, MessageKey, RejectReason};
+    use crate::engine::store::{
+        AdminStore, ClaimFinish, ClaimRequest, ClaimResult, Durability, Store,
+    };
+
+    async fn open(dir: &tempfile::TempDir) -> SqliteStore {
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        SqliteStore::open(&url, Durability::Durable).await.unwrap()
+    }
+
+    fn key(k: &str) -> MessageKey {
+        MessageKey::from_stored(k.to_string())
+    }
+
+    /// A replay is recorded on its own letter, once per replay, and an id with no
+    /// letter is answered `false` (the operator named a row that is not there).
+    #[tokio::test]
+    async fn a_replay_is_recorded_on_its_own_letter_and_a_missing_one_is_no_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        let reason = RejectReason::MaxDeliveries;
+        let a = store
+            .dead_letter("c", reason, "gave up", b"a")
+            .await
+            .unwrap();
+        let b = store
+            .dead_letter("c", reason, "gave up", b"b")
+            .await
+            .unwrap();
+        let replayed = [
+            store.mark_replayed(a).await.unwrap(),
+            store.mark_replayed(a).await.unwrap(),
+            store.mark_replayed(a.max(b) + 1).await.unwrap(),
+        ];
+        assert_eq!(replayed, [true, true, false]);
+        let letters = store.dead_letters(10).await.unwrap();
+        let read: Vec<_> = letters
+            .iter()
+            .map(|d| (d.id, d.replay_count, d.replayed_at.is_some()))
+            .collect();
+        assert_eq!(read, [(b, 0, false), (a, 2, true)], "newest first");
+    }
+
+    /// A claim is re-armed only from `failed` and resolved only from `claimed`; each
+    /// says whether it changed the claim, and a claim in another state (or none) is
+    /// left as it was.
+    #[tokio::test]
+    async fn a_claim_is_rearmed_only_when_failed_and_resolved_only_when_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        let requests: Vec<_> = ["sent", "failed", "open"]
+            .map(|k| ClaimRequest {
+                key: key(k),
+                fingerprint: Fingerprint::from_stored(format!("fp-{k}")),
+                provider_key: format!("pk-{k}"),
+                message: k.as_bytes().to_vec(),
+            })
+            .into();
+        store
+            .claim_batch("s", &requests, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let done = |k: &str, state| ClaimResult {
+            key: key(k),
+            finish: ClaimFinish::Done {
+                state,
+                detail: k.to_string(),
+            },
+        };
+        let finished = [
+            done("sent", ClaimState::Sent),
+            done("failed", ClaimState::Failed),
+        ];
+        store.finish_batch("s", &finished).await.unwrap();
+
+        let mut rearmed = Vec::new();
+        for k in ["sent", "open", "none", "failed", "failed"] {
+            rearmed.push(store.rearm_failed_claim("s", k, "re-armed").await.unwrap());
+        }
+        assert_eq!(rearmed, [false, false, false, true, false]);
+        let c = store.claim("s", &key("failed")).await.unwrap().unwrap();
+        assert_eq!(
+            (c.state, c.claimed_at, c.finished_at, c.detail.as_deref()),
+            (
+                ClaimState::Claimed,
+                DateTime::UNIX_EPOCH,
+                None,
+                Some("re-armed")
+            )
+        );
+
+        let mut resolved = Vec::new();
+        for k in ["sent", "none", "open", "open"] {
+            let r = store.resolve_claim("s", k, ClaimState::Sent, "by hand");
+            resolved.push(r.await.unwrap());
+        }
+        assert_eq!(resolved, [false, false, true, false]);
+        let mut read = Vec::new();
+        for k in ["open", "sent"] {
+            let c = store.claim("s", &key(k)).await.unwrap().unwrap();
+            read.push((c.state, c.detail, c.finished_at.is_some()));
+        }
+        let text = |s: &str| Some(s.to_string());
+        assert_eq!(
+            read,
+            [
+                (ClaimState::Sent, text("by hand"), true),
+                (ClaimState::Sent, text("sent"), true),
+            ]
+        );
+    }
+}

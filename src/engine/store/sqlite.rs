@@ -399,9 +399,6 @@ mod tests {
         async fn mark_replayed(&self, id: i64) -> StoreResult<bool> {
             self.0.mark_replayed(id).await
         }
-        async fn keep_claim_message(&self, c: &str, key: &str, message: &[u8]) -> StoreResult<()> {
-            self.0.keep_claim_message(c, key, message).await
-        }
         async fn rearm_failed_claim(&self, c: &str, key: &str, detail: &str) -> StoreResult<bool> {
             self.0.rearm_failed_claim(c, key, detail).await
         }
