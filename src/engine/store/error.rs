@@ -174,4 +174,15 @@ mod tests {
         let decode = StoreError::Db(sqlx::Error::ColumnNotFound("x".into()));
         assert_eq!(decode.failure(), Failure::Other);
     }
+
+    #[test]
+    fn a_row_gone_between_statements_is_infrastructure_and_an_unsendable_value_content() {
+        // Read a statement ago and gone at the next (a purge in between): the store's
+        // moment, not the message's; retried, never dead-lettered.
+        let gone = StoreError::Db(sqlx::Error::RowNotFound);
+        assert!(gone.is_infrastructure() && !gone.is_content());
+        // A value the driver cannot even send as the column's type: this message's own.
+        let unsendable = StoreError::Db(sqlx::Error::Encode("a value too wide".into()));
+        assert!(unsendable.is_content() && !unsendable.is_infrastructure());
+    }
 }

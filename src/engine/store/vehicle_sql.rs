@@ -118,3 +118,35 @@ pub(super) async fn apply_unguarded(sql: &dyn Sql, msg: &Message) -> StoreResult
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// MariaDB's upsert assigns every state column of the head but the key, each only
+    /// when the event is `newer`, and `last_seq` last: MySQL evaluates the assignments
+    /// left to right, so a guard read after `last_seq` was assigned would compare the
+    /// new seq with itself and keep the rest of the old row.
+    #[test]
+    fn mariadb_assigns_every_column_under_the_guard_and_last_seq_last() {
+        let (_, columns) = VEHICLE_UPSERT_HEAD.split_once('(').expect("a column list");
+        let columns: Vec<&str> = columns
+            .trim_end_matches(')')
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let update = vehicle_upsert_update("NEWER");
+        assert!(update.starts_with("ON DUPLICATE KEY UPDATE"), "{update}");
+        let assigned: Vec<&str> = update
+            .lines()
+            .filter_map(|line| line.trim().split_once(" = IF(NEWER, "))
+            .map(|(column, _)| column)
+            .collect();
+        let mut expected: Vec<&str> = columns.into_iter().filter(|c| *c != "device_id").collect();
+        let mut sorted = assigned.clone();
+        sorted.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(sorted, expected, "{update}");
+        assert_eq!(assigned.last(), Some(&"last_seq"), "{update}");
+    }
+}
