@@ -593,6 +593,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::super::{StoreError, StoreResult};
     use super::*;
 
     #[test]
@@ -610,5 +611,259 @@ mod tests {
         let sqlite = parse_text_time("2026-11-30 04:12:03").unwrap();
         assert_eq!(engine, sqlite);
         assert!(parse_text_time("yesterday").is_none());
+    }
+
+    /// A database's answer as the driver hands it over, with the code and message a
+    /// test chooses (the real ones need a server in that state).
+    #[derive(Debug)]
+    pub(super) struct Answer {
+        pub code: &'static str,
+        pub message: &'static str,
+    }
+
+    impl std::fmt::Display for Answer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{} ({})", self.message, self.code)
+        }
+    }
+
+    impl std::error::Error for Answer {}
+
+    type AnyError = dyn std::error::Error + Send + Sync + 'static;
+
+    impl sqlx::error::DatabaseError for Answer {
+        fn message(&self) -> &str {
+            self.message
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.code))
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+        fn as_error(&self) -> &AnyError {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut AnyError {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<AnyError> {
+            self
+        }
+    }
+
+    /// A backend's error classes, each code of `table` against what `failure` says.
+    pub(super) fn assert_classes<C: Copy + std::fmt::Debug + PartialEq, const N: usize>(
+        table: [(C, super::super::Failure); N],
+        failure: impl Fn(C) -> super::super::Failure,
+    ) {
+        assert_eq!(table.map(|(code, _)| (code, failure(code))), table);
+    }
+
+    pub(super) fn answer(code: &'static str, message: &'static str) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(Answer { code, message }))
+    }
+
+    /// `retrying` over an attempt that fails with `error()` `failures` times, then
+    /// succeeds: the attempts made and the result.
+    async fn retried(failures: u32, error: impl Fn() -> StoreError) -> (u32, StoreResult<u32>) {
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let run = retrying(|| {
+            let n = attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let r = if n <= failures { Err(error()) } else { Ok(n) };
+            async move { r }
+        });
+        // A retry without end is a failure of this test, not a hang of the suite.
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), run)
+            .await
+            .expect("retrying gave up within 10 s");
+        (attempts.into_inner(), r)
+    }
+
+    #[tokio::test]
+    async fn a_lost_race_a_vanished_row_or_a_deadlock_is_run_again_eight_times_at_most() {
+        let lost = || StoreError::LostRace { what: "a claim" };
+        let vanished = || StoreError::RowVanished { key: "k".into() };
+        let deadlock = || StoreError::Db(answer("40001", "Deadlock found when trying to get lock"));
+        for error in [&lost as &dyn Fn() -> StoreError, &vanished, &deadlock] {
+            let (attempts, r) = retried(3, error).await;
+            assert_eq!((attempts, r.unwrap()), (4, 4), "{}", error());
+        }
+        // Eight retries, each pausing 5 ms longer than the one before (5 + 10 + … + 40):
+        // the ninth failure is the caller's.
+        let started = std::time::Instant::now();
+        let (attempts, r) = retried(9, lost).await;
+        assert!(matches!(r, Err(StoreError::LostRace { .. })), "{r:?}");
+        assert_eq!(attempts, 9);
+        assert!(
+            started.elapsed() >= std::time::Duration::from_millis(180),
+            "{:?}",
+            started.elapsed()
+        );
+        let (attempts, r) = retried(8, lost).await;
+        assert_eq!((attempts, r.unwrap()), (9, 9));
+        // Anything else passes straight through, at the first try.
+        for error in [
+            &(|| StoreError::Internal("a bug")) as &dyn Fn() -> StoreError,
+            &|| StoreError::Db(sqlx::Error::PoolTimedOut),
+            &|| StoreError::Db(answer("40001", "could not serialize access")),
+        ] {
+            let (attempts, r) = retried(3, error).await;
+            assert_eq!(attempts, 1, "{}", error());
+            assert!(r.is_err());
+        }
+    }
+
+    #[test]
+    fn the_engines_pool_and_the_dashboards_are_sized_as_documented() {
+        let engine = server_pool::<sqlx::Postgres>();
+        assert_eq!(engine.get_max_connections(), 16);
+        assert_eq!(
+            engine.get_acquire_timeout(),
+            std::time::Duration::from_secs(30)
+        );
+        assert!(!engine.get_test_before_acquire());
+        let dashboard = dashboard_pool::<sqlx::MySql>();
+        assert_eq!(dashboard.get_max_connections(), 2);
+        assert_eq!(
+            dashboard.get_acquire_timeout(),
+            std::time::Duration::from_secs(3)
+        );
+    }
+
+    /// Each backend's SQL words through [`Sql`], as the generic store and the
+    /// dashboard get them (lazy pools: nothing here connects).
+    #[tokio::test]
+    async fn each_backend_writes_its_own_sql() {
+        let sqlite: Pooled<sqlx::Sqlite> =
+            Pooled(sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap());
+        let postgres: Pooled<sqlx::Postgres> =
+            Pooled(sqlx::PgPool::connect_lazy("postgres://u@127.0.0.1:1/none").unwrap());
+        let mysql: Pooled<sqlx::MySql> =
+            Pooled(sqlx::MySqlPool::connect_lazy("mysql://u@127.0.0.1:1/none").unwrap());
+        let into = "INTO t (k) VALUES (?)";
+        let generic = "SELECT a FROM t WHERE k = ? AND n > ?";
+        let words = |sql: &dyn Sql| {
+            (
+                sql.backend(),
+                sql.quote("user table"),
+                [Kind::Int, Kind::Text, Kind::Time, Kind::Bool, Kind::Json]
+                    .map(|k| sql.cast("c", k)),
+                sql.null_safe_eq(),
+                sql.lock_read(),
+                sql.insert_or_skip(into),
+                sql.native(generic),
+                sql.in_list("k", 3),
+                sql.in_list("k", 0),
+            )
+        };
+        assert_eq!(
+            words(&sqlite),
+            (
+                Backend::Sqlite,
+                "\"user table\"".to_string(),
+                ["\"c\"", "\"c\"", "\"c\"", "\"c\"", "\"c\""].map(String::from),
+                "IS",
+                "",
+                "INSERT INTO t (k) VALUES (?) ON CONFLICT DO NOTHING".to_string(),
+                generic.to_string(),
+                "k IN (?, ?, ?)".to_string(),
+                "k IN (?)".to_string(),
+            )
+        );
+        assert_eq!(
+            words(&postgres),
+            (
+                Backend::Postgres,
+                "\"user table\"".to_string(),
+                [
+                    "\"c\"::bigint",
+                    "\"c\"::text",
+                    "\"c\"::timestamptz",
+                    "\"c\"::boolean",
+                    "\"c\"",
+                ]
+                .map(String::from),
+                "IS NOT DISTINCT FROM",
+                "",
+                "INSERT INTO t (k) VALUES (?) ON CONFLICT DO NOTHING".to_string(),
+                "SELECT a FROM t WHERE k = $1 AND n > $2".to_string(),
+                "k = ANY(?)".to_string(),
+                "k = ANY(?)".to_string(),
+            )
+        );
+        assert_eq!(
+            words(&mysql),
+            (
+                Backend::Mysql,
+                "`user table`".to_string(),
+                [
+                    "CAST(`c` AS SIGNED)",
+                    "CAST(`c` AS CHAR)",
+                    "`c`",
+                    "CAST(`c` AS SIGNED)",
+                    "`c`",
+                ]
+                .map(String::from),
+                "<=>",
+                " FOR UPDATE",
+                "INSERT IGNORE INTO t (k) VALUES (?)".to_string(),
+                generic.to_string(),
+                "k IN (?, ?, ?)".to_string(),
+                "k IN (?)".to_string(),
+            )
+        );
+        // The statement a backend reports a new id with.
+        assert_eq!(
+            returning_id(Backend::Postgres, "INSERT INTO t (k) VALUES (?)").as_deref(),
+            Some("INSERT INTO t (k) VALUES (?) RETURNING id")
+        );
+        assert_eq!(returning_id(Backend::Sqlite, into), None);
+        assert_eq!(returning_id(Backend::Mysql, into), None);
+    }
+
+    /// The new ids of inserts alone and in a transaction, read back after the
+    /// commit (SQLite: the connection's last insert id).
+    #[tokio::test]
+    async fn an_insert_answers_its_new_id_and_a_commit_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("ids.db").display());
+        let sql = Pooled(sqlx::SqlitePool::connect(&url).await.unwrap());
+        sql.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, k TEXT)", &[])
+            .await
+            .unwrap();
+        sql.execute("INSERT INTO t (id, k) VALUES (40, 'before')", &[])
+            .await
+            .unwrap();
+        let insert = "INSERT INTO t (k) VALUES (?)";
+        assert_eq!(sql.insert(insert, &binds!["a"]).await.unwrap(), 41);
+        let mut tx = sql.begin().await.unwrap();
+        assert_eq!(tx.insert(insert, &binds!["b"]).await.unwrap(), 42);
+        assert_eq!(tx.insert(insert, &binds!["c"]).await.unwrap(), 43);
+        tx.commit().await.unwrap();
+        let rows = sql
+            .rows(
+                "SELECT id, k FROM t ORDER BY id",
+                &[],
+                &[Kind::Int, Kind::Text],
+            )
+            .await
+            .unwrap();
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| (r.int(0).unwrap(), r.text(1).unwrap()))
+            .collect();
+        let want = [(40, "before"), (41, "a"), (42, "b"), (43, "c")];
+        assert_eq!(rows, want.map(|(i, k)| (i, k.to_string())));
+        // No id to report is an error, not a made-up id.
+        assert!(matches!(
+            new_id(Done::default()),
+            Err(sqlx::Error::RowNotFound)
+        ));
+        let done = Done {
+            rows_affected: 1,
+            last_insert_id: Some(7),
+        };
+        assert_eq!(new_id(done).unwrap(), 7);
     }
 }

@@ -183,3 +183,87 @@ fn text(row: &MySqlRow, i: usize) -> Result<Option<String>, sqlx::Error> {
             .map(|b| String::from_utf8_lossy(&b).into_owned())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{answer, assert_classes};
+    use super::*;
+
+    #[test]
+    fn mysql_errors_are_infrastructure_content_or_neither() {
+        use Failure::{Content, Infrastructure, Other};
+        let table = [
+            // Duplicate entry: a race lost between two statements.
+            ((1062, Some("23000")), Infrastructure),
+            ((1586, Some("23000")), Infrastructure),
+            // Lock wait timeout, deadlock, too many connections, read-only, server gone away.
+            ((1205, Some("HY000")), Infrastructure),
+            ((1213, Some("40001")), Infrastructure),
+            ((1040, Some("08004")), Infrastructure),
+            ((1290, Some("HY000")), Infrastructure),
+            ((2006, None), Infrastructure),
+            // Data too long, column cannot be null, a foreign key, a check constraint
+            // (MySQL, MariaDB).
+            ((1406, Some("22001")), Content),
+            ((1048, Some("23000")), Content),
+            ((1452, Some("23000")), Content),
+            ((3819, Some("HY000")), Content),
+            ((4025, Some("23000")), Content),
+            // Numbers not listed: by SQLSTATE class.
+            ((1690, Some("22003")), Content),
+            ((9999, Some("22007")), Content),
+            ((9999, Some("23000")), Content),
+            ((9999, Some("08S01")), Infrastructure),
+            ((9999, Some("40001")), Infrastructure),
+            // A syntax error, an unknown table: a bug.
+            ((1064, Some("42000")), Other),
+            ((1146, Some("42S02")), Other),
+            ((9999, Some("HY000")), Other),
+            ((9999, None), Other),
+        ];
+        assert_classes(table, |(n, s)| failure(n, s));
+    }
+
+    #[test]
+    fn only_innodbs_deadlock_and_lock_wait_are_run_again_whole() {
+        let deadlock = answer(
+            "40001",
+            "Deadlock found when trying to get lock; try restarting transaction",
+        );
+        let lock_wait = answer(
+            "HY000",
+            "Lock wait timeout exceeded; try restarting transaction",
+        );
+        assert!(is_deadlock(&deadlock));
+        assert!(is_deadlock(&lock_wait));
+        for not in [
+            // Another serialization failure, another HY000, a deadlock's words under another code.
+            answer("40001", "Serialization failure"),
+            answer(
+                "HY000",
+                "The MySQL server is running with the --read-only option",
+            ),
+            answer("23000", "Deadlock found when trying to get lock"),
+            sqlx::Error::PoolTimedOut,
+        ] {
+            assert!(!is_deadlock(&not), "{not}");
+        }
+    }
+
+    #[test]
+    fn a_mariadb_url_is_read_as_a_mysql_one() {
+        for url in [
+            "mariadb://idw@db.example:3307/fleet",
+            "mysql://idw@db.example:3307/fleet",
+        ] {
+            let o = options(url).unwrap();
+            let got = (
+                o.get_host(),
+                o.get_port(),
+                o.get_database(),
+                o.get_username(),
+            );
+            assert_eq!(got, ("db.example", 3307, Some("fleet"), "idw"), "{url}");
+        }
+    }
+}

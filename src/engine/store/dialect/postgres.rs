@@ -148,3 +148,54 @@ impl super::Dialect for Postgres {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::assert_classes;
+    use super::*;
+    use crate::engine::store::dialect::Dialect;
+
+    #[test]
+    fn sqlstates_are_infrastructure_content_or_neither() {
+        use Failure::{Content, Infrastructure, Other};
+        let table = [
+            // unique_violation: a race lost between two statements.
+            ("23505", Infrastructure),
+            ("40001", Infrastructure),
+            ("40P01", Infrastructure),
+            ("25006", Infrastructure),
+            ("3D000", Infrastructure),
+            // program_limit_exceeded: a key over the btree maximum.
+            ("54000", Content),
+            // string_data_right_truncation, not_null_violation, check_violation.
+            ("22001", Content),
+            ("23502", Content),
+            ("23514", Content),
+            // connection_failure, invalid_password, too_many_connections,
+            // lock_not_available, query_canceled, io_error.
+            ("08006", Infrastructure),
+            ("28P01", Infrastructure),
+            ("53300", Infrastructure),
+            ("55P03", Infrastructure),
+            ("57014", Infrastructure),
+            ("58030", Infrastructure),
+            // undefined_table (a bug's SQL), syntax_error, a code too short to have a class.
+            ("42P01", Other),
+            ("42601", Other),
+            ("2", Other),
+        ];
+        assert_classes(table, failure);
+    }
+
+    #[test]
+    fn placeholders_are_numbered_in_order_and_a_statement_without_is_kept() {
+        let sql = "UPDATE t SET a = ?, b = ? WHERE k = ?";
+        assert_eq!(
+            Postgres::placeholders(sql),
+            "UPDATE t SET a = $1, b = $2 WHERE k = $3"
+        );
+        assert_eq!(Postgres::placeholders("?"), "$1");
+        let plain = Postgres::placeholders("SELECT 1");
+        assert!(matches!(plain, Cow::Borrowed("SELECT 1")), "{plain:?}");
+    }
+}

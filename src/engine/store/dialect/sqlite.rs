@@ -94,3 +94,64 @@ impl super::Dialect for sqlx::Sqlite {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{assert_classes, Answer};
+    use super::*;
+
+    fn of(code: &'static str) -> Failure {
+        failure(&Answer { code, message: "" })
+    }
+
+    /// By extended code, then by its primary code (the low byte).
+    #[test]
+    fn sqlite_codes_are_infrastructure_content_or_neither() {
+        use Failure::{Content, Infrastructure, Other};
+        let table = [
+            // CONSTRAINT_PRIMARYKEY, CONSTRAINT_UNIQUE: a race lost between two statements.
+            ("1555", Infrastructure),
+            ("2067", Infrastructure),
+            // CONSTRAINT (a trigger's RAISE), CONSTRAINT_CHECK, _NOTNULL, _FOREIGNKEY, TOOBIG, MISMATCH.
+            ("19", Content),
+            ("275", Content),
+            ("1299", Content),
+            ("787", Content),
+            ("18", Content),
+            ("20", Content),
+            // BUSY, BUSY_SNAPSHOT, LOCKED, READONLY, IOERR_WRITE, FULL, CANTOPEN.
+            ("5", Infrastructure),
+            ("517", Infrastructure),
+            ("6", Infrastructure),
+            ("8", Infrastructure),
+            ("778", Infrastructure),
+            ("13", Infrastructure),
+            ("14", Infrastructure),
+            // ERROR (a bug's SQL), MISUSE, a code that is no number.
+            ("1", Other),
+            ("21", Other),
+            ("?", Other),
+        ];
+        assert_classes(table, of);
+    }
+
+    /// SQLite has no boolean: an INTEGER, any value but 0 true; NULL is no boolean.
+    #[tokio::test]
+    async fn an_integer_reads_as_a_boolean_and_null_as_none() {
+        use super::super::{Pooled, Sql};
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let rows = Pooled(pool)
+            .rows("SELECT 0, 1, 2, -1, NULL", &[], &[Kind::Bool; 5])
+            .await
+            .unwrap();
+        let row = &rows[0];
+        let want = [false, true, true, true].map(Cell::Bool);
+        assert_eq!(row.0, [want.as_slice(), &[Cell::Null]].concat());
+        assert_eq!((row.bool(0).unwrap(), row.bool(1).unwrap()), (false, true));
+        assert!(row.bool(4).is_err());
+    }
+}
