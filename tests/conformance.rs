@@ -57,6 +57,7 @@ on_every_backend!(
     an_interrupted_purge_keeps_its_progress_and_a_rerun_finishes,
     purge_steps_past_rows_held_by_open_claims,
     a_purge_batch_bigger_than_one_delete_takes_every_row_once,
+    the_claims_in_doubt_are_the_open_ones_older_than_the_lease,
 );
 
 // ---- drills -------------------------------------------------------------------
@@ -2053,6 +2054,33 @@ async fn sent_sms(store: &Arc<dyn store::Store>, e: Envelope) {
         )
         .await
         .unwrap();
+}
+
+/// What the in-doubt gauge of `serve` counts: claims still `claimed` and older than
+/// the lease, the sends that may or may not have happened. A claim finished, or
+/// claimed within the lease, is not in doubt.
+async fn the_claims_in_doubt_are_the_open_ones_older_than_the_lease(db: &TestDb) {
+    let store = store::open(&db.url).await.unwrap();
+    let exits: Vec<Envelope> = (1..=3).map(|seq| zone_exit("34-ID-1", seq)).collect();
+    claim_sms(&store, &exits[0]).await;
+    sent_sms(&store, exits[1].clone()).await;
+    claim_sms(&store, &exits[2]).await;
+    let mut in_doubt: Vec<(String, String, &str)> = store
+        .claims_in_doubt(Duration::ZERO)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.consumer, c.message_key, c.state.as_str()))
+        .collect();
+    in_doubt.sort();
+    let open = |e: &Envelope| {
+        let key = e.key().as_str().to_owned();
+        (zone_exit_sms::NAME.to_owned(), key, "claimed")
+    };
+    assert_eq!(in_doubt, [open(&exits[0]), open(&exits[2])]);
+    let lease = Duration::from_secs(3600);
+    let within = store.claims_in_doubt(lease).await.unwrap();
+    assert!(within.is_empty(), "claimed within the lease: {within:?}");
 }
 
 async fn purge_steps_past_rows_held_by_open_claims(db: &TestDb) {
