@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::backends::{Kind, TestDb};
-use idemwatch::config::DatabaseConfig;
+use idemwatch::config::{ClaimsTable, DatabaseConfig};
 use idemwatch::engine::envelope::{Envelope, Message, RejectReason};
 use idemwatch::engine::store::{self, BusinessWrite, MarkerKind, Store};
 use idemwatch::monitor::alerts::{self, AlertKind};
@@ -19,6 +19,7 @@ on_every_backend!(
     a_purge_that_stopped_shows,
     vehicle_anomalies_and_detail_come_from_history,
     snapshot_json_reads_the_database,
+    a_users_claims_table_of_its_own_types_reads_through_the_mapping,
 );
 
 fn envelope(device: &str, seq: u64, event_type: &str) -> Envelope {
@@ -294,4 +295,53 @@ async fn snapshot_json_reads_the_database(db: &TestDb) {
     assert_eq!(database["dedup"]["inserts"][0]["consumer"], "trip-counter");
     assert_eq!(database["dead_letters"][0]["reason"], "unknown_event_type");
     assert_eq!(database["markers"][0]["label"], "deploy v9");
+}
+
+/// A user's own claims table mapped onto the dashboard, in the types a shop might have
+/// chosen: a numeric message id, a small or unsigned attempts counter, a time without
+/// a zone. Each column reads through the backend's cast: PostgreSQL's `::text`,
+/// `::bigint`, `::timestamptz` (so the `smallint` reaches the driver as a `bigint`);
+/// MariaDB's `CAST(… AS CHAR)` and `CAST(… AS SIGNED)`, without which the driver
+/// refuses a `BIGINT UNSIGNED` as text and a `TINYINT UNSIGNED` as `i64`.
+async fn a_users_claims_table_of_its_own_types_reads_through_the_mapping(db: &TestDb) {
+    let f = Fixture::open(db).await;
+    db.exec(match db.kind {
+        Kind::Sqlite => {
+            "CREATE TABLE outbox (handler TEXT, msg_id TEXT, status TEXT, taken_at TEXT, tries INTEGER)"
+        }
+        Kind::Postgres => {
+            "CREATE TABLE outbox (handler varchar(40), msg_id bigint, status varchar(10), taken_at timestamp, tries smallint)"
+        }
+        Kind::Mysql => {
+            "CREATE TABLE outbox (handler VARCHAR(40), msg_id BIGINT UNSIGNED, status VARCHAR(10), taken_at DATETIME(6), tries TINYINT UNSIGNED)"
+        }
+    })
+    .await;
+    db.exec(
+        "INSERT INTO outbox VALUES ('billing', 1234, 'claimed', '2020-01-01 00:00:00', 3),
+                                   ('billing', 1235, 'sent', '2020-01-01 00:00:00', 1)",
+    )
+    .await;
+    let mut settings = DatabaseConfig::with_url(&f.url);
+    settings.tables.side_effect_claims = ClaimsTable {
+        table: "outbox".into(),
+        consumer: "handler".into(),
+        message_key: "msg_id".into(),
+        state: "status".into(),
+        claimed_at: "taken_at".into(),
+        attempts: "tries".into(),
+    };
+    let stats = DbPoller::new(&settings).unwrap().poll(Utc::now()).await;
+    assert!(stats.failures.is_empty(), "{:?}", stats.failures);
+    assert_eq!(stats.claims_in_doubt_total, 1);
+    let claims: Vec<(&str, &str, String, i64)> = stats
+        .claims_in_doubt
+        .iter()
+        .map(|c| {
+            let at = c.claimed_at.to_rfc3339();
+            (c.consumer.as_str(), c.message_key.as_str(), at, c.attempts)
+        })
+        .collect();
+    let at = "2020-01-01T00:00:00+00:00".to_string();
+    assert_eq!(claims, vec![("billing", "1234", at, 3)]);
 }
