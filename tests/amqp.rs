@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::amqp::{amqp_url, exclusive, force_close_connections_of, namespace};
 use common::backends::{Kind, TestDb};
-use common::{chaos_short, run_cli, TempEnv};
+use common::{bench_engine_on_queue, chaos_short, run_cli, TempEnv};
 use idemwatch::engine::consumers::{trip_counter, zone_exit_sms};
 use idemwatch::engine::crash::CrashPlan;
 use idemwatch::engine::envelope::EventType;
@@ -807,4 +807,29 @@ async fn deliveries_on_their_way_from_the_broker_are_counted_in_the_depth() {
         "{missed} of {rounds} depths right after an ack said empty with 20 deliveries left"
     );
     drain_and_remove(q, &name).await;
+}
+
+/// `bench engine` on RabbitMQ breaks its ratio down (issue 16): raw's transactions
+/// beside the broker's leases and acks write raw's effects, the queue alone takes every
+/// message, and the queues those runs made are gone from the broker afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_engine_on_rabbitmq_breaks_the_ratio_down_and_leaves_no_queue() {
+    let _broker = exclusive().await;
+    let Some(url) = amqp_url().await else { return };
+    let r = bench_engine_on_queue(&TempEnv::new(), &url);
+    assert_eq!(r["engine"]["duplicates"], 30, "{r}");
+    assert_eq!(r["raw_with_queue"]["applied"], r["raw"]["applied"], "{r}");
+    assert_eq!(r["raw_with_queue"]["duplicates"], 30, "{r}");
+    assert!(r["ratio_with_queue"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["queue_only"]["messages"], 300, "{r}");
+    let listed = std::process::Command::new("rabbitmqctl")
+        .args(["list_queues", "-q", "--no-table-headers", "name"])
+        .output()
+        .expect("rabbitmqctl runs (the broker's CLI is needed for this test)");
+    let names = String::from_utf8_lossy(&listed.stdout);
+    let left: Vec<&str> = names
+        .lines()
+        .filter(|n| n.contains("raw-with-queue") || n.contains("queue-only"))
+        .collect();
+    assert!(left.is_empty(), "queues left on the broker: {left:?}");
 }

@@ -99,6 +99,27 @@ fn bench_engine_reports_the_rusqlite_baseline_beside_the_sqlx_one_on_sqlite() {
     );
 }
 
+/// The breakdown beside each pair: raw's transactions overlapped with the queue's
+/// leases and acks write the same effects as raw (its own counters, the same keys), and
+/// the queue alone takes every message.
+#[test]
+fn bench_engine_reports_raw_with_the_queue_and_the_queue_alone() {
+    let r = bench_engine(&["--batch", "10", "--messages", "200", "--runs", "2"]);
+    let w = &r["raw_with_queue"];
+    assert_eq!(w["applied"], r["raw"]["applied"], "{r}");
+    assert_eq!(w["duplicates"], r["raw"]["duplicates"], "{r}");
+    assert_eq!(w["messages"], 200, "{r}");
+    assert!(r["ratio_with_queue"].as_f64().unwrap() > 0.0, "{r}");
+    let pairs = r["runs"].as_array().unwrap();
+    assert!(
+        pairs
+            .iter()
+            .all(|p| p["ratio_with_queue"].as_f64().is_some()),
+        "{r}"
+    );
+    assert_eq!(r["queue_only"]["messages"], 200, "{r}");
+}
+
 #[test]
 fn bench_pipeline_drains_the_trace_through_four_consumers_and_sends_each_sms_once() {
     let env = TempEnv::new();

@@ -10,7 +10,9 @@ use std::time::Duration;
 use common::backends::{Kind, TestDb};
 use common::outage::Outage;
 use common::services::nats_url;
-use common::{chaos_short, run_cli, stop_and_assert_each_once, wait_for, TempEnv};
+use common::{
+    bench_engine_on_queue, chaos_short, run_cli, stop_and_assert_each_once, wait_for, TempEnv,
+};
 use idemwatch::drills::{self, DrillOptions, Scenario, Verdict};
 use idemwatch::engine::consumers::{trip_counter, ConsumerMode};
 use idemwatch::engine::crash::CrashPlan;
@@ -199,33 +201,14 @@ async fn a_publish_of_more_than_five_thousand_bodies_completes_and_every_one_is_
 #[test]
 fn bench_engine_on_jetstream_delivers_its_redeliveries_to_the_dedup_table() {
     let Some(url) = nats_url() else { return };
-    let env = TempEnv::new();
-    let db = env.db_url();
-    let (code, out, err) = run_cli(
-        &env,
-        &[
-            "bench",
-            "engine",
-            "--db",
-            &db,
-            "--json",
-            "--queue",
-            &url,
-            "--messages",
-            "300",
-            "--dup-rate",
-            "0.1",
-            "--batch",
-            "10",
-            "--runs",
-            "1",
-        ],
-    );
-    assert_eq!(code, 0, "{err}");
-    let r: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let r = bench_engine_on_queue(&TempEnv::new(), &url);
     assert_eq!(r["raw"]["duplicates"], 30, "{r}");
     assert_eq!(r["engine"]["applied"], r["raw"]["applied"], "{r}");
     assert_eq!(r["engine"]["duplicates"], r["raw"]["duplicates"], "{r}");
+    // The breakdown runs on JetStream too: raw beside the stream, and the stream alone.
+    assert_eq!(r["raw_with_queue"]["applied"], r["raw"]["applied"], "{r}");
+    assert_eq!(r["raw_with_queue"]["duplicates"], 30, "{r}");
+    assert_eq!(r["queue_only"]["messages"], 300, "{r}");
 }
 
 #[tokio::test]

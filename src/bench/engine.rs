@@ -11,6 +11,15 @@
 //!   transaction, count, ack the batch — W workers.
 //!
 //! The ratio engine/raw is the price of everything that is not the database.
+//!
+//! Two breakdowns go beside it. **queue alone**: the same messages leased and acked
+//! in batches, no database. **raw with the queue**: raw's very transactions, each
+//! overlapped with one ack-and-lease of a batch of the same messages on the same
+//! queue, the way the pipelined runner overlaps them, and nothing else (no parse, no
+//! classification, no counting). It shares the broker's cost on purpose: on a small
+//! machine a broker's work (a quorum queue writes and syncs its log for every ack)
+//! slows the database's commits beside it, and engine ÷ this figure is what is left
+//! for the engine's own code. The headline ratio stays engine ÷ raw.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -92,6 +101,9 @@ pub struct RunPair {
     /// The same pair's rusqlite baseline (SQLite only), and engine ÷ it.
     pub raw_rusqlite_messages_per_second: Option<f64>,
     pub ratio_rusqlite: Option<f64>,
+    /// The same pair's raw-with-the-queue run (one worker only), and engine ÷ it.
+    pub raw_with_queue_messages_per_second: Option<f64>,
+    pub ratio_with_queue: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -127,8 +139,14 @@ pub struct EngineBenchReport {
     /// so a drift of the machine does not favour one side).
     pub runs: Vec<RunPair>,
     /// The queue alone, for the breakdown: the same messages leased and acked in
-    /// batches of the same size, no database, no parsing (embedded queue only).
+    /// batches of the same size on the engine's kind of queue, no database, no
+    /// parsing.
     pub queue_only: Option<RunFigures>,
+    /// Raw's transactions overlapped with the queue's leases and acks (see the module
+    /// doc), run beside each pair with one worker; the median pair's figures.
+    pub raw_with_queue: Option<RunFigures>,
+    /// engine messages/s ÷ raw-with-the-queue messages/s: the median over the pairs.
+    pub ratio_with_queue: Option<f64>,
 }
 
 fn err(e: impl std::fmt::Display) -> BenchError {
@@ -208,10 +226,10 @@ async fn open_store(plan: &EngineBenchPlan) -> Result<Arc<dyn store::Store>, Ben
     )
 }
 
-/// The raw baseline: the pattern's transactions, nothing else.
-async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, BenchError> {
-    let store = open_store(plan).await?;
-    let items: Vec<Recordable> = bodies
+/// The messages as the raw baselines write them, parsed before any clock starts;
+/// `suffix` keeps each baseline's counters apart from the engine's.
+fn recordables(bodies: &[Vec<u8>], suffix: &str) -> Result<Vec<Recordable>, BenchError> {
+    bodies
         .iter()
         .map(|b| {
             let env = Envelope::parse(b).map_err(err)?;
@@ -219,11 +237,51 @@ async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, B
                 key: env.key(),
                 fingerprint: env.fingerprint(),
                 write: BusinessWrite::CountZoneExit {
-                    device_id: format!("{}-raw", env.device_id),
+                    device_id: format!("{}-{suffix}", env.device_id),
                 },
             })
         })
-        .collect::<Result<_, BenchError>>()?;
+        .collect()
+}
+
+/// The engine's queue: `--queue`, or an embedded one in `scratch`.
+fn queue_url(plan: &EngineBenchPlan, scratch: &std::path::Path) -> String {
+    plan.queue_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", scratch.join("bench-queue.db").display()))
+}
+
+/// A queue of its own for a breakdown run, on the engine's kind of queue, filled
+/// with `bodies` before any clock starts.
+async fn filled_queue(
+    plan: &EngineBenchPlan,
+    scratch: &std::path::Path,
+    what: &str,
+    bodies: &[Vec<u8>],
+) -> Result<(Arc<dyn crate::engine::queue::Queue>, String), BenchError> {
+    let queue = crate::engine::queue::open(&queue_url(plan, scratch))
+        .await
+        .map_err(err)?;
+    let name = format!("bench-{:08x}/{what}", rand::random::<u32>());
+    queue
+        .publish(std::slice::from_ref(&name), bodies)
+        .await
+        .map_err(err)?;
+    Ok((queue, name))
+}
+
+/// Remove a breakdown run's queue (a broker keeps it otherwise) and let go of it.
+async fn drop_queue(queue: Arc<dyn crate::engine::queue::Queue>, name: &str) {
+    if let Err(e) = queue.remove_queue(name).await {
+        tracing::warn!(error = %e, "bench queue not removed");
+    }
+    queue.close().await;
+}
+
+/// The raw baseline: the pattern's transactions, nothing else.
+async fn raw(plan: &EngineBenchPlan, bodies: &[Vec<u8>]) -> Result<RunFigures, BenchError> {
+    let store = open_store(plan).await?;
+    let items = recordables(bodies, "raw")?;
     let chunks: Vec<Vec<Recordable>> = items.chunks(plan.batch.max(1)).map(<[_]>::to_vec).collect();
     let queue = Arc::new(Mutex::new(chunks));
     let (started, cpu0) = (Instant::now(), cpu_seconds());
@@ -305,10 +363,7 @@ async fn engine(
     bodies: &[Vec<u8>],
     scratch: &std::path::Path,
 ) -> Result<RunFigures, BenchError> {
-    let queue_url = plan
-        .queue_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}", scratch.join("bench-queue.db").display()));
+    let queue_url = queue_url(plan, scratch);
     let mut cfg = EngineConfig::new(
         &plan.db_url,
         &queue_url,
@@ -376,27 +431,95 @@ async fn engine(
     ))
 }
 
-/// The embedded queue alone: publish, then ack-and-lease batches until it is empty,
-/// as the pipelined runner does.
+/// Raw's transactions, each beside one ack-and-lease on the queue (see the module
+/// doc): the deliveries of batch N+1 are leased, and batch N-1's acked, while batch
+/// N's transaction runs, as the pipelined runner does with its own batches. The
+/// deliveries are counted, not read: the transactions write the messages parsed
+/// beforehand, in the queue's order. One worker.
+async fn raw_with_queue(
+    plan: &EngineBenchPlan,
+    bodies: &[Vec<u8>],
+) -> Result<RunFigures, BenchError> {
+    let store = open_store(plan).await?;
+    let items = recordables(bodies, "rawq")?;
+    let scratch = tempfile::tempdir().map_err(err)?;
+    let (queue, name) = filled_queue(plan, scratch.path(), "raw-with-queue", bodies).await?;
+    let (batch, visibility) = (plan.batch.max(1), Duration::from_secs(300));
+    let lease = plan.runner().lease_size();
+    let (started, cpu0) = (Instant::now(), cpu_seconds());
+    let mut held = queue.lease(&name, lease, visibility).await.map_err(err)?;
+    let (mut unacked, mut next, mut lat) = (Vec::new(), 0, Vec::new());
+    let (mut applied, mut dups) = (0u64, 0u64);
+    while next < items.len() {
+        if held.is_empty() {
+            // The lease beside the last batch came back short: ack, and lease again.
+            let (acked, leased) = queue
+                .ack_then_lease(&std::mem::take(&mut unacked), &name, lease, visibility)
+                .await;
+            acked.map_err(err)?;
+            held = leased.map_err(err)?;
+            if held.is_empty() {
+                return Err(BenchError::Run(format!(
+                    "the queue ran dry with {} of {} messages written",
+                    next,
+                    items.len()
+                )));
+            }
+            continue;
+        }
+        let current: Vec<_> = held.drain(..batch.min(held.len())).collect();
+        let chunk = &items[next..(next + current.len()).min(items.len())];
+        next += current.len();
+        let done = tokio::sync::Notify::new();
+        let t = Instant::now();
+        let (written, (acked, leased)) = tokio::join!(
+            async {
+                let written = store.record_batch("bench-raw-queue", chunk).await;
+                done.notify_one();
+                written
+            },
+            async {
+                if held.is_empty() {
+                    let previous = std::mem::take(&mut unacked);
+                    queue
+                        .ack_then_lease_beside(&previous, &name, lease, visibility, &done)
+                        .await
+                } else {
+                    (Ok(()), Ok(Vec::new()))
+                }
+            }
+        );
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        for o in written.map_err(err)? {
+            lat.push(ms);
+            match o {
+                store::DedupOutcome::Applied => applied += 1,
+                _ => dups += 1,
+            }
+        }
+        acked.map_err(err)?;
+        held.extend(leased.map_err(err)?);
+        unacked.extend(current);
+    }
+    queue.ack_batch(&unacked).await.map_err(err)?;
+    let (seconds, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    drop_queue(queue, &name).await;
+    Ok(figures(bodies.len(), (seconds, cpu), lat, applied, dups))
+}
+
+/// The queue alone: publish, then ack-and-lease batches until every message is
+/// taken, as the pipelined runner does, on the engine's kind of queue.
 async fn queue_alone(plan: &EngineBenchPlan) -> Result<RunFigures, BenchError> {
     let scratch = tempfile::tempdir().map_err(err)?;
-    let url = format!(
-        "sqlite://{}",
-        scratch.path().join("queue-only.db").display()
-    );
-    let queue = crate::engine::queue::open(&url).await.map_err(err)?;
     let bodies = messages(plan, "QUEUEONLY");
-    let name = ["bench-queue-only".to_string()];
-    queue.publish(&name, &bodies).await.map_err(err)?;
+    let (queue, name) = filled_queue(plan, scratch.path(), "queue-only", &bodies).await?;
     let (batch, visibility) = (plan.batch.max(1), Duration::from_secs(300));
     let (started, cpu0) = (Instant::now(), cpu_seconds());
-    let mut held = Vec::new();
+    let (mut held, mut taken) = (Vec::new(), 0);
     let mut latencies = Vec::with_capacity(bodies.len());
-    loop {
+    while taken < bodies.len() {
         let t = Instant::now();
-        let (acked, leased) = queue
-            .ack_then_lease(&held, &name[0], batch, visibility)
-            .await;
+        let (acked, leased) = queue.ack_then_lease(&held, &name, batch, visibility).await;
         acked.map_err(err)?;
         held = leased.map_err(err)?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
@@ -404,15 +527,13 @@ async fn queue_alone(plan: &EngineBenchPlan) -> Result<RunFigures, BenchError> {
         if held.is_empty() {
             break;
         }
+        taken += held.len();
     }
+    queue.ack_batch(&held).await.map_err(err)?;
     let seconds = started.elapsed().as_secs_f64();
-    Ok(figures(
-        bodies.len(),
-        (seconds, cpu_seconds() - cpu0),
-        latencies,
-        0,
-        0,
-    ))
+    let cpu = cpu_seconds() - cpu0;
+    drop_queue(queue, &name).await;
+    Ok(figures(taken, (seconds, cpu), latencies, 0, 0))
 }
 
 /// Several batch sizes in one process: how throughput scales with the batch.
@@ -480,6 +601,7 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
     let sqlite = open_store(plan).await?.backend() == store::Backend::Sqlite;
     let mut pairs = Vec::with_capacity(plan.runs);
     let mut rusqlite = Vec::with_capacity(plan.runs);
+    let mut with_queues = Vec::with_capacity(plan.runs);
     for i in 0..plan.runs {
         let scratch = tempfile::tempdir().map_err(err)?;
         let tag = format!("BENCH{:06x}", rand::random::<u32>() & 0xff_ffff);
@@ -487,8 +609,12 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         // The rusqlite baseline (its own consumer name and counters) goes last in even
         // pairs and first in odd ones, like raw and engine.
         let mut q = None;
+        let mut with_queue = None;
         if sqlite && i % 2 == 1 {
             q = Some(raw_rusqlite(plan, &bodies).await?);
+        }
+        if plan.workers <= 1 && i % 2 == 1 {
+            with_queue = Some(raw_with_queue(plan, &bodies).await?);
         }
         let (raw, engine) = if i % 2 == 0 {
             let raw = raw(plan, &bodies).await?;
@@ -500,38 +626,48 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         if sqlite && i % 2 == 0 {
             q = Some(raw_rusqlite(plan, &bodies).await?);
         }
+        if plan.workers <= 1 && i % 2 == 0 {
+            with_queue = Some(raw_with_queue(plan, &bodies).await?);
+        }
         pairs.push((raw, engine));
         rusqlite.push(q);
+        with_queues.push(with_queue);
     }
     let ratio = |(raw, engine): &(RunFigures, RunFigures)| {
         engine.messages_per_second / raw.messages_per_second.max(1e-9)
     };
+    let against = |p: &(RunFigures, RunFigures), q: &Option<RunFigures>| {
+        q.as_ref()
+            .map(|q| p.1.messages_per_second / q.messages_per_second.max(1e-9))
+    };
     let runs: Vec<RunPair> = pairs
         .iter()
-        .zip(&rusqlite)
-        .map(|(p, q)| RunPair {
+        .zip(rusqlite.iter().zip(&with_queues))
+        .map(|(p, (q, w))| RunPair {
             raw_messages_per_second: p.0.messages_per_second,
             engine_messages_per_second: p.1.messages_per_second,
             ratio: ratio(p),
             raw_rusqlite_messages_per_second: q.as_ref().map(|q| q.messages_per_second),
-            ratio_rusqlite: q
-                .as_ref()
-                .map(|q| p.1.messages_per_second / q.messages_per_second.max(1e-9)),
+            ratio_rusqlite: against(p, q),
+            raw_with_queue_messages_per_second: w.as_ref().map(|w| w.messages_per_second),
+            ratio_with_queue: against(p, w),
         })
         .collect();
-    let mut rusqlite_ratios: Vec<f64> = runs.iter().filter_map(|r| r.ratio_rusqlite).collect();
-    rusqlite_ratios.sort_by(|a, b| a.total_cmp(b));
-    let ratio_rusqlite = rusqlite_ratios.get(rusqlite_ratios.len() / 2).copied();
+    let median_of = |ratios: Vec<f64>| {
+        let mut ratios = ratios;
+        ratios.sort_by(|a, b| a.total_cmp(b));
+        ratios.get(ratios.len() / 2).copied()
+    };
+    let ratio_rusqlite = median_of(runs.iter().filter_map(|r| r.ratio_rusqlite).collect());
+    let ratio_with_queue = median_of(runs.iter().filter_map(|r| r.ratio_with_queue).collect());
     let mut order: Vec<usize> = (0..pairs.len()).collect();
     order.sort_by(|&a, &b| ratio(&pairs[a]).total_cmp(&ratio(&pairs[b])));
     let median = order[order.len() / 2];
     let median_ratio = ratio(&pairs[median]);
     let (raw, engine) = pairs.swap_remove(median);
     let raw_rusqlite = rusqlite.swap_remove(median);
-    let queue_only = match &plan.queue_url {
-        None => Some(queue_alone(plan).await?),
-        Some(_) => None,
-    };
+    let raw_with_queue = with_queues.swap_remove(median);
+    let queue_only = Some(queue_alone(plan).await?);
     let store = open_store(plan).await?;
     let backend = format!("{:?}", store.backend()).to_lowercase();
     let queue = match &plan.queue_url {
@@ -561,6 +697,8 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         queue_only,
         raw_rusqlite,
         ratio_rusqlite,
+        raw_with_queue,
+        ratio_with_queue,
     })
 }
 

@@ -280,6 +280,12 @@ fn print_engine_report(r: &bench::engine::EngineBenchReport) {
             q.messages_per_second, q.p50_ms, q.p99_ms, q.cpu_us_per_message
         );
     }
+    if let (Some(q), Some(ratio)) = (&r.raw_with_queue, r.ratio_with_queue) {
+        println!(
+            "  raw with the queue {:>9.0} msg/s  p50 {:>7.2} ms  cpu {:>6.1} µs/msg  (engine/raw-with-queue = {ratio:.2}: the engine's own code)",
+            q.messages_per_second, q.p50_ms, q.cpu_us_per_message
+        );
+    }
     let all: Vec<String> = r.runs.iter().map(|p| format!("{:.2}", p.ratio)).collect();
     println!(
         "  engine/raw = {:.2} (median of {} pairs: {}); queue: {}, pipeline {}, {} per lease",

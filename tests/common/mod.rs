@@ -50,6 +50,32 @@ pub fn run_cli(env: &TempEnv, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+/// `bench engine --json` of 300 messages (10 % redeliveries), batch 10, one pair, on
+/// the env's SQLite database and `queue`; the report, once the command succeeded.
+pub fn bench_engine_on_queue(env: &TempEnv, queue: &str) -> serde_json::Value {
+    let db = env.db_url();
+    let args = [
+        "bench",
+        "engine",
+        "--db",
+        &db,
+        "--json",
+        "--queue",
+        queue,
+        "--messages",
+        "300",
+        "--dup-rate",
+        "0.1",
+        "--batch",
+        "10",
+        "--runs",
+        "1",
+    ];
+    let (code, out, err) = run_cli(env, &args);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
 /// What one consumer counted between two summaries (`after` − `before`, field by
 /// field), compared whole so that a count nobody expected to move shows up too.
 pub fn counted_since(
