@@ -816,20 +816,32 @@ async fn deliveries_on_their_way_from_the_broker_are_counted_in_the_depth() {
 async fn bench_engine_on_rabbitmq_breaks_the_ratio_down_and_leaves_no_queue() {
     let _broker = exclusive().await;
     let Some(url) = amqp_url().await else { return };
+    let before = broker_queues();
     let r = bench_engine_on_queue(&TempEnv::new(), &url);
     assert_eq!(r["engine"]["duplicates"], 30, "{r}");
     assert_eq!(r["raw_with_queue"]["applied"], r["raw"]["applied"], "{r}");
     assert_eq!(r["raw_with_queue"]["duplicates"], 30, "{r}");
     assert!(r["ratio_with_queue"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(r["queue_only"]["messages"], 300, "{r}");
+    let left: Vec<String> = broker_queues()
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .filter(|n| n.contains("raw-with-queue") || n.contains("queue-only"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "queues the bench left on the broker: {left:?}"
+    );
+}
+
+/// The names of the broker's queues, by its CLI.
+fn broker_queues() -> HashSet<String> {
     let listed = std::process::Command::new("rabbitmqctl")
         .args(["list_queues", "-q", "--no-table-headers", "name"])
         .output()
         .expect("rabbitmqctl runs (the broker's CLI is needed for this test)");
-    let names = String::from_utf8_lossy(&listed.stdout);
-    let left: Vec<&str> = names
+    String::from_utf8_lossy(&listed.stdout)
         .lines()
-        .filter(|n| n.contains("raw-with-queue") || n.contains("queue-only"))
-        .collect();
-    assert!(left.is_empty(), "queues left on the broker: {left:?}");
+        .map(str::to_string)
+        .collect()
 }
