@@ -388,6 +388,14 @@ fn the_dashboard_started_afterwards_draws_the_history_and_its_restart() {
     let Some(fleet) = fleet_with_history() else {
         return;
     };
+    // The chart's 15 minutes are ~6 s a column at this width, and the seam is where
+    // the history ends, about when the dashboard starts: started within a column of
+    // the restart, the restart's tick is drawn on the seam's own column and hides it
+    // (seen in CI on 2026-12-04). Started 15 s after it, the tick is two columns left.
+    let since_restart = chrono::Utc::now().timestamp_millis() as f64 / 1000.0 - fleet.restarted_at;
+    if since_restart < 15.0 {
+        std::thread::sleep(Duration::from_secs_f64(15.0 - since_restart));
+    }
     let command =
         tmux::dashboard_command(&fleet.env, &fleet.config(), &["--prometheus", &fleet.url]);
     let Some(t) = Tmux::start(&fleet.env, &command, 160, 45) else {
