@@ -83,20 +83,23 @@ fn bench_engine_relaxed_reports_its_durability() {
     assert_eq!(r["raw"]["applied"], r["engine"]["applied"], "{r}");
 }
 
+/// A baseline run beside each pair (`field`, with engine ÷ it in `ratio`): the same
+/// pattern on the same keys as the sqlx raw run, so the same effects, and a ratio in
+/// every pair and for the median.
+fn assert_a_baseline_beside_raw(r: &serde_json::Value, field: &str, ratio: &str) {
+    let b = &r[field];
+    assert_eq!(b["applied"], r["raw"]["applied"], "{r}");
+    assert_eq!(b["duplicates"], r["raw"]["duplicates"], "{r}");
+    assert!(b["messages_per_second"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r[ratio].as_f64().unwrap() > 0.0, "{r}");
+    let pairs = r["runs"].as_array().unwrap();
+    assert!(pairs.iter().all(|p| p[ratio].as_f64().is_some()), "{r}");
+}
+
 #[test]
 fn bench_engine_reports_the_rusqlite_baseline_beside_the_sqlx_one_on_sqlite() {
     let r = bench_engine(&["--batch", "10", "--messages", "200", "--runs", "2"]);
-    let q = &r["raw_rusqlite"];
-    // The same pattern on the same keys: the same effects as the sqlx baseline.
-    assert_eq!(q["applied"], r["raw"]["applied"], "{r}");
-    assert_eq!(q["duplicates"], r["raw"]["duplicates"], "{r}");
-    assert!(q["messages_per_second"].as_f64().unwrap() > 0.0, "{r}");
-    assert!(r["ratio_rusqlite"].as_f64().unwrap() > 0.0, "{r}");
-    let pairs = r["runs"].as_array().unwrap();
-    assert!(
-        pairs.iter().all(|p| p["ratio_rusqlite"].as_f64().is_some()),
-        "{r}"
-    );
+    assert_a_baseline_beside_raw(&r, "raw_rusqlite", "ratio_rusqlite");
 }
 
 /// The breakdown beside each pair: raw's transactions overlapped with the queue's
@@ -105,18 +108,8 @@ fn bench_engine_reports_the_rusqlite_baseline_beside_the_sqlx_one_on_sqlite() {
 #[test]
 fn bench_engine_reports_raw_with_the_queue_and_the_queue_alone() {
     let r = bench_engine(&["--batch", "10", "--messages", "200", "--runs", "2"]);
-    let w = &r["raw_with_queue"];
-    assert_eq!(w["applied"], r["raw"]["applied"], "{r}");
-    assert_eq!(w["duplicates"], r["raw"]["duplicates"], "{r}");
-    assert_eq!(w["messages"], 200, "{r}");
-    assert!(r["ratio_with_queue"].as_f64().unwrap() > 0.0, "{r}");
-    let pairs = r["runs"].as_array().unwrap();
-    assert!(
-        pairs
-            .iter()
-            .all(|p| p["ratio_with_queue"].as_f64().is_some()),
-        "{r}"
-    );
+    assert_a_baseline_beside_raw(&r, "raw_with_queue", "ratio_with_queue");
+    assert_eq!(r["raw_with_queue"]["messages"], 200, "{r}");
     assert_eq!(r["queue_only"]["messages"], 200, "{r}");
 }
 

@@ -508,8 +508,9 @@ async fn raw_with_queue(
     Ok(figures(bodies.len(), (seconds, cpu), lat, applied, dups))
 }
 
-/// The queue alone: publish, then ack-and-lease batches until every message is
-/// taken, as the pipelined runner does, on the engine's kind of queue.
+/// The queue alone: publish, then ack-and-lease batches (one round trip each, the
+/// previous batch acked with the next lease) until every message is taken, on the
+/// engine's kind of queue.
 async fn queue_alone(plan: &EngineBenchPlan) -> Result<RunFigures, BenchError> {
     let scratch = tempfile::tempdir().map_err(err)?;
     let bodies = messages(plan, "QUEUEONLY");
@@ -654,8 +655,7 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
             ratio_with_queue: against(p, w),
         })
         .collect();
-    let median_of = |ratios: Vec<f64>| {
-        let mut ratios = ratios;
+    let median_of = |mut ratios: Vec<f64>| {
         ratios.sort_by(|a, b| a.total_cmp(b));
         ratios.get(ratios.len() / 2).copied()
     };
