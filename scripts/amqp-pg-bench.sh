@@ -26,7 +26,6 @@ source "$(dirname "$0")/lib.sh"
 
 export PGOPTIONS=--client-min-messages=warning # no NOTICE for a database not there to drop
 WORK=$(mktemp -d)
-url_of() { python3 -c 'import sys,urllib.parse as u; p=u.urlsplit(sys.argv[1]); print(u.urlunsplit(p._replace(path="/"+sys.argv[2])))' "$ADMIN" "$1"; }
 DB=""
 cleanup() { [[ -n $DB ]] && psql "$ADMIN" -q -c "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
@@ -44,7 +43,7 @@ EOF
 for i in $(seq 1 "$RUNS"); do
   DB=idw_amqp_bench_$$_$i
   psql "$ADMIN" -q -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
-  "$BIN" --log-file "$WORK/idemwatch.log" bench engine --db "$(url_of "$DB")" --queue "$AMQP" \
+  "$BIN" --log-file "$WORK/idemwatch.log" bench engine --db "$(with_database "$ADMIN" "$DB")" --queue "$AMQP" \
     --messages "$MESSAGES" --batch 100 --runs 5 --json >"$WORK/run_$i.json"
   python3 - "$WORK/run_$i.json" "$i" <<'EOF'
 import json, sys

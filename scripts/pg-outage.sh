@@ -34,7 +34,7 @@ source "$(dirname "$0")/lib.sh"
 
 WORK=$(mktemp -d)
 DB=idw_outage_$$_$RANDOM
-DB_URL=$(python3 -c 'import sys,urllib.parse as u; p=u.urlsplit(sys.argv[1]); print(u.urlunsplit(p._replace(path="/"+sys.argv[2])))' "$ADMIN" "$DB")
+DB_URL=$(with_database "$ADMIN" "$DB")
 QUEUE="sqlite://$WORK/queue.db"
 SCRATCH="sqlite://$WORK/scratch.db" # `publish` opens a store; not the one in the outage
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
