@@ -2,13 +2,6 @@
 
 mod cli;
 
-/// mimalloc instead of glibc's malloc: the engine allocates and frees small buffers per
-/// delivery (bodies, parsed envelopes, keys) across threads, and glibc spent ~11 % of the
-/// SQLite pipeline's CPU in malloc/free and its consolidation. Measured in BENCHMARKS.md
-/// ("mimalloc in the SQLite pipeline"): 8 % more msg/s, 8 % less CPU per message.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
