@@ -5,7 +5,8 @@ mod cli;
 /// mimalloc instead of glibc's malloc: the engine allocates and frees small buffers per
 /// delivery (bodies, parsed envelopes, keys) across threads, and glibc spent ~11 % of the
 /// SQLite pipeline's CPU in malloc/free and its consolidation. Measured in BENCHMARKS.md
-/// ("mimalloc in the SQLite pipeline"): 8-10 % more msg/s, 10-15 % less CPU per message.
+/// ("mimalloc landed, built without transparent huge pages"): ~11 % more msg/s, 10-16 % less
+/// CPU per message.
 ///
 /// Built with `no_thp`: with transparent huge pages mimalloc backs its arenas with 2 MiB
 /// pages, and a scrape of an endless line then added ~14 MiB of peak RSS instead of ~4,
