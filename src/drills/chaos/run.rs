@@ -81,7 +81,18 @@ pub(super) async fn kill_while_publishing(
             }
         }
         let ready = ready_total(arena.queue.as_ref(), &arena.queue_names).await;
-        if publishing.is_none() && ready == 0 {
+        // Taken off the queues: acked (embedded queue), or handed to an instance (a
+        // broker's ready count does not hold its unacked deliveries).
+        let taken = published.load(Ordering::SeqCst).saturating_sub(ready);
+        // A kill point passed and not served yet. Kill points passed between two looks
+        // are caught up one per look, and they are served even once the queues are
+        // empty: instances that took everything in a burst still hold unacked
+        // deliveries, and the schedule promises as many kills on a fast machine as on
+        // a slow one (a run that ended at the first empty look got 2 kills instead of
+        // 13 when consumption outran the looks).
+        let owed =
+            matches!(opts.kill_every, KillSchedule::EveryMessages(_)) && taken >= next_kill_at;
+        if publishing.is_none() && ready == 0 && !owed {
             break;
         }
         if Instant::now() > deadline {
@@ -89,13 +100,9 @@ pub(super) async fn kill_while_publishing(
             break;
         }
         if let KillSchedule::EveryMessages(n) = opts.kill_every {
-            // Taken off the queues: acked (embedded queue), or handed to an instance
-            // (a broker's ready count does not hold its unacked deliveries).
-            let taken = published.load(Ordering::SeqCst).saturating_sub(ready);
-            if taken < next_kill_at {
+            if !owed {
                 continue;
             }
-            // Kill points passed between two looks are caught up one per look.
             next_kill_at += n.max(1);
         }
         let victim = rng.random_range(0..instances.len());
