@@ -375,56 +375,28 @@ impl Confirms {
     }
 }
 
-/// The publisher channel's callback: confirms and returns into [`Confirms`].
-struct PublisherEvents(Arc<Confirms>);
-
-#[async_trait]
-impl ChannelCallback for PublisherEvents {
-    async fn close(
-        &mut self,
-        _: &Channel,
-        close: amqprs::CloseChannel,
-    ) -> Result<(), amqprs::error::Error> {
-        tracing::warn!(reason = %close, "the broker closed the publisher channel");
-        self.0.changed.notify_one();
-        Ok(())
-    }
-    async fn cancel(&mut self, _: &Channel, _: amqprs::Cancel) -> Result<(), amqprs::error::Error> {
-        Ok(())
-    }
-    async fn flow(&mut self, _: &Channel, active: bool) -> Result<bool, amqprs::error::Error> {
-        Ok(active)
-    }
-    async fn publish_ack(&mut self, _: &Channel, ack: amqprs::Ack) {
-        self.0.settle(ack.delivery_tag(), ack.mutiple(), false);
-    }
-    async fn publish_nack(&mut self, _: &Channel, nack: amqprs::Nack) {
-        self.0.settle(nack.delivery_tag(), nack.multiple(), true);
-    }
-    async fn publish_return(
-        &mut self,
-        _: &Channel,
-        _: amqprs::Return,
-        _: BasicProperties,
-        _: Vec<u8>,
-    ) {
-        self.0.lock().returned += 1;
-        self.0.changed.notify_one();
-    }
+/// A channel's callback. What the broker says when it closes a channel is worth a
+/// log line (a refused declaration closes its channel on purpose); on the publisher
+/// channel (`confirms`), confirms and returns go into [`Confirms`], and a close wakes
+/// the batch waiting for them.
+struct ChannelEvents {
+    confirms: Option<Arc<Confirms>>,
 }
 
-/// Every other channel's and the connection's callback: what the broker says when it
-/// closes one is worth a log line (a refused declaration closes its channel on purpose).
-struct Quiet;
-
 #[async_trait]
-impl ChannelCallback for Quiet {
+impl ChannelCallback for ChannelEvents {
     async fn close(
         &mut self,
         _: &Channel,
         close: amqprs::CloseChannel,
     ) -> Result<(), amqprs::error::Error> {
-        tracing::debug!(reason = %close, "the broker closed a channel");
+        match &self.confirms {
+            Some(c) => {
+                tracing::warn!(reason = %close, "the broker closed the publisher channel");
+                c.changed.notify_one();
+            }
+            None => tracing::debug!(reason = %close, "the broker closed a channel"),
+        }
         Ok(())
     }
     async fn cancel(&mut self, _: &Channel, _: amqprs::Cancel) -> Result<(), amqprs::error::Error> {
@@ -434,8 +406,16 @@ impl ChannelCallback for Quiet {
     async fn flow(&mut self, _: &Channel, active: bool) -> Result<bool, amqprs::error::Error> {
         Ok(active)
     }
-    async fn publish_ack(&mut self, _: &Channel, _: amqprs::Ack) {}
-    async fn publish_nack(&mut self, _: &Channel, _: amqprs::Nack) {}
+    async fn publish_ack(&mut self, _: &Channel, ack: amqprs::Ack) {
+        if let Some(c) = &self.confirms {
+            c.settle(ack.delivery_tag(), ack.mutiple(), false);
+        }
+    }
+    async fn publish_nack(&mut self, _: &Channel, nack: amqprs::Nack) {
+        if let Some(c) = &self.confirms {
+            c.settle(nack.delivery_tag(), nack.multiple(), true);
+        }
+    }
     async fn publish_return(
         &mut self,
         _: &Channel,
@@ -443,8 +423,15 @@ impl ChannelCallback for Quiet {
         _: BasicProperties,
         _: Vec<u8>,
     ) {
+        if let Some(c) = &self.confirms {
+            c.lock().returned += 1;
+            c.changed.notify_one();
+        }
     }
 }
+
+/// The connection's callback: what the broker says when it closes or blocks it.
+struct Quiet;
 
 #[async_trait]
 impl ConnectionCallback for Quiet {
@@ -539,7 +526,9 @@ fn field(s: &str) -> FieldName {
 /// A new channel with a callback, so what the broker says when it closes it is heard.
 async fn open_channel(connection: &Connection) -> QueueResult<Channel> {
     let ch = rpc("broker", connection.open_channel(None)).await?;
-    ch.register_callback(Quiet).await.map_err(amqp_err)?;
+    ch.register_callback(ChannelEvents { confirms: None })
+        .await
+        .map_err(amqp_err)?;
     Ok(ch)
 }
 
@@ -1099,7 +1088,9 @@ impl AmqpQueue {
                 let channel = rpc("broker", link.connection.open_channel(None)).await?;
                 let confirms = Arc::new(Confirms::default());
                 channel
-                    .register_callback(PublisherEvents(confirms.clone()))
+                    .register_callback(ChannelEvents {
+                        confirms: Some(confirms.clone()),
+                    })
                     .await
                     .map_err(amqp_err)?;
                 rpc(
