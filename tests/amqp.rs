@@ -65,6 +65,22 @@ async fn unacked_delivery_comes_back_with_the_brokers_redelivered_flag() {
     q.close().await;
 }
 
+/// A wrong password is named as the likely cause (RabbitMQ only drops the socket
+/// mid-handshake for a client like ours), and the password is not in the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_says_so_without_the_password() {
+    let _broker = exclusive().await;
+    let Some(url) = amqp_url().await else { return };
+    let mut wrong = url::Url::parse(&url).unwrap();
+    wrong.set_password(Some("WRONGSECRET")).unwrap();
+    let Err(e) = AmqpQueue::open(wrong.as_str()).await else {
+        panic!("the broker took a wrong password");
+    };
+    let e = e.to_string();
+    assert!(e.contains("wrong user or password"), "{e}");
+    assert!(!e.contains("WRONGSECRET"), "{e}");
+}
+
 /// A publish the broker cannot route is not taken for a success: the queue was
 /// removed behind this connection's back (its declaration is remembered per
 /// connection), the `mandatory` publish comes back as a return beside its confirm,

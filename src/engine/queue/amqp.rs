@@ -210,6 +210,10 @@ fn connection_args(rest: &str) -> QueueResult<OpenConnectionArguments> {
         "" => "/".to_string(),
         v => decode(v)?,
     };
+    // AMQP carries the vhost as a short string; amqprs would panic on a longer one.
+    if vhost.len() > 255 {
+        return Err(bad("a vhost longer than 255 bytes".into()));
+    }
     let mut args = OpenConnectionArguments::new(&host, port, &user, &password);
     args.virtual_host(&vhost)
         // The name shows in the broker's connection list and management UI, and lets
@@ -605,7 +609,11 @@ impl AmqpQueue {
         let connection = rpc("connect", Connection::open(&self.args))
             .await
             .map_err(|e| {
-                QueueError::Amqp(format!("cannot connect to {}: {e}", redact_url(&self.url)))
+                QueueError::Amqp(format!(
+                    "cannot connect to {}: {e}{}",
+                    redact_url(&self.url),
+                    handshake_hint(&e)
+                ))
             })?;
         connection
             .register_callback(Quiet)
@@ -1340,6 +1348,22 @@ fn prefetch(set: Option<u16>, max: usize) -> u16 {
     })
 }
 
+/// RabbitMQ answers a wrong user or password, or a vhost the user may not open, by
+/// closing the socket in the middle of the handshake (it sends a reason only to clients
+/// that announce `authentication_failure_close`, which amqprs does not), and amqprs
+/// reports that as a network error. Say what it most likely means.
+fn handshake_hint(e: &QueueError) -> &'static str {
+    let text = e.to_string();
+    if ["reset by peer", "peer shutdown", "connection interrupted"]
+        .iter()
+        .any(|t| text.contains(t))
+    {
+        " (the broker closed the connection during the handshake: wrong user or password, or no access to the vhost?)"
+    } else {
+        ""
+    }
+}
+
 /// The receiver of a consumer ended: its channel or connection is gone.
 fn cancelled() -> QueueError {
     QueueError::Amqp("consumer cancelled by the broker".into())
@@ -1559,7 +1583,9 @@ mod tests {
         );
         assert_eq!(connection_args("amqp://h").unwrap().get_virtual_host(), "/");
         assert_eq!(connection_args("amqps://h/%2f").unwrap().get_port(), 5671);
+        let long_vhost = format!("amqp://u:secret@h/{}", "v".repeat(256));
         for bad in [
+            long_vhost.as_str(),
             "amqp://u:secret@h/%2f?frame_max=4096",
             "amqp://u:secret@h/%2f?heartbeat=soon",
             "http://u:secret@h/",
