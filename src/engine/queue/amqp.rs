@@ -146,6 +146,12 @@ pub fn parse_url(raw: &str) -> QueueResult<(String, AmqpOptions)> {
                     }
                 }
             }
+            "prefix" if v.chars().count() > MAX_PREFIX => {
+                return Err(QueueError::BadUrl(
+                    redact_url(raw),
+                    format!("prefix longer than {MAX_PREFIX} characters"),
+                ))
+            }
             "prefix" if !v.is_empty() => opts.prefix = sanitize(&v),
             _ => rest.push((k.into_owned(), v.into_owned())),
         }
@@ -158,6 +164,13 @@ pub fn parse_url(raw: &str) -> QueueResult<(String, AmqpOptions)> {
     Ok((url.to_string(), opts))
 }
 
+/// The longest `?prefix=`: with the dot and a queue name cut to [`MAX_QUEUE_NAME`],
+/// every name we give the broker fits AMQP's short strings (255 bytes), which amqprs
+/// would otherwise panic on.
+const MAX_PREFIX: usize = 48;
+/// The longest engine queue name kept (longer ones are cut).
+const MAX_QUEUE_NAME: usize = 200;
+
 /// Keep queue names to what every RabbitMQ tool handles without escaping.
 fn sanitize(name: &str) -> String {
     let s: String = name
@@ -168,7 +181,7 @@ fn sanitize(name: &str) -> String {
             _ => '_',
         })
         .collect();
-    s.chars().take(200).collect()
+    s.chars().take(MAX_QUEUE_NAME).collect()
 }
 
 /// What [`Connection::open`] needs, from what [`parse_url`] left of the URL:
@@ -1606,6 +1619,21 @@ mod tests {
         assert_eq!(prefetch(None, 100), 300);
         assert_eq!(prefetch(None, 1_000_000), u16::MAX);
         assert_eq!(prefetch(Some(8), 100), 8);
+    }
+
+    #[test]
+    fn every_name_given_to_the_broker_fits_a_short_string() {
+        let longest = "p".repeat(MAX_PREFIX);
+        let (_, o) = parse_url(&format!("amqp://h/%2f?prefix={longest}")).unwrap();
+        let name = format!("{}.{}", o.prefix, sanitize(&"q".repeat(1000)));
+        assert!(name.len() <= 255, "{}", name.len());
+        for name in [
+            format!("{}.dead-letters", o.prefix),
+            format!("{}.dlx", o.prefix),
+        ] {
+            assert!(name.len() <= 255);
+        }
+        assert!(parse_url(&format!("amqp://h/%2f?prefix={longest}p")).is_err());
     }
 
     #[test]
