@@ -9,7 +9,12 @@
 //! hold an incoming frame to the negotiated `frame_max`, so the broker is trusted not
 //! to send more than its own `max_message_size` (RabbitMQ's default 128 MiB); the
 //! broker is the operator's, reached with the operator's credentials, unlike the
-//! HTTP peers and scrape targets, which are capped by us.
+//! HTTP peers and scrape targets, which are capped by us. amqprs also unwraps where
+//! a string exceeds AMQP's 255-byte short strings, so every name and the vhost are
+//! held under that here ([`MAX_PREFIX`], [`connection_args`]). A method frame it does
+//! not know panics its reader task (not seen with RabbitMQ 3.10; untested): by its
+//! code, the consumers' receivers close then, the next lease fails, and that
+//! reconnects, as after a broker restart.
 //!
 //! Topology, declared idempotently by whoever gets there first (publisher or consumer):
 //!
