@@ -73,22 +73,22 @@ fn promtool_unit_tests_of_the_rules_pass() {
     }
 }
 
-/// The README's table names every alert rule on the row of the dashboard alert it
-/// mirrors (by the dashboard's `kind`).
+/// The operations guide's table names every alert rule on the row of the dashboard
+/// alert it mirrors (by the dashboard's `kind`).
 #[test]
-fn readme_lists_every_alert_rule_beside_the_dashboards() {
-    let readme = std::fs::read_to_string(asset("README.md")).unwrap();
+fn the_docs_list_every_alert_rule_beside_the_dashboards() {
+    let readme = std::fs::read_to_string(asset("docs/OPERATIONS.md")).unwrap();
     for rule in promql::alert_rules() {
         let name = format!("`{}`", rule.alert);
         let row = readme
             .lines()
             .find(|l| l.starts_with('|') && l.contains(&name))
-            .unwrap_or_else(|| panic!("README.md's rules table does not list {}", rule.alert));
+            .unwrap_or_else(|| panic!("docs/OPERATIONS.md's rules table does not list {}", rule.alert));
         if let Some(kind) = rule.dashboard {
             let dashboard_column = row.split('|').nth(2).unwrap_or_default();
             assert!(
                 dashboard_column.contains(&format!("`{kind}`")),
-                "README.md lists {} beside something other than the dashboard's `{kind}`: {row}",
+                "docs/OPERATIONS.md lists {} beside something other than the dashboard's `{kind}`: {row}",
                 rule.alert
             );
         }
