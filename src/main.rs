@@ -69,6 +69,10 @@ fn exit_with(result: cli::CliResult) -> ! {
 }
 
 fn main() {
+    // Before parsing (the flags read these variables) and before any thread starts.
+    if let Err(e) = cli::env_files::load() {
+        exit_with(Err(e));
+    }
     let cli = Cli::parse();
     // Written from the argument definitions alone, before the data directory, the
     // log and the runtime: packagers run these in build sandboxes without a home.

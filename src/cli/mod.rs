@@ -22,6 +22,7 @@ pub mod consume;
 pub mod dashboard;
 pub mod dead_letters;
 pub mod drill;
+pub mod env_files;
 pub mod ingest;
 pub mod man;
 pub mod mark;
@@ -174,9 +175,11 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
     /// Database URL: sqlite://PATH, postgres://…, mysql://… (default: SQLite in the data dir).
+    /// A URL with a password belongs in IDEMWATCH_DB, or in a file named by IDEMWATCH_DB_FILE.
     #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
-    /// Queue URL (default: the embedded queue next to the database).
+    /// Queue URL (default: the embedded queue next to the database); from a file:
+    /// IDEMWATCH_QUEUE_FILE.
     #[arg(long, env = idemwatch::engine::ENV_QUEUE, hide_env_values = true)]
     pub queue: Option<String>,
     /// Base URL of the SMS provider (default: an embedded sandbox).
@@ -228,7 +231,7 @@ pub struct EngineArgs {
     #[arg(
         long,
         value_name = "URL",
-        env = "IDEMWATCH_SEEN_SET",
+        env = env_files::ENV_SEEN_SET,
         hide_env_values = true
     )]
     pub seen_set: Option<String>,
