@@ -122,6 +122,7 @@ fn main() {
             Some(Command::Bench(a)) => cli::bench::run(a).await,
             Some(Command::Chaos(a)) => cli::chaos::run(a).await,
             Some(Command::Ingest(a)) => cli::ingest::run(a).await,
+            // Answered above, before the data directory; listed for the match.
             Some(Command::Completions(a)) => cli::completions::run(&a),
             Some(Command::Man(a)) => cli::man::run(&a),
             None => {
