@@ -8,7 +8,7 @@
 #
 #   scripts/amqp-pg-bench.sh [RUNS]          default 10
 #
-# Environment: IDEMWATCH_BIN (default target/release/idemwatch, else target/debug),
+# Environment: IDEMWATCH_BIN (default target/profiling/idemwatch, else target/release, else target/debug),
 # IDEMWATCH_PG_URL (admin URL, default postgres://postgres@127.0.0.1:5432/test),
 # IDEMWATCH_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2f), MESSAGES
 # (default 20000). Every database it creates is dropped; its queues are removed by

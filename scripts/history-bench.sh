@@ -22,7 +22,7 @@
 #      time it shows, and keeps the pane as text.
 #
 # Needs: python3, prometheus and promtool (Debian's `prometheus`), tmux, and a built
-# idemwatch (IDEMWATCH_BIN, default target/release/idemwatch, else target/debug).
+# idemwatch (IDEMWATCH_BIN, default target/profiling/idemwatch, else target/release, else target/debug).
 # A week is ~2 GB of text and ~2.5 GB of scratch space while it runs.
 set -euo pipefail
 

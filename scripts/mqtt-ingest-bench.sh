@@ -7,7 +7,7 @@
 #   scripts/mqtt-ingest-bench.sh [N]      default 20000
 #
 # Needs mosquitto, python3 and a built idemwatch (IDEMWATCH_BIN, default
-# target/release/idemwatch, else target/debug: scripts/lib.sh). Everything lives in a scratch directory, deleted at the end.
+# target/profiling/idemwatch, else target/release, else target/debug: scripts/lib.sh). Everything lives in a scratch directory, deleted at the end.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "$0")/lib.sh"

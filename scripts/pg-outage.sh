@@ -17,7 +17,7 @@
 #   6. prints dead letters, effects applied (trip counters, sent claims, SMS the
 #      sandbox accepted), duplicates, and the catch-up time.
 #
-# Environment: IDEMWATCH_BIN (default target/release/idemwatch, else target/debug),
+# Environment: IDEMWATCH_BIN (default target/profiling/idemwatch, else target/release, else target/debug),
 # IDEMWATCH_PG_URL (admin URL, default postgres://postgres@127.0.0.1:5432/test),
 # BEFORE (default 20), DURING (default 40), CATCH_UP_LIMIT seconds (default 600).
 # Exit status 0 only when there are 0 dead letters and every effect happened once.

@@ -57,8 +57,30 @@ fn private_files() -> Result<(), String> {
         .map_err(|e| format!("cannot create the data directory {}: {e}", dir.display()))
 }
 
+/// Exit with a command's result, its error on stderr.
+fn exit_with(result: cli::CliResult) -> ! {
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            std::process::exit(e.code)
+        }
+    }
+}
+
 fn main() {
+    // Before parsing (the flags read these variables) and before any thread starts.
+    if let Err(e) = cli::env_files::load() {
+        exit_with(Err(e));
+    }
     let cli = Cli::parse();
+    // Written from the argument definitions alone, before the data directory, the
+    // log and the runtime: packagers run these in build sandboxes without a home.
+    match &cli.command {
+        Some(Command::Completions(a)) => exit_with(cli::completions::run(a)),
+        Some(Command::Man(a)) => exit_with(cli::man::run(a)),
+        _ => {}
+    }
     if let Err(e) = private_files() {
         eprintln!("error: {e}");
         std::process::exit(cli::EXIT_USAGE);
@@ -100,6 +122,9 @@ fn main() {
             Some(Command::Bench(a)) => cli::bench::run(a).await,
             Some(Command::Chaos(a)) => cli::chaos::run(a).await,
             Some(Command::Ingest(a)) => cli::ingest::run(a).await,
+            // Answered above, before the data directory; listed for the match.
+            Some(Command::Completions(a)) => cli::completions::run(&a),
+            Some(Command::Man(a)) => cli::man::run(&a),
             None => {
                 cli::dashboard::run(config_path, cli.prometheus.clone(), cli.scrape_cap.clone())
                     .await

@@ -17,11 +17,14 @@ use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
 pub mod bench;
 pub mod chaos;
 pub mod claims;
+pub mod completions;
 pub mod consume;
 pub mod dashboard;
 pub mod dead_letters;
 pub mod drill;
+pub mod env_files;
 pub mod ingest;
+pub mod man;
 pub mod mark;
 pub mod publish;
 pub mod purge;
@@ -73,10 +76,19 @@ impl CliError {
 
 pub type CliResult = Result<i32, CliError>;
 
+/// `idemwatch --version`: the package's version and the commit it was built from
+/// (`build.rs`; `unknown` outside a git checkout), so a bug report names the code.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("IDEMWATCH_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "idemwatch",
-    version,
+    version = VERSION,
     about = "Watch and prove idempotent consumers: a terminal dashboard plus an embedded engine with redelivery drills",
     after_help = "Without a subcommand: the dashboard (a live demo on an embedded engine when no config is found)."
 )]
@@ -153,15 +165,21 @@ pub enum Command {
     Chaos(chaos::ChaosArgs),
     /// Take device messages in from a broker (MQTT QoS 1) onto the engine's queue.
     Ingest(ingest::IngestArgs),
+    /// Print the completion script for a shell (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
+    /// Print the manual page (roff), or write one page per subcommand with --dir.
+    Man(man::ManArgs),
 }
 
 /// Flags every engine-backed command shares (SPEC §6 "common flags").
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
     /// Database URL: sqlite://PATH, postgres://…, mysql://… (default: SQLite in the data dir).
+    /// A URL with a password belongs in IDEMWATCH_DB, or in a file named by IDEMWATCH_DB_FILE.
     #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: Option<String>,
-    /// Queue URL (default: the embedded queue next to the database).
+    /// Queue URL (default: the embedded queue next to the database); from a file:
+    /// IDEMWATCH_QUEUE_FILE.
     #[arg(long, env = idemwatch::engine::ENV_QUEUE, hide_env_values = true)]
     pub queue: Option<String>,
     /// Base URL of the SMS provider (default: an embedded sandbox).
@@ -213,7 +231,7 @@ pub struct EngineArgs {
     #[arg(
         long,
         value_name = "URL",
-        env = "IDEMWATCH_SEEN_SET",
+        env = env_files::ENV_SEEN_SET,
         hide_env_values = true
     )]
     pub seen_set: Option<String>,
@@ -376,6 +394,18 @@ pub fn print_json<T: serde::Serialize>(value: &T) {
     match serde_json::to_string_pretty(value) {
         Ok(s) => println!("{s}"),
         Err(e) => eprintln!("error: cannot encode JSON: {e}"),
+    }
+}
+
+/// Generated text (a completion script, a manual page) on stdout. A reader that
+/// stopped early (`| head`) is no error.
+pub fn write_stdout(what: &str, bytes: &[u8]) -> CliResult {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(EXIT_OK),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(EXIT_OK),
+        Err(e) => Err(CliError::unavailable(format!("cannot write {what}: {e}"))),
     }
 }
 

@@ -77,6 +77,24 @@ pub fn restarted_within(names: &MetricNames, range: Duration) -> String {
     )
 }
 
+/// Side-effect claims in doubt per target and consumer.
+pub fn claims_in_doubt(names: &MetricNames) -> String {
+    format!(
+        "max by ({}) ({})",
+        consumer_grouping(names),
+        names.claims_in_doubt
+    )
+}
+
+/// Per target, consumer and `cause`: 1 while the consumer stops leasing, else 0.
+pub fn paused(names: &MetricNames) -> String {
+    format!(
+        "max by ({}, cause) ({})",
+        consumer_grouping(names),
+        names.paused
+    )
+}
+
 /// One recording rule: its name and expression.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recording {
@@ -97,7 +115,13 @@ pub struct AlertRule {
     pub summary: String,
 }
 
-fn recorded(metric_stem: &str, range: Duration) -> String {
+/// The duplicate ratio's stem in its recording rules' names (it is no metric of its
+/// own: dup / (processed + dup)).
+pub const DUPLICATE_RATIO: &str = "idem_duplicate_ratio";
+
+/// A recording rule's name: `instance_consumer:{stem}:rate{range}` (what the rules file
+/// records and the Grafana dashboard in `assets/grafana/` charts).
+pub fn recorded(metric_stem: &str, range: Duration) -> String {
     format!("instance_consumer:{metric_stem}:rate{}", duration(range))
 }
 
@@ -120,7 +144,7 @@ pub fn recording_rules() -> Vec<Recording> {
         let dup = recorded(names::DUPLICATE_DROPPED.family, range);
         let processed = recorded(names::PROCESSED.family, range);
         out.push(Recording {
-            record: recorded("idem_duplicate_ratio", range),
+            record: recorded(DUPLICATE_RATIO, range),
             expr: format!("{dup} / ({processed} + {dup})"),
         });
     }
@@ -133,8 +157,8 @@ pub fn alert_rules() -> Vec<AlertRule> {
     let n = MetricNames::default();
     let defaults = AlertRules::default();
     let by = consumer_grouping(&n);
-    let ratio_1m = recorded("idem_duplicate_ratio", WINDOW_1M);
-    let ratio_5m = recorded("idem_duplicate_ratio", WINDOW_5M);
+    let ratio_1m = recorded(DUPLICATE_RATIO, WINDOW_1M);
+    let ratio_5m = recorded(DUPLICATE_RATIO, WINDOW_5M);
     let restarted = restarted_within(&n, DEPLOY_WINDOW);
     let sustained_window = ABOVE_DEPLOY_DAY_FOR + WINDOW_5M;
     let dead = |selector: &str| {
@@ -219,7 +243,7 @@ pub fn alert_rules() -> Vec<AlertRule> {
         AlertRule {
             alert: "IdemClaimsInDoubt",
             dashboard: Some("claims_in_doubt"),
-            expr: format!("max by ({by}) ({}) > 0", n.claims_in_doubt),
+            expr: format!("{} > 0", claims_in_doubt(&n)),
             for_: None,
             severity: "critical",
             summary: format!(
@@ -242,7 +266,7 @@ pub fn alert_rules() -> Vec<AlertRule> {
         AlertRule {
             alert: "IdemConsumerPaused",
             dashboard: Some("consumer_paused"),
-            expr: format!("max by ({by}, cause) ({}) == 1", n.paused),
+            expr: format!("{} == 1", paused(&n)),
             for_: Some(PAUSED_FOR),
             // The dashboard's consumer_paused is critical too: nothing of that
             // consumer moves until its store or provider is back.

@@ -1,0 +1,563 @@
+//! The Grafana dashboard shipped in `assets/grafana/idemwatch.json`, generated here
+//! the way `promql::rules_yaml` generates the rules file: every expression reads a
+//! recording rule's name ([`promql::recorded`]), a PromQL piece of
+//! [`idemwatch::monitor::promql`] or a metric name of [`MetricNames`], and the
+//! thresholds drawn on the duplicate ratio are the dashboard's own alert thresholds
+//! ([`idemwatch::monitor::alerts`]). `tests/grafana_dashboard.rs` fails when the
+//! shipped file and [`dashboard_json`] differ (IDEMWATCH_BLESS=1 writes it).
+//!
+//! Written by hand rather than with a Grafana SDK (grafana-foundation-sdk has no
+//! Rust edition): a dashboard is one JSON document, and `serde_json::json!` writes it
+//! as it reads.
+//!
+//! The variables are substituted the way Grafana does it in the live test, so a
+//! query here is a query a user's Grafana sends.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use idemwatch::config::MetricNames;
+use idemwatch::engine::metrics::names;
+use idemwatch::monitor::alerts::{DEPLOY_DAY_RATIO, DEPLOY_WINDOW, DUPLICATE_RATIO_ALERT};
+use idemwatch::monitor::promql;
+use idemwatch::monitor::rates::{WINDOW_1M, WINDOW_5M};
+
+pub const UID: &str = "idemwatch-consumers";
+/// Grafana 10.3's dashboard schema: what it writes on export, and what 10.3 – 12
+/// import as is.
+pub const SCHEMA_VERSION: u64 = 39;
+/// The datasource variables: Prometheus for every panel, PostgreSQL (idemwatch's own
+/// database) for the deploy markers.
+pub const DATASOURCE: &str = "datasource";
+pub const MARKERS_DB: &str = "markers_db";
+/// The PostgreSQL plugin's id since Grafana 10.2.3 (`postgres` before, kept as an
+/// alias).
+pub const POSTGRES_PLUGIN: &str = "grafana-postgresql-datasource";
+/// The jobs whose targets export idemwatch's metrics, the consumers, and the jobs
+/// scraping RabbitMQ's own exporter (`rabbitmq_prometheus`, :15692).
+pub const JOB: &str = "job";
+pub const CONSUMER: &str = "consumer";
+pub const BROKER: &str = "broker";
+
+/// The deploy markers `idemwatch mark deploy|incident|note` writes (SPEC §8), and the
+/// drills', read by Grafana's PostgreSQL macros. Restarts come from Prometheus.
+pub const MARKERS_SQL: &str = "SELECT at AS \"time\", label AS text, kind AS tags\n\
+FROM markers\n\
+WHERE $__timeFilter(at) AND kind <> 'restart'\n\
+ORDER BY at";
+
+/// How a panel draws its targets.
+enum Draw {
+    /// Lines over time, in `unit`, with `thresholds` (value, colour) as dashed lines.
+    Lines {
+        unit: &'static str,
+        thresholds: Vec<(f64, &'static str)>,
+    },
+    /// One band per series, green at 0 and red at 1 (a consumer paused or not).
+    States,
+}
+
+struct Target {
+    expr: String,
+    legend: &'static str,
+}
+
+struct Panel {
+    title: &'static str,
+    description: String,
+    draw: Draw,
+    targets: Vec<Target>,
+    /// Of Grafana's 24 columns.
+    width: u32,
+}
+
+struct Row {
+    title: &'static str,
+    panels: Vec<Panel>,
+}
+
+/// `metric{job=~"$job",consumer=~"$consumer"}`: a selector is a name as far as
+/// PromQL goes, so it goes where the rules put a metric's name.
+fn selected(metric: &str, labels: &[(&str, &str)]) -> String {
+    let matchers: Vec<String> = labels
+        .iter()
+        .map(|(label, var)| format!("{label}=~\"${var}\""))
+        .collect();
+    format!("{metric}{{{}}}", matchers.join(","))
+}
+
+/// The metric names with the job and consumer variables' selectors in them.
+fn consumer_names() -> MetricNames {
+    let n = MetricNames::default();
+    let by = [(JOB, JOB), (n.consumer_label.as_str(), CONSUMER)];
+    MetricNames {
+        claims_in_doubt: selected(&n.claims_in_doubt, &by),
+        paused: selected(&n.paused, &by),
+        process_start_time: selected(&n.process_start_time, &[(JOB, JOB)]),
+        ..n.clone()
+    }
+}
+
+/// A recording rule of the rules file, per consumer of the selected jobs.
+fn recorded(stem: &str, range: Duration) -> String {
+    let n = MetricNames::default();
+    selected(
+        &promql::recorded(stem, range),
+        &[(JOB, JOB), (n.consumer_label.as_str(), CONSUMER)],
+    )
+}
+
+/// A RabbitMQ exporter family summed per scrape target of the broker jobs.
+fn broker(expr_of: impl Fn(&str) -> String, family: &str) -> String {
+    format!(
+        "sum by (job, instance) ({})",
+        expr_of(&selected(family, &[(JOB, BROKER)]))
+    )
+}
+
+const PER_CONSUMER: &str = "{{consumer}} · {{instance}}";
+
+/// The panels, row by row.
+fn rows() -> Vec<Row> {
+    let n = consumer_names();
+    let one_minute = promql::duration(WINDOW_1M);
+    let rate_panel = |title: &'static str, stem: &str, why: &str| Panel {
+        title,
+        description: format!(
+            "{why} Per second over {one_minute}, per consumer (recording rule {}).",
+            promql::recorded(stem, WINDOW_1M)
+        ),
+        draw: Draw::Lines {
+            unit: "ops",
+            thresholds: vec![],
+        },
+        targets: vec![Target {
+            expr: recorded(stem, WINDOW_1M),
+            legend: PER_CONSUMER,
+        }],
+        width: 6,
+    };
+    vec![
+        Row {
+            title: "Duplicates",
+            panels: vec![Panel {
+                title: "Duplicate ratio per consumer",
+                description: format!(
+                    "dup / (processed + dup) per consumer (SPEC §5), over {one_minute} and over {}. \
+                     Lines: the deploy-day baseline {} % (judged over {} within {} of a restart, \
+                     the shaded annotations) and the alert threshold {} % (over {one_minute}), \
+                     the thresholds of the dashboard and of IdemDuplicateRateHigh.",
+                    promql::duration(WINDOW_5M),
+                    DEPLOY_DAY_RATIO * 100.0,
+                    promql::duration(WINDOW_5M),
+                    promql::duration(DEPLOY_WINDOW),
+                    DUPLICATE_RATIO_ALERT * 100.0,
+                ),
+                draw: Draw::Lines {
+                    unit: "percentunit",
+                    thresholds: vec![(DEPLOY_DAY_RATIO, "orange"), (DUPLICATE_RATIO_ALERT, "red")],
+                },
+                targets: vec![
+                    Target {
+                        expr: recorded(promql::DUPLICATE_RATIO, WINDOW_1M),
+                        legend: "{{consumer}} · {{instance}} (1m)",
+                    },
+                    Target {
+                        expr: recorded(promql::DUPLICATE_RATIO, WINDOW_5M),
+                        legend: "{{consumer}} · {{instance}} (5m)",
+                    },
+                ],
+                width: 24,
+            }],
+        },
+        Row {
+            title: "Deliveries",
+            panels: vec![
+                rate_panel(
+                    "Processed / s",
+                    names::PROCESSED.family,
+                    "Messages handled for the first time.",
+                ),
+                rate_panel(
+                    "Duplicates dropped / s",
+                    names::DUPLICATE_DROPPED.family,
+                    "Deliveries whose key was already processed: the dedup at work.",
+                ),
+                rate_panel(
+                    "Redelivered / s",
+                    names::REDELIVERED.family,
+                    "Deliveries the queue flagged as redelivered (a consumer died or gave one back).",
+                ),
+                rate_panel(
+                    "Dead-lettered / s",
+                    names::DEAD_LETTERED.family,
+                    "Messages set aside for a human, all reasons (`idemwatch dead-letters list`).",
+                ),
+            ],
+        },
+        Row {
+            title: "Stuck",
+            panels: vec![
+                Panel {
+                    title: "Claims in doubt",
+                    description: "Side-effect claims past their lease without a recorded result: \
+                        the SMS or webhook may or may not have gone out (`idemwatch claims list`). \
+                        IdemClaimsInDoubt fires above 0."
+                        .into(),
+                    draw: Draw::Lines {
+                        unit: "short",
+                        thresholds: vec![(1.0, "red")],
+                    },
+                    targets: vec![Target {
+                        expr: promql::claims_in_doubt(&n),
+                        legend: PER_CONSUMER,
+                    }],
+                    width: 12,
+                },
+                Panel {
+                    title: "Paused consumers",
+                    description: "A consumer stops leasing while its store, queue, provider or \
+                        seen-set is unhealthy (label cause); messages wait in the queue, none is \
+                        dead-lettered. IdemConsumerPaused fires after a minute."
+                        .into(),
+                    draw: Draw::States,
+                    targets: vec![Target {
+                        expr: promql::paused(&n),
+                        legend: "{{consumer}} · {{cause}} · {{instance}}",
+                    }],
+                    width: 12,
+                },
+            ],
+        },
+        // Issue 41 (`idem_duplicate_age_seconds`, the per-deploy duplicate budget rule)
+        // and issue 43 (`idem_provider_repeat_calls_total`) add their rows here, between
+        // what the consumers do and what the broker sees: a `Row` whose panels read the
+        // rules file's names as the ones above do. The live test then queries them too.
+        Row {
+            title: "RabbitMQ (its own exporter, rabbitmq_prometheus)",
+            panels: vec![
+                Panel {
+                    title: "Broker: messages ready and unacked",
+                    description: "What waits in RabbitMQ's queues, and what consumers hold \
+                        without an ack (a paused or stuck consumer's backlog shows here first)."
+                        .into(),
+                    draw: Draw::Lines {
+                        unit: "short",
+                        thresholds: vec![],
+                    },
+                    targets: vec![
+                        Target {
+                            expr: broker(|s| s.to_string(), "rabbitmq_queue_messages_ready"),
+                            legend: "ready · {{instance}}",
+                        },
+                        Target {
+                            expr: broker(|s| s.to_string(), "rabbitmq_queue_messages_unacked"),
+                            legend: "unacked · {{instance}}",
+                        },
+                    ],
+                    width: 8,
+                },
+                Panel {
+                    title: "Broker: delivered, redelivered, acked / s",
+                    description: "The broker's side of the redeliveries idemwatch counts: \
+                        RabbitMQ redelivers what a consumer took and did not ack."
+                        .into(),
+                    draw: Draw::Lines {
+                        unit: "ops",
+                        thresholds: vec![],
+                    },
+                    targets: [
+                        ("rabbitmq_global_messages_delivered_total", "delivered · {{instance}}"),
+                        ("rabbitmq_global_messages_redelivered_total", "redelivered · {{instance}}"),
+                        ("rabbitmq_global_messages_acknowledged_total", "acked · {{instance}}"),
+                    ]
+                    .into_iter()
+                    .map(|(family, legend)| Target {
+                        expr: broker(|s| format!("rate({s}[$__rate_interval])"), family),
+                        legend,
+                    })
+                    .collect(),
+                    width: 8,
+                },
+                Panel {
+                    title: "Broker: consumers and connections",
+                    description: "Consumers attached to the broker's queues and client \
+                        connections: a crash loop shows as a saw."
+                        .into(),
+                    draw: Draw::Lines {
+                        unit: "short",
+                        thresholds: vec![],
+                    },
+                    targets: vec![
+                        Target {
+                            expr: broker(|s| s.to_string(), "rabbitmq_queue_consumers"),
+                            legend: "consumers · {{instance}}",
+                        },
+                        Target {
+                            expr: broker(|s| s.to_string(), "rabbitmq_connections"),
+                            legend: "connections · {{instance}}",
+                        },
+                    ],
+                    width: 8,
+                },
+            ],
+        },
+    ]
+}
+
+fn prometheus_ds() -> Value {
+    json!({"type": "prometheus", "uid": format!("${{{DATASOURCE}}}")})
+}
+
+fn panel_json(id: u64, p: &Panel, x: u32, y: u32) -> Value {
+    let targets: Vec<Value> = p
+        .targets
+        .iter()
+        .zip('A'..)
+        .map(|(t, ref_id)| {
+            json!({
+                "datasource": prometheus_ds(),
+                "editorMode": "code",
+                "expr": t.expr,
+                "legendFormat": t.legend,
+                "range": true,
+                "refId": ref_id.to_string(),
+            })
+        })
+        .collect();
+    let (kind, field_config, options) = match &p.draw {
+        Draw::Lines { unit, thresholds } => {
+            let mut steps = vec![json!({"color": "green", "value": null})];
+            steps.extend(
+                thresholds
+                    .iter()
+                    .map(|(value, color)| json!({"color": color, "value": value})),
+            );
+            (
+                "timeseries",
+                json!({
+                    "defaults": {
+                        "unit": unit,
+                        "min": 0,
+                        "custom": {
+                            "drawStyle": "line",
+                            "lineInterpolation": "stepAfter",
+                            "spanNulls": false,
+                            "showPoints": "never",
+                            "thresholdsStyle": {"mode": if thresholds.is_empty() { "off" } else { "dashed" }},
+                        },
+                        "thresholds": {"mode": "absolute", "steps": steps},
+                    },
+                    "overrides": [],
+                }),
+                json!({
+                    "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["max", "lastNotNull"]},
+                    "tooltip": {"mode": "multi", "sort": "desc"},
+                }),
+            )
+        }
+        Draw::States => (
+            "state-timeline",
+            json!({
+                "defaults": {
+                    "mappings": [{
+                        "type": "value",
+                        "options": {
+                            "0": {"text": "leasing", "color": "green", "index": 0},
+                            "1": {"text": "paused", "color": "red", "index": 1},
+                        },
+                    }],
+                    "thresholds": {"mode": "absolute", "steps": [
+                        {"color": "green", "value": null},
+                        {"color": "red", "value": 1},
+                    ]},
+                },
+                "overrides": [],
+            }),
+            json!({
+                "mergeValues": true,
+                "showValue": "never",
+                "legend": {"displayMode": "list", "placement": "bottom"},
+                "tooltip": {"mode": "single"},
+            }),
+        ),
+    };
+    json!({
+        "id": id,
+        "type": kind,
+        "title": p.title,
+        "description": p.description,
+        "datasource": prometheus_ds(),
+        "gridPos": {"h": 8, "w": p.width, "x": x, "y": y},
+        "fieldConfig": field_config,
+        "options": options,
+        "targets": targets,
+    })
+}
+
+/// The panels laid out: a row header, then its panels left to right, 24 columns wide.
+fn panels_json() -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut id = 0;
+    let mut y = 0;
+    for row in rows() {
+        id += 1;
+        out.push(json!({
+            "id": id,
+            "type": "row",
+            "title": row.title,
+            "collapsed": false,
+            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+            "panels": [],
+        }));
+        y += 1;
+        let mut x = 0;
+        for panel in &row.panels {
+            if x + panel.width > 24 {
+                x = 0;
+                y += 8;
+            }
+            id += 1;
+            out.push(panel_json(id, panel, x, y));
+            x += panel.width;
+        }
+        y += 8;
+    }
+    out
+}
+
+fn templating() -> Value {
+    let n = MetricNames::default();
+    let query_var = |name: &str, label: &str, query: String, multi: bool| {
+        json!({
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": prometheus_ds(),
+            "definition": query,
+            "query": {"query": query, "refId": format!("{name}-variable")},
+            "refresh": 2,
+            "sort": 1,
+            "multi": multi,
+            "includeAll": true,
+            "current": {"selected": true, "text": ["All"], "value": ["$__all"]},
+            "options": [],
+            "hide": 0,
+        })
+    };
+    json!({"list": [
+        {
+            "name": DATASOURCE,
+            "label": "Prometheus",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "options": [],
+            "refresh": 1,
+            "regex": "",
+            "hide": 0,
+        },
+        {
+            "name": MARKERS_DB,
+            "label": "idemwatch database (deploy markers)",
+            "type": "datasource",
+            "query": POSTGRES_PLUGIN,
+            "current": {},
+            "options": [],
+            "refresh": 1,
+            "regex": "",
+            "hide": 0,
+        },
+        query_var(JOB, "Job", format!("label_values({}, job)", n.processed), true),
+        query_var(
+            CONSUMER,
+            "Consumer",
+            format!(
+                "label_values({}, {})",
+                selected(&n.processed, &[(JOB, JOB)]),
+                n.consumer_label
+            ),
+            true,
+        ),
+        query_var(BROKER, "RabbitMQ job", "label_values(rabbitmq_identity_info, job)".into(), true),
+    ]})
+}
+
+fn annotations() -> Value {
+    let n = consumer_names();
+    json!({"list": [
+        {
+            "builtIn": 1,
+            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": true,
+            "hide": true,
+            "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts",
+            "type": "dashboard",
+        },
+        {
+            "name": "Restarts (deploy window)",
+            "datasource": prometheus_ds(),
+            "enable": true,
+            "iconColor": "orange",
+            "expr": promql::restarted_within(&n, DEPLOY_WINDOW),
+            "step": "15s",
+            "titleFormat": "{{instance}} restarted",
+            "textFormat": "a new process_start_time_seconds: a deploy or a crash; the deploy-day baseline applies for this window",
+            "tagKeys": "job,instance",
+            "useValueForTime": false,
+        },
+        {
+            "name": "Deploys (idemwatch markers)",
+            "datasource": {"type": POSTGRES_PLUGIN, "uid": format!("${{{MARKERS_DB}}}")},
+            "enable": true,
+            "iconColor": "purple",
+            "target": {
+                "editorMode": "code",
+                "format": "table",
+                "rawQuery": true,
+                "rawSql": MARKERS_SQL,
+                "refId": "Markers",
+            },
+        },
+    ]})
+}
+
+/// The shipped file's text.
+pub fn dashboard_json() -> String {
+    let dashboard = json!({
+        "__inputs": [],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.3.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+            {"type": "datasource", "id": POSTGRES_PLUGIN, "name": "PostgreSQL", "version": "1.0.0"},
+            {"type": "panel", "id": "timeseries", "name": "Time series", "version": ""},
+            {"type": "panel", "id": "state-timeline", "name": "State timeline", "version": ""},
+        ],
+        "title": "idemwatch: idempotent consumers",
+        "uid": UID,
+        "description": "Duplicates, deliveries, claims in doubt and pauses per consumer from idemwatch's \
+            recording rules (assets/prometheus/idemwatch.rules.yml), beside RabbitMQ's own exporter. \
+            Generated by tests/grafana/mod.rs; do not edit by hand.",
+        "tags": ["idemwatch", "idempotency", "rabbitmq"],
+        "editable": true,
+        "graphTooltip": 1,
+        "id": null,
+        "links": [],
+        "liveNow": false,
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "time": {"from": "now-6h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "version": 1,
+        "weekStart": "",
+        "annotations": annotations(),
+        "templating": templating(),
+        "panels": panels_json(),
+    });
+    let mut text = serde_json::to_string_pretty(&dashboard).expect("a JSON value encodes");
+    text.push('\n');
+    text
+}
