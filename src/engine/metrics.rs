@@ -70,6 +70,48 @@ struct EffectLabel {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RepeatLabel {
+    consumer: String,
+    reason: String,
+}
+
+/// Why the provider was called again for a key: the `reason` label of
+/// `idem_provider_repeat_calls_total`. Each names who made the call, so an SRE can
+/// tell the expected price of a dead or frozen process from a defect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepeatReason {
+    /// A redelivery took over a claim whose owner's lease ran out with no record (a
+    /// process that died, froze, or lost the store): the owner's call may have gone
+    /// out, so this one is counted whether or not it did.
+    LeaseTakeover,
+    /// The claim sweeper re-drove such a claim from the message kept beside it.
+    SweeperRedrive,
+    /// None expected: the provider answered that it had seen the key (a replay) to a
+    /// call the engine made as the key's first (a fresh claim, or one given back after
+    /// the provider failed). Should stay 0; a rise means a send the engine lost track
+    /// of (a purged claim, a second store).
+    Unexpected,
+}
+
+impl RepeatReason {
+    /// Every reason, for the series exported at zero from the start.
+    pub const ALL: [RepeatReason; 3] = [
+        RepeatReason::LeaseTakeover,
+        RepeatReason::SweeperRedrive,
+        RepeatReason::Unexpected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepeatReason::LeaseTakeover => "lease_takeover",
+            RepeatReason::SweeperRedrive => "sweeper_redrive",
+            RepeatReason::Unexpected => "unexpected",
+        }
+    }
+}
+
 /// What happened to one side-effect attempt, the `result` label of
 /// `idem_side_effects_total`, and the `effect` of a delivery event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -112,6 +154,8 @@ pub struct ConsumerCounts {
     pub side_effects_sent: u64,
     pub side_effects_suppressed: u64,
     pub side_effects_failed: u64,
+    /// `idem_provider_repeat_calls_total`, every reason.
+    pub provider_repeat_calls: u64,
 }
 
 impl ConsumerCounts {
@@ -124,6 +168,7 @@ impl ConsumerCounts {
         self.side_effects_sent += other.side_effects_sent;
         self.side_effects_suppressed += other.side_effects_suppressed;
         self.side_effects_failed += other.side_effects_failed;
+        self.provider_repeat_calls += other.provider_repeat_calls;
     }
 }
 
@@ -174,9 +219,14 @@ pub mod names {
     );
     counter!(SEEN_SET_BYPASSED = "idem_seen_set_bypassed");
     counter!(INGRESS_MESSAGES = "idem_ingress_messages");
+    counter!(
+        /// Provider calls made for a key that may have been sent before, by `reason`
+        /// (SPEC §9; see [`RepeatReason`](super::RepeatReason)).
+        PROVIDER_REPEAT_CALLS = "idem_provider_repeat_calls"
+    );
 
     /// Every family above but the histogram.
-    pub const ALL: [Name; 16] = [
+    pub const ALL: [Name; 17] = [
         PROCESSED,
         DUPLICATE_DROPPED,
         REDELIVERED,
@@ -193,6 +243,7 @@ pub mod names {
         PROCESS_START,
         SEEN_SET_BYPASSED,
         INGRESS_MESSAGES,
+        PROVIDER_REPEAT_CALLS,
     ];
 }
 
@@ -215,6 +266,7 @@ pub struct Metrics {
     paused_since: Family<ConsumerLabel, Gauge>,
     infra_errors: Family<InfraLabel, Counter>,
     infra_error_last: Family<InfraLabel, Gauge>,
+    provider_repeat_calls: Family<RepeatLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -346,6 +398,12 @@ impl Metrics {
             "Messages taken in from a device broker and put on the engine's queue, by source and the DUP flag they arrived with",
             ingress.clone(),
         );
+        let provider_repeat_calls = Family::<RepeatLabel, Counter>::default();
+        registry.register(
+            names::PROVIDER_REPEAT_CALLS.family,
+            "Provider calls made for a key whose earlier call may have gone out, by reason: lease_takeover (a redelivery took over a claim whose owner's lease ran out), sweeper_redrive (the claim sweeper did), unexpected (the provider replayed a key the engine called as new)",
+            provider_repeat_calls.clone(),
+        );
         let metrics = Metrics {
             registry,
             processed,
@@ -364,6 +422,7 @@ impl Metrics {
             paused_since,
             infra_errors,
             infra_error_last,
+            provider_repeat_calls,
         };
         metrics.set_durability(Durability::default());
         metrics
@@ -422,6 +481,12 @@ impl Metrics {
                     consumer: consumer.to_string(),
                     result: result.as_str().to_string(),
                 }));
+            }
+            for reason in RepeatReason::ALL {
+                drop(
+                    self.provider_repeat_calls
+                        .get_or_create(&repeat_label(consumer, reason)),
+                );
             }
         }
     }
@@ -522,6 +587,21 @@ impl Metrics {
             .inc();
     }
 
+    /// A provider call for a key that may have been sent before.
+    pub fn provider_repeat_call(&self, consumer: &str, reason: RepeatReason) {
+        self.provider_repeat_calls
+            .get_or_create(&repeat_label(consumer, reason))
+            .inc();
+    }
+
+    /// `idem_provider_repeat_calls_total` of one consumer and reason so far.
+    pub fn provider_repeat_calls(&self, consumer: &str, reason: RepeatReason) -> u64 {
+        self.provider_repeat_calls
+            .get(&repeat_label(consumer, reason))
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+
     /// Make a route's outcome series visible at zero, so rates exist from the first
     /// retry on.
     pub fn register_http_route(&self, route: &str, outcomes: &[&str]) {
@@ -618,6 +698,10 @@ impl Metrics {
             side_effects_sent: effect(EffectResult::Sent),
             side_effects_suppressed: effect(EffectResult::Suppressed),
             side_effects_failed: effect(EffectResult::Failed),
+            provider_repeat_calls: RepeatReason::ALL
+                .iter()
+                .map(|r| self.provider_repeat_calls(consumer, *r))
+                .sum(),
         }
     }
 
@@ -644,6 +728,13 @@ pub struct CountSummary {
     #[serde(flatten)]
     pub total: ConsumerCounts,
     pub consumers: BTreeMap<String, ConsumerCounts>,
+}
+
+fn repeat_label(consumer: &str, reason: RepeatReason) -> RepeatLabel {
+    RepeatLabel {
+        consumer: consumer.to_string(),
+        reason: reason.as_str().to_string(),
+    }
 }
 
 fn ingress_label(source: &str, dup_flag: bool) -> IngressLabel {
@@ -744,6 +835,7 @@ mod tests {
     fn every_named_family_is_exported_under_its_names() {
         let m = Metrics::new();
         m.register_consumer("trip-counter");
+        m.register_consumer("zone-exit-sms");
         // Families without a series are not written: give each one.
         m.side_effect("zone-exit-sms", EffectResult::Sent);
         m.register_http_route("/v1/notes", &["executed"]);

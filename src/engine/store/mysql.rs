@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 
 use super::claim_batch;
@@ -248,9 +248,9 @@ impl Store for MysqlStore {
     /// keys and then both insert are a deadlock InnoDB breaks; both are retried whole
     /// by [`retrying`].
     ///
-    /// The claim time is the process clock, as the claim sweeper's lease checks on
-    /// this backend, cut to the microseconds `DATETIME(6)`
-    /// keeps so the claims returned are the ones stored.
+    /// The claim time is the server's clock (`UTC_TIMESTAMP(6)`, read once the rows are
+    /// locked), as every lease decision on this backend: an instance whose own clock
+    /// jumped neither takes over a live claim nor writes one that looks old at once.
     async fn claim_batch(
         &self,
         consumer: &str,
@@ -262,10 +262,13 @@ impl Store for MysqlStore {
         }
         retrying(|| async {
             let keys = claim_batch::sorted_keys(requests);
-            let now = Utc::now().trunc_subsecs(6);
             let mut tx = self.pool.begin().await?;
             let (stored, claims) =
                 consumer_sql::stored_claims::<MySql>(&mut tx, consumer, &keys).await?;
+            let now: NaiveDateTime = sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
+                .fetch_one(&mut *tx)
+                .await?;
+            let now = now.and_utc();
             let (outcomes, writes) =
                 claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
             let raced = "a claim taken by another writer during the batch";
