@@ -97,6 +97,7 @@ pub fn counted_since(
 
 pub mod amqp;
 pub mod backends;
+pub mod flaky_store;
 pub mod services;
 pub mod tmux;
 
