@@ -76,22 +76,26 @@ struct RepeatLabel {
     reason: String,
 }
 
-/// Why the provider was called again for a key: the `reason` label of
-/// `idem_provider_repeat_calls_total`. Each names who made the call, so an SRE can
-/// tell the expected price of a dead or frozen process from a defect.
+/// Why the provider was called twice for one key: the `reason` label of
+/// `idem_provider_repeat_calls_total`. The engine counts a second call where it has
+/// proof of one, once per pair: the provider answering a call as a replay of an
+/// earlier one with the same Idempotency-Key, or an owner that finds, recording its
+/// accepted call, that another owner took its claim over meanwhile (and did not
+/// count it). A provider that ignores the key, and an owner that died after its
+/// call, leave no proof: the provider's own records are the truth there, as the
+/// drills' and chaos run's verdicts read them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RepeatReason {
-    /// A redelivery took over a claim whose owner's lease ran out with no record (a
-    /// process that died, froze, or lost the store): the owner's call may have gone
-    /// out, so this one is counted whether or not it did.
+    /// A claim taken over by a redelivery once its owner's lease ran out with no
+    /// record (the owner died, froze, or lost the store): the expected price of a
+    /// dead or frozen owner, at most the calls it had in flight.
     LeaseTakeover,
-    /// The claim sweeper re-drove such a claim from the message kept beside it.
+    /// The same, by the claim sweeper re-driving the claim from its kept message.
     SweeperRedrive,
-    /// None expected: the provider answered that it had seen the key (a replay) to a
-    /// call the engine made as the key's first (a fresh claim, or one given back after
-    /// the provider failed). Should stay 0; a rise means a send the engine lost track
-    /// of (a purged claim, a second store).
+    /// None expected: the provider replayed a key the engine called as the key's
+    /// first (a fresh claim, or one given back after the provider failed). Should stay
+    /// 0; a rise means a send the engine lost track of (a purged claim, a second store).
     Unexpected,
 }
 
@@ -220,8 +224,8 @@ pub mod names {
     counter!(SEEN_SET_BYPASSED = "idem_seen_set_bypassed");
     counter!(INGRESS_MESSAGES = "idem_ingress_messages");
     counter!(
-        /// Provider calls made for a key that may have been sent before, by `reason`
-        /// (SPEC §9; see [`RepeatReason`](super::RepeatReason)).
+        /// Second provider calls for one key, by `reason` (SPEC §9; see
+        /// [`RepeatReason`](super::RepeatReason)).
         PROVIDER_REPEAT_CALLS = "idem_provider_repeat_calls"
     );
 
@@ -401,7 +405,7 @@ impl Metrics {
         let provider_repeat_calls = Family::<RepeatLabel, Counter>::default();
         registry.register(
             names::PROVIDER_REPEAT_CALLS.family,
-            "Provider calls made for a key whose earlier call may have gone out, by reason: lease_takeover (a redelivery took over a claim whose owner's lease ran out), sweeper_redrive (the claim sweeper did), unexpected (the provider replayed a key the engine called as new)",
+            "Second provider calls for one key, counted once per key where the engine has proof (the provider replayed, or an owner found its claim taken over while its call was out), by reason: lease_takeover (a claim taken over by a redelivery after its owner's lease ran out), sweeper_redrive (by the claim sweeper), unexpected (the provider replayed a key the engine called as new)",
             provider_repeat_calls.clone(),
         );
         let metrics = Metrics {
@@ -587,7 +591,7 @@ impl Metrics {
             .inc();
     }
 
-    /// A provider call for a key that may have been sent before.
+    /// A second provider call for one key.
     pub fn provider_repeat_call(&self, consumer: &str, reason: RepeatReason) {
         self.provider_repeat_calls
             .get_or_create(&repeat_label(consumer, reason))

@@ -301,16 +301,7 @@ where
         async move {
             let hold = holding.holds(env.key()).await;
             let reply = match hold {
-                Hold::Yes => {
-                    if o.taking == Taking::InDoubt {
-                        let reason = match caller {
-                            Caller::Delivery => RepeatReason::LeaseTakeover,
-                            Caller::Sweeper => RepeatReason::SweeperRedrive,
-                        };
-                        deps.metrics.provider_repeat_call(consumer, reason);
-                    }
-                    Some(send(env, o.claim.provider_key.clone()).await)
-                }
+                Hold::Yes => Some(send(env, o.claim.provider_key.clone()).await),
                 Hold::Lost | Hold::Unconfirmed(_) => None,
             };
             (o, hold, reply)
@@ -333,9 +324,9 @@ where
             continue;
         };
         crash.reach(CrashPoint::AfterSideEffect)?;
-        if o.taking != Taking::InDoubt && matches!(&reply, Ok(r) if r.replayed) {
+        if matches!(&reply, Ok(r) if r.replayed) {
             deps.metrics
-                .provider_repeat_call(consumer, RepeatReason::Unexpected);
+                .provider_repeat_call(consumer, repeat_reason(o.taking, caller));
         }
         let in_doubt = o.taking != Taking::Fresh;
         let (finish, effect, decided) = match reply {
@@ -445,7 +436,7 @@ async fn record_answers(
         Ok(lost) => {
             for (i, _ticket, a) in answers {
                 outcomes[i] = Some(if lost.contains(&a.result.key) {
-                    lost_claim(deps, consumer, &a)
+                    lost_claim(deps, consumer, &a).await
                 } else {
                     recorded(deps, consumer, a)
                 });
@@ -493,13 +484,37 @@ fn recorded(deps: &Deps, consumer: &str, a: Kept) -> Outcome {
     }
 }
 
+/// Why a call the provider answered as a replay (it had seen the key) was made:
+/// expected of a takeover from an owner whose lease ran out, by a redelivery or the
+/// sweeper; not expected of a key's first claim or of one given back after the
+/// provider failed.
+fn repeat_reason(taking: Taking, caller: Caller) -> RepeatReason {
+    match (taking, caller) {
+        (Taking::InDoubt, Caller::Delivery) => RepeatReason::LeaseTakeover,
+        (Taking::InDoubt, Caller::Sweeper) => RepeatReason::SweeperRedrive,
+        (Taking::Fresh | Taking::Released, _) => RepeatReason::Unexpected,
+    }
+}
+
 /// The answer of a claim another owner holds now (this owner's lease ran out: a
 /// frozen or cut-off process, and the claim was taken over). Not written over the new
 /// owner's; the delivery comes back, uncounted, and finds the new owner's record.
-fn lost_claim(deps: &Deps, consumer: &str, a: &Kept) -> Outcome {
+///
+/// An accepted call here and the new owner's make two calls for one key: counted once
+/// (`idem_provider_repeat_calls_total{reason="lease_takeover"}`), here, unless the new
+/// owner's record says the provider replayed its call (the new owner counted it then).
+async fn lost_claim(deps: &Deps, consumer: &str, a: &Kept) -> Outcome {
     if let Some((effect, _)) = a.effect {
         // The call went out: the provider's own count is the truth of it.
         deps.metrics.side_effect(consumer, effect);
+        let counted_by_taker = matches!(
+            deps.store.claim(consumer, &a.result.key).await,
+            Ok(Some(c)) if c.detail.as_deref().is_some_and(|d| d.starts_with(REPLAYED))
+        );
+        if !counted_by_taker {
+            deps.metrics
+                .provider_repeat_call(consumer, RepeatReason::LeaseTakeover);
+        }
     }
     tracing::warn!(consumer, key = %a.result.key, provider_key = %a.provider_key,
         "the claim was taken over while this owner's call ran: its answer is not recorded over the new owner's");
@@ -648,7 +663,7 @@ async fn finish_alone(
     let r = &a.result;
     let e = match crate::engine::store::finish_claim(deps.store.as_ref(), consumer, r).await {
         Ok(true) => return Ok(None),
-        Ok(false) => return Ok(Some(lost_claim(deps, consumer, a))),
+        Ok(false) => return Ok(Some(lost_claim(deps, consumer, a).await)),
         Err(e) if e.is_infrastructure() => return Err(e),
         Err(e) => e,
     };
@@ -679,7 +694,7 @@ async fn finish_alone(
         Ok(true) => "Its claim was closed `failed` instead, so no sweep or redelivery resends it \
                    and a replay of this letter is dropped as a duplicate."
             .to_string(),
-        Ok(false) => return Ok(Some(lost_claim(deps, consumer, a))),
+        Ok(false) => return Ok(Some(lost_claim(deps, consumer, a).await)),
         Err(c) if c.is_infrastructure() => return Err(c),
         Err(c) => format!(
             "Closing its claim `failed` was refused too ({c}): it stays open, the claim \
@@ -696,9 +711,12 @@ async fn finish_alone(
     ))))
 }
 
+/// How a sent claim's detail starts when the provider replayed an earlier call.
+const REPLAYED: &str = "provider replayed";
+
 fn sent_detail(reply: &ProviderReply) -> String {
     if reply.replayed {
-        format!("provider replayed its first response ({})", reply.status)
+        format!("{REPLAYED} its first response ({})", reply.status)
     } else {
         format!("sent ({})", reply.status)
     }
