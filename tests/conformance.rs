@@ -81,10 +81,35 @@ async fn drill_crash_before_ack(db: &TestDb) {
         ),
         (7, 1, 6, 1)
     );
+    // In Jepsen's terms, over the SMS and the +1: none lost, none doubled, both
+    // recovered from the six crashes; the provider called once.
+    let e = r.effects;
+    assert_eq!(
+        (
+            e.lost,
+            e.duplicated,
+            e.recovered,
+            e.ok_fraction,
+            e.provider_repeat_calls
+        ),
+        (0, 0, 2, 1.0, 0)
+    );
     let naive = drill(db, Scenario::CrashBeforeAck, ConsumerMode::Naive).await;
     assert_eq!(
         (naive.sms_sent, naive.counter_delta, naive.verdict),
         (7, 7, Verdict::Fail)
+    );
+    let e = naive.effects;
+    assert_eq!(
+        (
+            e.lost,
+            e.duplicated,
+            e.recovered,
+            e.ok_fraction,
+            e.provider_repeat_calls
+        ),
+        (0, 2, 0, 0.0, 6),
+        "seven identical SMS without a key are six repeats"
     );
     // Every drill leaves a drill_runs row and a drill marker.
     let store = store::open(&db.url).await.unwrap();
@@ -108,8 +133,18 @@ async fn drill_crash_after_send(db: &TestDb) {
     let keys = r.details["provider_keys"].as_array().unwrap();
     assert!(keys.len() == 2 && keys[0].is_string() && keys[0] == keys[1]);
     assert_eq!(r.details["claim"]["attempts"], 2);
+    // One SMS, recovered from the crash; the provider saw its key twice (it replayed).
+    let e = r.effects;
+    assert_eq!(
+        (e.lost, e.duplicated, e.recovered, e.provider_repeat_calls),
+        (0, 0, 1, 1)
+    );
     let naive = drill(db, Scenario::CrashAfterSend, ConsumerMode::Naive).await;
     assert_eq!(naive.sms_sent, 2);
+    assert_eq!(
+        (naive.effects.duplicated, naive.effects.ok_fraction),
+        (1, 0.0)
+    );
 }
 
 async fn drill_double_publish(db: &TestDb) {
