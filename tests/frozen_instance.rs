@@ -180,6 +180,23 @@ async fn a_frozen_instance_repeats_only_its_calls_in_flight(kind: Kind) {
         0.0,
         "A repeated nothing"
     );
+    // And the dashboard's snapshot shows them, by reason.
+    let snapshot = Command::new(idemwatch_bin())
+        .args(["snapshot", "--json", "--spacing", "50ms", "--db", &db.url])
+        .args(["--target", &format!("b=http://127.0.0.1:{port_b}/metrics")])
+        .env("IDEMWATCH_LOG_FILE", db.env.path("snapshot.log"))
+        .output()
+        .unwrap();
+    let snapshot: serde_json::Value = serde_json::from_slice(&snapshot.stdout).unwrap();
+    let sms = snapshot["consumers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["consumer"] == SMS))
+        .unwrap_or_else(|| panic!("{snapshot:#}"));
+    let shown: f64 = sms["provider_repeat_calls"]
+        .as_object()
+        .map(|by_reason| by_reason.values().filter_map(|v| v.as_f64()).sum())
+        .unwrap_or_default();
+    assert_eq!(shown, 4.0, "{sms:#}");
     for body in &bodies {
         let claim = store.claim(SMS, &key_of(body)).await.unwrap().unwrap();
         assert_eq!(
