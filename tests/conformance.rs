@@ -1043,7 +1043,10 @@ async fn only_the_claims_owner_renews_or_records_it(db: &TestDb) {
     );
     // The first owner freezes past its lease; a redelivery takes `stale` over.
     tokio::time::sleep(lease * 2).await;
-    let taken = store.claim_batch(c, &[stale.clone()], lease).await.unwrap();
+    let taken = store
+        .claim_batch(c, std::slice::from_ref(&stale), lease)
+        .await
+        .unwrap();
     assert!(
         matches!(&taken[..], [ClaimOutcome::InDoubt(t)] if t.attempts == 2),
         "{taken:?}"
@@ -1056,7 +1059,7 @@ async fn only_the_claims_owner_renews_or_records_it(db: &TestDb) {
         .unwrap();
     assert_eq!(
         renewed,
-        [mine.key.clone()],
+        std::slice::from_ref(&mine.key),
         "the woken owner renews only its own"
     );
     let sent = |key: &MessageKey, attempts| {
@@ -1070,7 +1073,7 @@ async fn only_the_claims_owner_renews_or_records_it(db: &TestDb) {
         .finish_batch(c, &[sent(&stale.key, 1), sent(&mine.key, 1)])
         .await
         .unwrap();
-    assert_eq!(lost, [stale.key.clone()]);
+    assert_eq!(lost, std::slice::from_ref(&stale.key));
     let after = store.claim(c, &stale.key).await.unwrap().unwrap();
     assert_eq!(after, before, "the new owner's claim untouched");
     let release = ClaimResult::owned(
@@ -1082,7 +1085,7 @@ async fn only_the_claims_owner_renews_or_records_it(db: &TestDb) {
     );
     assert_eq!(
         store.finish_batch(c, &[release]).await.unwrap(),
-        [stale.key.clone()]
+        std::slice::from_ref(&stale.key)
     );
     assert_eq!(store.claim(c, &stale.key).await.unwrap().unwrap(), before);
 
@@ -1092,7 +1095,7 @@ async fn only_the_claims_owner_renews_or_records_it(db: &TestDb) {
         .renew_claims(c, &[(stale.key.clone(), 2)])
         .await
         .unwrap();
-    assert_eq!(renewed, [stale.key.clone()]);
+    assert_eq!(renewed, std::slice::from_ref(&stale.key));
     let claim = store.claim(c, &stale.key).await.unwrap().unwrap();
     let skew = (claim.claimed_at - now).num_milliseconds().abs();
     assert!(

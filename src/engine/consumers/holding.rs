@@ -168,3 +168,54 @@ impl<'a> Holding<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{deps, zone_exit};
+    use super::*;
+    use crate::engine::consumers::claim_request;
+    use crate::engine::store::ClaimOutcome;
+
+    const SMS: &str = "zone-exit-sms";
+
+    /// An owner that sends within half a lease of its claim does so without a round
+    /// trip; one that comes back later (frozen) confirms first: a claim another owner
+    /// took over meanwhile is lost (not sent), one still its own is renewed and sent.
+    #[tokio::test]
+    async fn a_late_owner_confirms_its_claim_before_sending() {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = deps(&dir).await;
+        let store = deps.store.as_ref();
+        let lease = Duration::from_millis(300);
+        let m = zone_exit("HOLD-1", 1, "X");
+        let request = claim_request(SMS, &m);
+        let asked = Instant::now();
+        let first = store
+            .claim_batch(SMS, std::slice::from_ref(&request), lease)
+            .await
+            .unwrap();
+        assert!(matches!(&first[..], [ClaimOutcome::Fresh(c)] if c.attempts == 1));
+        let frozen = Holding::new(store, SMS, lease, asked, [(m.key().clone(), 1)]);
+        assert_eq!(frozen.holds(m.key()).await, Hold::Yes);
+
+        // Frozen past the lease: a redelivery takes the claim over.
+        tokio::time::sleep(lease + lease / 3).await;
+        let asked = Instant::now();
+        let taken = store.claim_batch(SMS, &[request], lease).await.unwrap();
+        assert!(matches!(&taken[..], [ClaimOutcome::InDoubt(c)] if c.attempts == 2));
+        assert_eq!(frozen.holds(m.key()).await, Hold::Lost);
+        assert_eq!(
+            frozen.holds(m.key()).await,
+            Hold::Lost,
+            "known, no round trip"
+        );
+
+        // The new owner, late too, still holds it: renewed, sent.
+        let late = Holding::new(store, SMS, lease, asked, [(m.key().clone(), 2)]);
+        tokio::time::sleep(lease * 2 / 3).await;
+        let before = store.claim(SMS, m.key()).await.unwrap().unwrap().claimed_at;
+        assert_eq!(late.holds(m.key()).await, Hold::Yes);
+        let after = store.claim(SMS, m.key()).await.unwrap().unwrap().claimed_at;
+        assert!(after > before, "renewed: {before} → {after}");
+    }
+}

@@ -31,13 +31,14 @@ pub struct MysqlStore {
     url: String,
 }
 
-/// One multi-row `INSERT IGNORE` of dedup rows (key, fingerprint) processed at
-/// `now`: the batch paths of `record_batch` and `claim_batch` count the rows it wrote
-/// to learn which keys were first.
+/// One multi-row `INSERT IGNORE` of dedup rows (key, fingerprint) processed at `now`,
+/// or at the server's `UTC_TIMESTAMP(6)` when `None` (what the retention compares its
+/// cutoff, on the server's clock, with): the batch paths of `record_batch` and
+/// `claim_batch` count the rows it wrote to learn which keys were first.
 fn insert_dedup_rows<'a>(
     consumer: &'a str,
     rows: impl Iterator<Item = (&'a str, &'a str)>,
-    now: NaiveDateTime,
+    now: Option<NaiveDateTime>,
 ) -> QueryBuilder<'a, MySql> {
     let mut q = QueryBuilder::<MySql>::new(
         "INSERT IGNORE INTO processed_messages
@@ -46,8 +47,11 @@ fn insert_dedup_rows<'a>(
     q.push_values(rows, |mut row, (key, fingerprint)| {
         row.push_bind(consumer)
             .push_bind(key)
-            .push_bind(fingerprint)
-            .push_bind(now);
+            .push_bind(fingerprint);
+        match now {
+            Some(now) => row.push_bind(now),
+            None => row.push("UTC_TIMESTAMP(6)"),
+        };
     });
     q
 }
@@ -97,7 +101,6 @@ impl Store for MysqlStore {
     ) -> StoreResult<Vec<DedupOutcome>> {
         retrying(|| async {
             let batch = DedupBatch::new(items);
-            let now = naive(Utc::now());
             let mut tx = self.pool.begin().await?;
             let mut stored = HashMap::new();
             for chunk in batch.distinct().chunks(ROWS_PER_STATEMENT) {
@@ -117,7 +120,7 @@ impl Store for MysqlStore {
                 let rows = chunk
                     .iter()
                     .map(|i| (i.key.as_str(), i.fingerprint.as_str()));
-                let written = insert_dedup_rows(consumer, rows, now)
+                let written = insert_dedup_rows(consumer, rows, None)
                     .build()
                     .execute(&mut *tx)
                     .await?
@@ -276,7 +279,7 @@ impl Store for MysqlStore {
                 let rows = chunk
                     .iter()
                     .map(|r| (r.key.as_str(), r.fingerprint.as_str()));
-                let mut q = insert_dedup_rows(consumer, rows, naive(now));
+                let mut q = insert_dedup_rows(consumer, rows, Some(naive(now)));
                 if q.build().execute(&mut *tx).await?.rows_affected() != chunk.len() as u64 {
                     return lost_race(tx, raced).await;
                 }
