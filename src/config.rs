@@ -357,7 +357,7 @@ pub struct MetricNames {
     /// When a consumer last met an infrastructure failure of each `kind`.
     pub infra_error_last: String,
     /// Second provider calls for one key (label `reason`: lease_takeover,
-    /// sweeper_redrive, unexpected).
+    /// sweeper_redrive, provider_retry, unexpected).
     pub provider_repeat_calls: String,
     /// The label that names the consumer on every per-consumer metric.
     pub consumer_label: String,

@@ -153,7 +153,12 @@ async fn a_sent_sms_whose_record_fails_is_recorded_later_never_sent_again(db: &T
     assert!(engine.store.dead_letters(10).await.unwrap().is_empty());
     let c = &engine.summary().consumers[SMS];
     assert_eq!((c.processed, c.side_effects_sent), (8, 8), "{c:?}");
-    for reason in ["lease_takeover", "sweeper_redrive", "unexpected"] {
+    for reason in [
+        "lease_takeover",
+        "sweeper_redrive",
+        "provider_retry",
+        "unexpected",
+    ] {
         let series =
             format!("idem_provider_repeat_calls_total{{consumer=\"{SMS}\",reason=\"{reason}\"}} 0");
         assert!(engine.metrics.encode().contains(&series), "{series}");

@@ -93,17 +93,22 @@ pub enum RepeatReason {
     LeaseTakeover,
     /// The same, by the claim sweeper re-driving the claim from its kept message.
     SweeperRedrive,
+    /// A retry after a call that failed or timed out (its claim given back): the
+    /// provider had done the earlier call after all. A rise says the provider's
+    /// timeout is shorter than its answers.
+    ProviderRetry,
     /// None expected: the provider replayed a key the engine called as the key's
-    /// first (a fresh claim, or one given back after the provider failed). Should stay
-    /// 0; a rise means a send the engine lost track of (a purged claim, a second store).
+    /// first (a fresh claim). Should stay 0; a rise means a send the engine lost track
+    /// of (a purged claim, a second store).
     Unexpected,
 }
 
 impl RepeatReason {
     /// Every reason, for the series exported at zero from the start.
-    pub const ALL: [RepeatReason; 3] = [
+    pub const ALL: [RepeatReason; 4] = [
         RepeatReason::LeaseTakeover,
         RepeatReason::SweeperRedrive,
+        RepeatReason::ProviderRetry,
         RepeatReason::Unexpected,
     ];
 
@@ -111,6 +116,7 @@ impl RepeatReason {
         match self {
             RepeatReason::LeaseTakeover => "lease_takeover",
             RepeatReason::SweeperRedrive => "sweeper_redrive",
+            RepeatReason::ProviderRetry => "provider_retry",
             RepeatReason::Unexpected => "unexpected",
         }
     }
@@ -405,7 +411,7 @@ impl Metrics {
         let provider_repeat_calls = Family::<RepeatLabel, Counter>::default();
         registry.register(
             names::PROVIDER_REPEAT_CALLS.family,
-            "Second provider calls for one key, counted once per key where the engine has proof (the provider replayed, or an owner found its claim taken over while its call was out), by reason: lease_takeover (a claim taken over by a redelivery after its owner's lease ran out), sweeper_redrive (by the claim sweeper), unexpected (the provider replayed a key the engine called as new)",
+            "Second provider calls for one key, counted once per key where the engine has proof (the provider replayed, or an owner found its claim taken over while its call was out), by reason: lease_takeover (a claim taken over by a redelivery after its owner's lease ran out), sweeper_redrive (by the claim sweeper), provider_retry (a retry after a failed or timed-out call), unexpected (the provider replayed a key the engine called as new)",
             provider_repeat_calls.clone(),
         );
         let metrics = Metrics {

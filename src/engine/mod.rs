@@ -385,6 +385,18 @@ impl Engine {
             r = &mut workers_done => r,
             () = &mut sweeper => workers_done.await,
         };
+        // Provider answers the workers kept through a store outage are recorded one
+        // last time; what is still kept leaves with the process, its claims resent
+        // under the same key after the lease.
+        for c in &self.consumers {
+            if self.deps.custody.answers_kept() == 0 {
+                break;
+            }
+            if let Err(e) = consumers::record_kept(c.name(), &self.deps).await {
+                tracing::warn!(consumer = c.name(), error = %e, left = self.deps.custody.answers_kept(),
+                    "stopping with provider answers not recorded: their claims are resent under the same key after the lease");
+            }
+        }
         for r in results {
             r?;
         }

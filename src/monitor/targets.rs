@@ -142,7 +142,8 @@ pub struct ConsumerStatus {
     /// The consumer stopped leasing because its store or provider is unhealthy.
     pub paused: Option<PausedReading>,
     /// `idem_provider_repeat_calls_total` by `reason` (lease_takeover,
-    /// sweeper_redrive, unexpected): the provider called twice for one key. Empty for
+    /// sweeper_redrive, provider_retry, unexpected): the provider called twice for one
+    /// key. Empty for
     /// a consumer without side effects.
     pub provider_repeat_calls: BTreeMap<String, f64>,
     pub last_restart: Option<DateTime<Utc>>,

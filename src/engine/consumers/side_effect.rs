@@ -485,14 +485,15 @@ fn recorded(deps: &Deps, consumer: &str, a: Kept) -> Outcome {
 }
 
 /// Why a call the provider answered as a replay (it had seen the key) was made:
-/// expected of a takeover from an owner whose lease ran out, by a redelivery or the
-/// sweeper; not expected of a key's first claim or of one given back after the
-/// provider failed.
+/// expected of a takeover from an owner whose lease ran out (by a redelivery or the
+/// sweeper) and of a retry after a call that failed or timed out; not of a key's
+/// first claim.
 fn repeat_reason(taking: Taking, caller: Caller) -> RepeatReason {
     match (taking, caller) {
         (Taking::InDoubt, Caller::Delivery) => RepeatReason::LeaseTakeover,
         (Taking::InDoubt, Caller::Sweeper) => RepeatReason::SweeperRedrive,
-        (Taking::Fresh | Taking::Released, _) => RepeatReason::Unexpected,
+        (Taking::Released, _) => RepeatReason::ProviderRetry,
+        (Taking::Fresh, _) => RepeatReason::Unexpected,
     }
 }
 
