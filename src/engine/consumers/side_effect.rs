@@ -229,11 +229,14 @@ where
         .map(|(i, _)| claim_request(consumer, envs[*i]))
         .collect();
     let claimed_from = Instant::now();
-    let claims = match deps
-        .store
-        .claim_batch(consumer, &requests, deps.claim_lease)
-        .await
-    {
+    let claimed = if requests.is_empty() {
+        Ok(Vec::new())
+    } else {
+        deps.store
+            .claim_batch(consumer, &requests, deps.claim_lease)
+            .await
+    };
+    let claims = match claimed {
         Ok(claims) => claims,
         // Kept answers just recorded keep their outcomes; the rest come back.
         Err(e) if recorded_kept && e.is_infrastructure() => {
