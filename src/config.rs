@@ -356,6 +356,9 @@ pub struct MetricNames {
     pub infra_errors: String,
     /// When a consumer last met an infrastructure failure of each `kind`.
     pub infra_error_last: String,
+    /// Second provider calls for one key (label `reason`: lease_takeover,
+    /// sweeper_redrive, provider_retry, unexpected).
+    pub provider_repeat_calls: String,
     /// The label that names the consumer on every per-consumer metric.
     pub consumer_label: String,
     pub reason_label: String,
@@ -381,6 +384,7 @@ impl Default for MetricNames {
             paused_since: names::PAUSED_SINCE.exposed.into(),
             infra_errors: names::INFRA_ERRORS.exposed.into(),
             infra_error_last: names::INFRA_ERROR_LAST.exposed.into(),
+            provider_repeat_calls: names::PROVIDER_REPEAT_CALLS.exposed.into(),
             consumer_label: "consumer".into(),
             reason_label: "reason".into(),
             result_label: "result".into(),

@@ -556,6 +556,18 @@ async fn chaos_run_with_process_kills_ends_exactly_once() {
     assert_eq!(r["trip_counter_total"], r["distinct_zone_exits"]);
     assert_eq!(r["sms_sent"], r["distinct_zone_exits"]);
     assert_eq!(r["vehicles_state_ok"], r["vehicles"]);
+    // In Jepsen's terms over the effects (SMS, webhooks, +1s, history rows): none
+    // lost, none doubled, every one as expected; some recovered from the kills.
+    assert_eq!(
+        (r["lost"].as_u64(), r["duplicated"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    assert_eq!(r["ok_fraction"].as_f64(), Some(1.0), "{r}");
+    assert!(
+        r["recovered"].as_u64().is_some() && r["provider_repeat_calls"].as_u64().is_some(),
+        "{r}"
+    );
     // The queues of the run are gone from the broker.
     let q = queue::open(&url).await.unwrap();
     q.close().await;

@@ -43,6 +43,7 @@ on_every_backend!(
     an_event_with_the_seq_of_the_state_is_late,
     a_claim_batch_is_decided_as_if_one_by_one,
     a_finish_batch_is_recorded_as_if_one_by_one,
+    only_the_claims_owner_renews_or_records_it,
     racing_batches_never_double_an_effect,
     racing_claim_batches_take_each_claim_once,
     a_pipelined_worker_that_dies_loses_and_doubles_nothing,
@@ -80,10 +81,35 @@ async fn drill_crash_before_ack(db: &TestDb) {
         ),
         (7, 1, 6, 1)
     );
+    // In Jepsen's terms, over the SMS and the +1: none lost, none doubled, both
+    // recovered from the six crashes; the provider called once.
+    let e = r.effects;
+    assert_eq!(
+        (
+            e.lost,
+            e.duplicated,
+            e.recovered,
+            e.ok_fraction,
+            e.provider_repeat_calls
+        ),
+        (0, 0, 2, 1.0, 0)
+    );
     let naive = drill(db, Scenario::CrashBeforeAck, ConsumerMode::Naive).await;
     assert_eq!(
         (naive.sms_sent, naive.counter_delta, naive.verdict),
         (7, 7, Verdict::Fail)
+    );
+    let e = naive.effects;
+    assert_eq!(
+        (
+            e.lost,
+            e.duplicated,
+            e.recovered,
+            e.ok_fraction,
+            e.provider_repeat_calls
+        ),
+        (0, 2, 0, 0.0, 6),
+        "seven identical SMS without a key are six repeats"
     );
     // Every drill leaves a drill_runs row and a drill marker.
     let store = store::open(&db.url).await.unwrap();
@@ -107,8 +133,18 @@ async fn drill_crash_after_send(db: &TestDb) {
     let keys = r.details["provider_keys"].as_array().unwrap();
     assert!(keys.len() == 2 && keys[0].is_string() && keys[0] == keys[1]);
     assert_eq!(r.details["claim"]["attempts"], 2);
+    // One SMS, recovered from the crash; the provider saw its key twice (it replayed).
+    let e = r.effects;
+    assert_eq!(
+        (e.lost, e.duplicated, e.recovered, e.provider_repeat_calls),
+        (0, 0, 1, 1)
+    );
     let naive = drill(db, Scenario::CrashAfterSend, ConsumerMode::Naive).await;
     assert_eq!(naive.sms_sent, 2);
+    assert_eq!(
+        (naive.effects.duplicated, naive.effects.ok_fraction),
+        (1, 0.0)
+    );
 }
 
 async fn drill_double_publish(db: &TestDb) {
@@ -558,7 +594,8 @@ async fn one_key_many_concurrent_transactions_one_winner(db: &TestDb) {
         .collect();
     let mut in_doubt = Vec::new();
     for t in takeovers {
-        if let ClaimOutcome::InDoubt(c) = t.await.unwrap() {
+        // Released by its owner (a provider failure): taken over at once.
+        if let ClaimOutcome::Released(c) = t.await.unwrap() {
             in_doubt.push(c);
         }
     }
@@ -887,6 +924,7 @@ async fn a_finish_batch_is_recorded_as_if_one_by_one(db: &TestDb) {
         .map(|(k, finish)| ClaimResult {
             key: MessageKey::from_stored(format!("{prefix}-{k}")),
             finish,
+            attempts: None,
         })
         .collect()
     };
@@ -911,10 +949,12 @@ async fn a_finish_batch_is_recorded_as_if_one_by_one(db: &TestDb) {
                 ClaimResult {
                     key: twice.clone(),
                     finish: done(ClaimState::Sent, "sent (200)"),
+                    attempts: None,
                 },
                 ClaimResult {
                     key: twice.clone(),
                     finish: release("a stale timeout"),
+                    attempts: None,
                 },
             ],
         )
@@ -956,10 +996,12 @@ async fn a_finish_batch_is_recorded_as_if_one_by_one(db: &TestDb) {
                 ClaimResult {
                     key: released_first.clone(),
                     finish: release("503 from the provider"),
+                    attempts: None,
                 },
                 ClaimResult {
                     key: released_first.clone(),
                     finish: done(ClaimState::Sent, "sent (200)"),
+                    attempts: None,
                 },
             ],
         )
@@ -969,6 +1011,112 @@ async fn a_finish_batch_is_recorded_as_if_one_by_one(db: &TestDb) {
     assert_eq!(
         view(t),
         "sent Some(\"sent (200)\") due_now=true finished=true"
+    );
+}
+
+/// The owner's token (`attempts`) fences its claim: an owner whose lease ran out and
+/// whose claim was taken over (a frozen process woken up) can neither renew it nor
+/// record its answer over the new owner's — its record comes back as lost, alone or
+/// in a batch with another owner's — while the new owner renews it (on the database's
+/// clock) and records it.
+async fn only_the_claims_owner_renews_or_records_it(db: &TestDb) {
+    use store::{ClaimFinish, ClaimResult, ClaimState};
+    let store = store::open(&db.url).await.unwrap();
+    let c = "zone-exit-sms";
+    let lease = Duration::from_millis(300);
+    let request = |key: &str| {
+        let env = vehicle_event("34-OWN", 1, "zone_exit", 0);
+        store::ClaimRequest {
+            key: MessageKey::from_stored(format!("OWN-{key}")),
+            fingerprint: env.fingerprint(),
+            provider_key: format!("pk-{key}"),
+            message: env.to_json_line().into_bytes(),
+        }
+    };
+    let (stale, mine) = (request("stale"), request("mine"));
+    let first = store
+        .claim_batch(c, &[stale.clone(), mine.clone()], lease)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&first[..], [ClaimOutcome::Fresh(a), ClaimOutcome::Fresh(_)] if a.attempts == 1)
+    );
+    // The first owner freezes past its lease; a redelivery takes `stale` over.
+    tokio::time::sleep(lease * 2).await;
+    let taken = store
+        .claim_batch(c, std::slice::from_ref(&stale), lease)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&taken[..], [ClaimOutcome::InDoubt(t)] if t.attempts == 2),
+        "{taken:?}"
+    );
+    let before = store.claim(c, &stale.key).await.unwrap().unwrap();
+
+    let renewed = store
+        .renew_claims(c, &[(stale.key.clone(), 1), (mine.key.clone(), 1)])
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed,
+        std::slice::from_ref(&mine.key),
+        "the woken owner renews only its own"
+    );
+    let sent = |key: &MessageKey, attempts| {
+        let done = ClaimFinish::Done {
+            state: ClaimState::Sent,
+            detail: format!("sent by owner {attempts}"),
+        };
+        ClaimResult::owned(key.clone(), done, attempts)
+    };
+    let lost = store
+        .finish_batch(c, &[sent(&stale.key, 1), sent(&mine.key, 1)])
+        .await
+        .unwrap();
+    assert_eq!(lost, std::slice::from_ref(&stale.key));
+    let after = store.claim(c, &stale.key).await.unwrap().unwrap();
+    assert_eq!(after, before, "the new owner's claim untouched");
+    let release = ClaimResult::owned(
+        stale.key.clone(),
+        ClaimFinish::Release {
+            detail: "a stale owner's timeout".into(),
+        },
+        1,
+    );
+    assert_eq!(
+        store.finish_batch(c, &[release]).await.unwrap(),
+        std::slice::from_ref(&stale.key)
+    );
+    assert_eq!(store.claim(c, &stale.key).await.unwrap().unwrap(), before);
+
+    // The new owner renews its claim at the database's time, then records it.
+    let now = store.db_now().await.unwrap();
+    let renewed = store
+        .renew_claims(c, &[(stale.key.clone(), 2)])
+        .await
+        .unwrap();
+    assert_eq!(renewed, std::slice::from_ref(&stale.key));
+    let claim = store.claim(c, &stale.key).await.unwrap().unwrap();
+    let skew = (claim.claimed_at - now).num_milliseconds().abs();
+    assert!(
+        skew < 5_000,
+        "renewed on the database's clock: {skew} ms off"
+    );
+    assert!(claim.claimed_at > before.claimed_at);
+    assert!(store
+        .finish_batch(c, &[sent(&stale.key, 2)])
+        .await
+        .unwrap()
+        .is_empty());
+    let done = store.claim(c, &stale.key).await.unwrap().unwrap();
+    assert_eq!(
+        (done.state, done.detail.as_deref()),
+        (ClaimState::Sent, Some("sent by owner 2"))
+    );
+    let mine = store.claim(c, &mine.key).await.unwrap().unwrap();
+    assert_eq!(
+        (mine.state, mine.detail.as_deref()),
+        (ClaimState::Sent, Some("sent by owner 1"))
     );
 }
 
@@ -1028,6 +1176,7 @@ async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
     let label = |o: &ClaimOutcome| match o {
         ClaimOutcome::Fresh(c) => format!("fresh {}", c.attempts),
         ClaimOutcome::InDoubt(c) => format!("in doubt {}", c.attempts),
+        ClaimOutcome::Released(c) => format!("released {}", c.attempts),
         ClaimOutcome::Done(s) => format!("done {}", s.as_str()),
         ClaimOutcome::Busy => "busy".into(),
         ClaimOutcome::KeyConflict { .. } => "conflict".into(),
@@ -1041,7 +1190,7 @@ async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
             "done sent",
             "busy",
             "busy",
-            "in doubt 2",
+            "released 2",
             "conflict",
             "fresh 1",
             "conflict",
@@ -1052,6 +1201,7 @@ async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
     let result = |key: &str, finish| store::ClaimResult {
         key: MessageKey::from_stored(format!("B-{key}")),
         finish,
+        attempts: None,
     };
     store
         .finish_batch(
@@ -1117,9 +1267,9 @@ async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
         .claim_batch(c, &[request("B", "doubt", 0)], lease)
         .await
         .unwrap();
-    assert_eq!(label(&again[0]), "in doubt 3");
+    assert_eq!(label(&again[0]), "released 3");
     match &again[0] {
-        ClaimOutcome::InDoubt(claim) => assert_eq!(claim.provider_key, "pk-B-doubt"),
+        ClaimOutcome::Released(claim) => assert_eq!(claim.provider_key, "pk-B-doubt"),
         other => panic!("{other:?}"),
     }
 }
@@ -1231,7 +1381,7 @@ async fn racing_claim_batches_take_each_claim_once(db: &TestDb) {
             offered.insert(k);
             let how = match o {
                 ClaimOutcome::Fresh(claim) => ("fresh", claim.attempts),
-                ClaimOutcome::InDoubt(claim) => ("in doubt", claim.attempts),
+                ClaimOutcome::Released(claim) => ("in doubt", claim.attempts),
                 ClaimOutcome::Busy => continue,
                 other => panic!("key {k}: unexpected {other:?}"),
             };

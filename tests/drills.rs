@@ -29,6 +29,16 @@ fn cli_crash_before_ack_json_both_modes_in_process_and_killed() {
         assert_eq!(r["duplicate_dropped"], 6);
         assert_eq!(r["counter_delta"], 1);
         assert_eq!(r["kill_process"], kill);
+        // The verdict in Jepsen's terms (SPEC §9), flat in the report.
+        for (field, want) in [
+            ("lost", 0.0),
+            ("duplicated", 0.0),
+            ("recovered", 2.0),
+            ("ok_fraction", 1.0),
+            ("provider_repeat_calls", 0.0),
+        ] {
+            assert_eq!(r[field].as_f64(), Some(want), "{field} in {r}");
+        }
 
         args.extend(["--mode", "naive"]);
         let (code, r) = cli_drill(&env, &args);
@@ -36,6 +46,10 @@ fn cli_crash_before_ack_json_both_modes_in_process_and_killed() {
         assert_eq!(r["sms_sent"], 7, "{r}");
         assert_eq!(r["counter_delta"], 7);
         assert_eq!(r["verdict"], "fail");
+        assert_eq!(
+            (r["duplicated"].as_u64(), r["lost"].as_u64()),
+            (Some(2), Some(0))
+        );
     }
 }
 

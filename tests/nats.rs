@@ -246,6 +246,18 @@ fn chaos_run_on_jetstream_with_process_kills_ends_exactly_once() {
     assert_eq!(r["sms_max_per_exit"], 1);
     assert_eq!(r["vehicles_state_ok"], r["vehicles"]);
     assert_eq!(r["left_on_queues"], 0);
+    // In Jepsen's terms over the effects (SMS, webhooks, +1s, history rows): none
+    // lost, none doubled, every one as expected; some recovered from the kills.
+    assert_eq!(
+        (r["lost"].as_u64(), r["duplicated"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    assert_eq!(r["ok_fraction"].as_f64(), Some(1.0), "{r}");
+    assert!(
+        r["recovered"].as_u64().is_some() && r["provider_repeat_calls"].as_u64().is_some(),
+        "{r}"
+    );
     rt.block_on(db.cleanup());
 }
 

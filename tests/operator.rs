@@ -136,16 +136,22 @@ async fn an_expired_claim_is_redriven_with_its_provider_key_without_a_redelivery
     let swept = engine.sweep_claims().await.unwrap();
     assert_eq!((swept.in_doubt, swept.finished), (1, 1), "{swept:?}");
     // Finished by the sweep, counted as processed once (the runner never counted
-    // it: its worker died), the resend as a provider replay.
+    // it: its worker died), the resend as a provider replay: the provider's second
+    // call for the key, the sweeper's (`idem_provider_repeat_calls_total`).
     let after = &engine.summary().consumers[zone_exit_sms::NAME];
     assert_eq!(
         counted_since(&before, after),
         ConsumerCounts {
             processed: 1,
             side_effects_suppressed: 1,
+            provider_repeat_calls: 1,
             ..ConsumerCounts::default()
         }
     );
+    assert!(engine.metrics.encode().contains(&format!(
+        "idem_provider_repeat_calls_total{{consumer=\"{}\",reason=\"sweeper_redrive\"}} 1",
+        zone_exit_sms::NAME
+    )));
     assert!(engine.metrics.encode().contains(&format!(
         "idem_messages_processed_total{{consumer=\"{}\"}} {}",
         zone_exit_sms::NAME,

@@ -540,13 +540,18 @@ async fn raw_side_effects(
     let results: Vec<ClaimResult> = claims
         .iter()
         .zip(&requests)
-        .filter(|(c, _)| matches!(c, ClaimOutcome::Fresh(_) | ClaimOutcome::InDoubt(_)))
-        .map(|(_, r)| ClaimResult {
-            key: r.key.clone(),
-            finish: ClaimFinish::Done {
+        .filter_map(|(c, r)| match c {
+            ClaimOutcome::Fresh(c) | ClaimOutcome::InDoubt(c) | ClaimOutcome::Released(c) => {
+                Some((c.attempts, r))
+            }
+            _ => None,
+        })
+        .map(|(attempts, r)| {
+            let sent = ClaimFinish::Done {
                 state: ClaimState::Sent,
                 detail: "sent (200)".into(),
-            },
+            };
+            ClaimResult::owned(r.key.clone(), sent, attempts)
         })
         .collect();
     if results.is_empty() {

@@ -2,7 +2,8 @@
 //! batches (see `engine::retention` for why batches). Progress goes to stderr about
 //! once a second; Ctrl-C stops between two batches (exit 130) and a rerun continues.
 //! A retention below the purge floor (`RedeliveryWindow::floor`) is refused with
-//! exit 2 unless `--force`: those rows can still meet a redelivery.
+//! exit 2 unless `--force`: those rows can still meet a redelivery. "Older than"
+//! counts back from the database's clock (ARCHITECTURE.md, "Clocks").
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -85,6 +86,11 @@ pub async fn run(args: PurgeArgs) -> CliResult {
         .await
         .map_err(CliError::unavailable)?;
     let store = stores.store;
+    // The cutoff counts back from the database's clock where it has one: a host
+    // whose own clock runs ahead would purge rows still within the retention.
+    let now = store.db_now().await.map_err(CliError::unavailable)?;
+    let cutoff =
+        retention::cutoff_for(now, args.older_than, args.window(), args.force).unwrap_or(cutoff);
     let plan = PurgePlan {
         cutoff,
         batch: args.batch,
@@ -134,7 +140,7 @@ pub async fn run(args: PurgeArgs) -> CliResult {
     loop {
         let n = stores
             .edge
-            .purge_idempotency_batch(chrono::Utc::now(), args.batch)
+            .purge_idempotency_batch(now, args.batch)
             .await
             .map_err(CliError::unavailable)?;
         if n == 0 {

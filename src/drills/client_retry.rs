@@ -226,6 +226,13 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
         ..Findings::default()
     };
     f.check("trip notes written", 1, notes.len());
+    // A dropped response and retries in flight: the first attempt's fate was unknown.
+    f.effect(
+        "trip note saved",
+        1,
+        (notes.len() + executed_again) as i64,
+        true,
+    );
     f.check("later responses that executed again", 0, executed_again);
     f.check(
         "later responses that are replays or 409",

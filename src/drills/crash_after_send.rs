@@ -34,6 +34,7 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     f.deliveries = deliveries(&f.events, zone_exit_sms::NAME) + 1; // the crashed one emitted nothing
     f.duplicate_dropped = count(&f.events, zone_exit_sms::NAME, DeliveryOutcome::Duplicate);
     f.sms_sent = rig.sms_sent().await? as u64;
+    f.effect("SMS for the zone exit", 1, f.sms_sent as i64, true);
     f.extra
         .insert("provider_requests".into(), json!(keys.len()));
     f.extra.insert("provider_keys".into(), json!(keys));

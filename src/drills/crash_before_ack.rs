@@ -43,6 +43,9 @@ pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
     f.sms_sent = rig.sms_sent().await? as u64;
     f.counter_delta = rig.counter().await?;
     f.state_ok = f.sms_sent == 1 && f.counter_delta == 1;
+    let crashed = times > 1;
+    f.effect("SMS for the zone exit", 1, f.sms_sent as i64, crashed);
+    f.effect("trip counter +1", 1, f.counter_delta, crashed);
     f.check("deliveries of the zone_exit", times, f.deliveries);
     f.check("SMS actually sent", 1, f.sms_sent);
     f.check("duplicates dropped", times - 1, f.duplicate_dropped);

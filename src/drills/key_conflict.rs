@@ -42,6 +42,13 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     f.sms_sent = rig.sms_sent().await? as u64;
     f.counter_delta = rig.counter().await?;
     f.state_ok = f.counter_delta == 1;
+    f.effect(
+        "SMS for the key's first payload",
+        1,
+        f.sms_sent as i64,
+        false,
+    );
+    f.effect("trip counter +1", 1, f.counter_delta, false);
     for c in consumers {
         f.check(
             &format!("{c} dead-lettered as key_conflict"),

@@ -403,19 +403,25 @@ pub(crate) async fn run(rig: &Rig, live: &LiveSettings) -> Result<Findings, Dril
     for (env, was) in envelopes.iter().zip(&before_keys) {
         let now = KeyEvidence::read(rig, &target, env).await?;
         let key = env.key().to_string();
+        // Already applied before the drill: anything applied again is one too many.
+        let mut again = 0;
         if now.dedup != was.dedup || now.claims != was.claims {
+            again += 1;
             changed.push(json!({"key": key, "before": format!("{:?}", was.claims), "after": format!("{:?}", now.claims), "dedup_after": format!("{:?}", now.dedup)}));
         }
         if now.history != was.history {
+            again += 1;
             history_changed.push(key.clone());
         }
         if let (Some(b), Some(a)) = (&sms_before, &sms_after) {
             let (b, a) = (sms_for(b, env), sms_for(a, env));
             if a > b {
+                again += (a - b) as i64;
                 f.sms_sent += (a - b) as u64;
                 resent.push(format!("{key} ({} SMS)", a - b));
             }
         }
+        f.effect(&format!("{key} re-published"), 0, again, false);
     }
     f.check(
         "re-published keys whose dedup rows or claims changed",

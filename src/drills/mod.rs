@@ -35,9 +35,11 @@ pub(crate) mod rig;
 mod seen_set_window;
 pub mod target;
 pub mod twice;
+pub mod verdict;
 
 use rig::Rig;
 pub use target::DrillTarget;
+pub use verdict::{EffectTally, EffectVerdict};
 
 /// The drill scenarios of SPEC §6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -213,6 +215,8 @@ pub(crate) struct Findings {
     pub notes: Vec<String>,
     pub extra: serde_json::Map<String, Value>,
     pub events: Vec<DeliveryEvent>,
+    /// The effects the drill is about, for its verdict in Jepsen's terms.
+    pub effects: Vec<EffectTally>,
 }
 
 impl Findings {
@@ -239,6 +243,14 @@ impl Findings {
 
     pub fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());
+    }
+
+    /// One effect the drill is about (see [`EffectTally`]): how many times it should
+    /// have been applied, how many times it was, and whether a fault met the way to it.
+    pub fn effect(&mut self, name: &str, expected: u64, applied: i64, interrupted: bool) {
+        let applied = u64::try_from(applied).unwrap_or(0);
+        self.effects
+            .push(EffectTally::new(name, expected, applied, interrupted));
     }
 }
 
@@ -285,6 +297,10 @@ pub struct DrillReport {
     pub dead_lettered: u64,
     pub state_ok: bool,
     pub verdict: Verdict,
+    /// `lost`, `duplicated`, `recovered`, `ok_fraction`, `provider_repeat_calls`
+    /// (SPEC §9), flat in the report.
+    #[serde(flatten)]
+    pub effects: EffectVerdict,
     pub duration_ms: u64,
     pub details: Value,
 }
@@ -336,6 +352,7 @@ impl DrillReport {
             self.deliveries, self.sms_sent, self.webhooks_sent, self.duplicate_dropped,
             self.counter_delta, self.dead_lettered, self.state_ok
         ));
+        out.push_str(&format!("  {}\n", self.effects.render()));
         if let Some(checks) = self.details.get("checks").and_then(Value::as_array) {
             for c in checks {
                 let ok = c.get("ok").and_then(Value::as_bool).unwrap_or(false);
@@ -411,6 +428,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
         }
     };
     findings.webhooks_sent = rig.webhooks_sent().await? as u64;
+    let effects = EffectVerdict::of(&findings.effects, rig.provider_repeat_calls().await?);
     let verdict = if findings.checks.iter().all(|c| c.ok) {
         Verdict::Pass
     } else {
@@ -423,6 +441,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
     details.insert("checks".into(), json!(findings.checks));
     details.insert("notes".into(), json!(findings.notes));
     details.insert("outcomes_by_consumer".into(), json!(per_consumer));
+    details.insert("effects".into(), json!(findings.effects));
     let report = DrillReport {
         run_id,
         scenario: opts.scenario,
@@ -437,6 +456,7 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
         dead_lettered: findings.dead_lettered,
         state_ok: findings.state_ok,
         verdict,
+        effects,
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         details: Value::Object(details),
     };

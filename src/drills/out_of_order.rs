@@ -32,6 +32,23 @@ pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     f.deliveries = deliveries(&f.events, vehicle_state::NAME);
     f.duplicate_dropped = count(&f.events, vehicle_state::NAME, DeliveryOutcome::Duplicate);
     f.state_ok = ignition.as_deref() == Some("off");
+    let applied_off = state.as_ref().is_some_and(|s| s.last_seq == 901);
+    f.effect(
+        "state: ignition_off (seq 901)",
+        1,
+        i64::from(applied_off),
+        false,
+    );
+    f.effect(
+        "state: the late ignition_on (seq 900) never applied",
+        0,
+        i64::from(late_applied == Some(true)),
+        false,
+    );
+    for seq in [900, 901] {
+        let rows = history.iter().filter(|h| h.seq == seq).count();
+        f.effect(&format!("history row of seq {seq}"), 1, rows as i64, false);
+    }
     f.extra.insert("state".into(), json!(state));
     f.extra.insert("history".into(), json!(history));
     f.check(

@@ -366,6 +366,26 @@ impl Rig {
         &self.queue_url
     }
 
+    /// Calls to the provider beyond the first per key for this drill's device, SMS
+    /// and webhooks (see [`super::verdict::repeat_calls`]).
+    pub async fn provider_repeat_calls(&self) -> Result<u64, DrillError> {
+        let sms = self.sandbox.sms_requests().await.map_err(provider_err)?;
+        let erp = self.sandbox.erp_requests().await.map_err(provider_err)?;
+        let device = self.device.as_str();
+        let sms = sms
+            .iter()
+            .filter(|r| r.text.as_deref().is_some_and(|t| t.contains(device)))
+            .map(|r| {
+                let content = format!("sms {}", r.text.as_deref().unwrap_or_default());
+                (r.idempotency_key.as_deref(), content)
+            });
+        let erp = erp
+            .iter()
+            .filter(|r| r.body.get("device_id").and_then(|d| d.as_str()) == Some(device))
+            .map(|r| (r.idempotency_key.as_deref(), format!("erp {}", r.body)));
+        Ok(super::verdict::repeat_calls(sms.chain(erp)))
+    }
+
     pub async fn webhooks_sent(&self) -> Result<usize, DrillError> {
         let sent = self.sandbox.sent_erp().await.map_err(provider_err)?;
         Ok(sent

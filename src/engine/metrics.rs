@@ -70,6 +70,58 @@ struct EffectLabel {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RepeatLabel {
+    consumer: String,
+    reason: String,
+}
+
+/// Why the provider was called twice for one key: the `reason` label of
+/// `idem_provider_repeat_calls_total`. The engine counts a second call where it has
+/// proof of one, once per pair: the provider answering a call as a replay of an
+/// earlier one with the same Idempotency-Key, or an owner that finds, recording its
+/// accepted call, that another owner took its claim over meanwhile (and did not
+/// count it). A provider that ignores the key, and an owner that died after its
+/// call, leave no proof: the provider's own records are the truth there, as the
+/// drills' and chaos run's verdicts read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepeatReason {
+    /// A claim taken over by a redelivery once its owner's lease ran out with no
+    /// record (the owner died, froze, or lost the store): the expected price of a
+    /// dead or frozen owner, at most the calls it had in flight.
+    LeaseTakeover,
+    /// The same, by the claim sweeper re-driving the claim from its kept message.
+    SweeperRedrive,
+    /// A retry after a call that failed or timed out (its claim given back): the
+    /// provider had done the earlier call after all. A rise says the provider's
+    /// timeout is shorter than its answers.
+    ProviderRetry,
+    /// None expected: the provider replayed a key the engine called as the key's
+    /// first (a fresh claim). Should stay 0; a rise means a send the engine lost track
+    /// of (a purged claim, a second store).
+    Unexpected,
+}
+
+impl RepeatReason {
+    /// Every reason, for the series exported at zero from the start.
+    pub const ALL: [RepeatReason; 4] = [
+        RepeatReason::LeaseTakeover,
+        RepeatReason::SweeperRedrive,
+        RepeatReason::ProviderRetry,
+        RepeatReason::Unexpected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepeatReason::LeaseTakeover => "lease_takeover",
+            RepeatReason::SweeperRedrive => "sweeper_redrive",
+            RepeatReason::ProviderRetry => "provider_retry",
+            RepeatReason::Unexpected => "unexpected",
+        }
+    }
+}
+
 /// What happened to one side-effect attempt, the `result` label of
 /// `idem_side_effects_total`, and the `effect` of a delivery event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -112,6 +164,8 @@ pub struct ConsumerCounts {
     pub side_effects_sent: u64,
     pub side_effects_suppressed: u64,
     pub side_effects_failed: u64,
+    /// `idem_provider_repeat_calls_total`, every reason.
+    pub provider_repeat_calls: u64,
 }
 
 impl ConsumerCounts {
@@ -124,6 +178,7 @@ impl ConsumerCounts {
         self.side_effects_sent += other.side_effects_sent;
         self.side_effects_suppressed += other.side_effects_suppressed;
         self.side_effects_failed += other.side_effects_failed;
+        self.provider_repeat_calls += other.provider_repeat_calls;
     }
 }
 
@@ -174,9 +229,14 @@ pub mod names {
     );
     counter!(SEEN_SET_BYPASSED = "idem_seen_set_bypassed");
     counter!(INGRESS_MESSAGES = "idem_ingress_messages");
+    counter!(
+        /// Second provider calls for one key, by `reason` (SPEC §9; see
+        /// [`RepeatReason`](super::RepeatReason)).
+        PROVIDER_REPEAT_CALLS = "idem_provider_repeat_calls"
+    );
 
     /// Every family above but the histogram.
-    pub const ALL: [Name; 16] = [
+    pub const ALL: [Name; 17] = [
         PROCESSED,
         DUPLICATE_DROPPED,
         REDELIVERED,
@@ -193,6 +253,7 @@ pub mod names {
         PROCESS_START,
         SEEN_SET_BYPASSED,
         INGRESS_MESSAGES,
+        PROVIDER_REPEAT_CALLS,
     ];
 }
 
@@ -215,6 +276,7 @@ pub struct Metrics {
     paused_since: Family<ConsumerLabel, Gauge>,
     infra_errors: Family<InfraLabel, Counter>,
     infra_error_last: Family<InfraLabel, Gauge>,
+    provider_repeat_calls: Family<RepeatLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -346,6 +408,12 @@ impl Metrics {
             "Messages taken in from a device broker and put on the engine's queue, by source and the DUP flag they arrived with",
             ingress.clone(),
         );
+        let provider_repeat_calls = Family::<RepeatLabel, Counter>::default();
+        registry.register(
+            names::PROVIDER_REPEAT_CALLS.family,
+            "Second provider calls for one key, counted once per key where the engine has proof (the provider replayed, or an owner found its claim taken over while its call was out), by reason: lease_takeover (a claim taken over by a redelivery after its owner's lease ran out), sweeper_redrive (by the claim sweeper), provider_retry (a retry after a failed or timed-out call), unexpected (the provider replayed a key the engine called as new)",
+            provider_repeat_calls.clone(),
+        );
         let metrics = Metrics {
             registry,
             processed,
@@ -364,6 +432,7 @@ impl Metrics {
             paused_since,
             infra_errors,
             infra_error_last,
+            provider_repeat_calls,
         };
         metrics.set_durability(Durability::default());
         metrics
@@ -422,6 +491,12 @@ impl Metrics {
                     consumer: consumer.to_string(),
                     result: result.as_str().to_string(),
                 }));
+            }
+            for reason in RepeatReason::ALL {
+                drop(
+                    self.provider_repeat_calls
+                        .get_or_create(&repeat_label(consumer, reason)),
+                );
             }
         }
     }
@@ -522,6 +597,21 @@ impl Metrics {
             .inc();
     }
 
+    /// A second provider call for one key.
+    pub fn provider_repeat_call(&self, consumer: &str, reason: RepeatReason) {
+        self.provider_repeat_calls
+            .get_or_create(&repeat_label(consumer, reason))
+            .inc();
+    }
+
+    /// `idem_provider_repeat_calls_total` of one consumer and reason so far.
+    pub fn provider_repeat_calls(&self, consumer: &str, reason: RepeatReason) -> u64 {
+        self.provider_repeat_calls
+            .get(&repeat_label(consumer, reason))
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+
     /// Make a route's outcome series visible at zero, so rates exist from the first
     /// retry on.
     pub fn register_http_route(&self, route: &str, outcomes: &[&str]) {
@@ -618,6 +708,10 @@ impl Metrics {
             side_effects_sent: effect(EffectResult::Sent),
             side_effects_suppressed: effect(EffectResult::Suppressed),
             side_effects_failed: effect(EffectResult::Failed),
+            provider_repeat_calls: RepeatReason::ALL
+                .iter()
+                .map(|r| self.provider_repeat_calls(consumer, *r))
+                .sum(),
         }
     }
 
@@ -644,6 +738,13 @@ pub struct CountSummary {
     #[serde(flatten)]
     pub total: ConsumerCounts,
     pub consumers: BTreeMap<String, ConsumerCounts>,
+}
+
+fn repeat_label(consumer: &str, reason: RepeatReason) -> RepeatLabel {
+    RepeatLabel {
+        consumer: consumer.to_string(),
+        reason: reason.as_str().to_string(),
+    }
 }
 
 fn ingress_label(source: &str, dup_flag: bool) -> IngressLabel {
@@ -744,6 +845,7 @@ mod tests {
     fn every_named_family_is_exported_under_its_names() {
         let m = Metrics::new();
         m.register_consumer("trip-counter");
+        m.register_consumer("zone-exit-sms");
         // Families without a series are not written: give each one.
         m.side_effect("zone-exit-sms", EffectResult::Sent);
         m.register_http_route("/v1/notes", &["executed"]);

@@ -236,6 +236,7 @@ impl Engine {
             metrics: metrics.clone(),
             claim_lease: cfg.claim_lease,
             provider_concurrency: cfg.provider_concurrency.max(1),
+            custody: Arc::default(),
         };
         let names: Vec<String> = if cfg.consumers.is_empty() {
             consumers::FLEET_CONSUMERS
@@ -375,13 +376,7 @@ impl Engine {
         }
         // The claim sweeper runs beside the workers: no claim stays in doubt forever,
         // even when no redelivery comes (see `sweeper`).
-        let sweeper = sweeper::run(
-            self.consumers.clone(),
-            self.store.clone(),
-            self.metrics.clone(),
-            self.deps.claim_lease,
-            shutdown.clone(),
-        );
+        let sweeper = sweeper::run(self.consumers.clone(), self.deps.clone(), shutdown.clone());
         // It ends with the workers (a crashed worker ends `run` without a shutdown).
         let workers_done =
             futures::future::join_all(workers.iter().map(|w| w.run(shutdown.clone())));
@@ -390,6 +385,18 @@ impl Engine {
             r = &mut workers_done => r,
             () = &mut sweeper => workers_done.await,
         };
+        // Provider answers the workers kept through a store outage are recorded one
+        // last time; what is still kept leaves with the process, its claims resent
+        // under the same key after the lease.
+        for c in &self.consumers {
+            if self.deps.custody.answers_kept() == 0 {
+                break;
+            }
+            if let Err(e) = consumers::record_kept(c.name(), &self.deps).await {
+                tracing::warn!(consumer = c.name(), error = %e, left = self.deps.custody.answers_kept(),
+                    "stopping with provider answers not recorded: their claims are resent under the same key after the lease");
+            }
+        }
         for r in results {
             r?;
         }

@@ -1127,6 +1127,7 @@ mod tests {
             metrics: metrics.clone(),
             claim_lease: Duration::from_secs(60),
             provider_concurrency: 1,
+            custody: Arc::default(),
         };
         let consumer = consumer(&deps);
         let crash = Arc::new(CrashPlan::none());

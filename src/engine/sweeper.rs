@@ -19,6 +19,14 @@
 //!
 //! Claims taken before the message was kept (NULL) cannot be re-driven here; they
 //! wait for a redelivery or `idemwatch claims resolve`.
+//!
+//! A claim this process still holds is not re-driven: its call may be in flight, or
+//! its answer waiting to be recorded after a store outage (see `consumers/custody.rs`);
+//! the handler finds it held and leaves it, or records the answer it holds. Between
+//! sweeps the loop records such kept answers every [`FLUSH_EVERY`], so one is recorded
+//! within about a second of the store coming back, before the claim's lease could let
+//! another instance take it over. "Past its lease" is decided on the database's clock
+//! ([`Store::db_now`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +35,7 @@ use chrono::Utc;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::consumers::{Consumer, ConsumerMode, HandleError, Outcome};
-use super::crash::CrashPlan;
+use super::consumers::{record_kept, Consumer, ConsumerMode, Deps, HandleError, Outcome};
 use super::envelope::Message;
 use super::metrics::Metrics;
 use super::store::{Store, StoreError};
@@ -36,6 +43,9 @@ use super::store::{Store, StoreError};
 /// Claims re-driven per sweep at most: a sweep after a long provider outage must
 /// not hold the loop for minutes; the next sweep takes the rest.
 pub const MAX_PER_SWEEP: i64 = 500;
+
+/// How often answers kept through a store outage are tried again between sweeps.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -70,9 +80,10 @@ pub async fn sweep(
     if names.is_empty() {
         return Ok(report);
     }
+    let now = store.db_now().await?;
     let before = chrono::Duration::from_std(lease)
         .ok()
-        .and_then(|lease| Utc::now().checked_sub_signed(lease))
+        .and_then(|lease| now.checked_sub_signed(lease))
         .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
     let stranded = store.stranded_claims(&names, before, MAX_PER_SWEEP).await?;
     report.in_doubt = stranded.len();
@@ -84,7 +95,7 @@ pub async fn sweep(
             report.without_message += 1;
             continue;
         };
-        match consumer.handle(&env, &CrashPlan::none()).await {
+        match consumer.redrive(&env).await {
             Ok(Outcome::Processed { .. }) => {
                 metrics.processed(consumer.name());
                 tracing::info!(consumer = consumer.name(), key = %s.claim.message_key,
@@ -125,25 +136,43 @@ pub fn interval(lease: Duration) -> Duration {
     (lease / 2).clamp(Duration::from_millis(100), Duration::from_secs(30))
 }
 
-/// Sweep every [`interval`] until `shutdown`; a failed sweep (the store away) is
-/// logged and tried again at the next tick.
+/// Sweep every [`interval`] until `shutdown`, and record the answers kept through a
+/// store outage every [`FLUSH_EVERY`] between sweeps; a failed sweep or record (the
+/// store away) is logged and tried again at the next tick.
 pub async fn run(
     consumers: Vec<Arc<dyn Consumer>>,
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    lease: Duration,
+    deps: Deps,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let lease = deps.claim_lease;
     let every = interval(lease);
+    let tick = every.min(FLUSH_EVERY);
+    let mut since_sweep = Duration::ZERO;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(tick) => {}
             _ = shutdown.changed() => {}
         }
         if *shutdown.borrow() {
             return;
         }
-        match sweep(&consumers, store.as_ref(), &metrics, lease).await {
+        since_sweep += tick;
+        if deps.custody.answers_kept() > 0 {
+            for c in consumers
+                .iter()
+                .filter(|c| c.mode() == ConsumerMode::Idempotent)
+            {
+                if let Err(e) = record_kept(c.name(), &deps).await {
+                    tracing::warn!(consumer = c.name(), error = %e,
+                        "kept provider answers still not recorded; trying again");
+                }
+            }
+        }
+        if since_sweep < every {
+            continue;
+        }
+        since_sweep = Duration::ZERO;
+        match sweep(&consumers, deps.store.as_ref(), &deps.metrics, lease).await {
             Ok(r) if r.in_doubt > 0 => tracing::info!(?r, "claim sweep"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "claim sweep failed; trying again later"),

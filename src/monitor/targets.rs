@@ -141,6 +141,11 @@ pub struct ConsumerStatus {
     pub claims_in_doubt: Option<f64>,
     /// The consumer stopped leasing because its store or provider is unhealthy.
     pub paused: Option<PausedReading>,
+    /// `idem_provider_repeat_calls_total` by `reason` (lease_takeover,
+    /// sweeper_redrive, provider_retry, unexpected): the provider called twice for one
+    /// key. Empty for
+    /// a consumer without side effects.
+    pub provider_repeat_calls: BTreeMap<String, f64>,
     pub last_restart: Option<DateTime<Utc>>,
     /// How long messages have flowed without a single duplicate being dropped, once
     /// that reaches [`PARACHUTE_QUIET`]; None otherwise.
@@ -171,6 +176,7 @@ impl ConsumerStatus {
             side_effects: BTreeMap::new(),
             claims_in_doubt: None,
             paused: None,
+            provider_repeat_calls: BTreeMap::new(),
             last_restart: None,
             duplicates_quiet_seconds: None,
         }
@@ -658,6 +664,14 @@ impl TargetTracker {
             .map(|s| (consumer_of(s, names, &target), s.value))
             .collect();
         let mut pauses = pauses_of(exposition, names, &target);
+        let mut repeats: FastMap<&str, BTreeMap<String, f64>> = FastMap::default();
+        for s in exposition.named(&names.provider_repeat_calls) {
+            let reason = s.label(&names.reason_label).unwrap_or("unknown");
+            repeats
+                .entry(consumer_of(s, names, &target))
+                .or_default()
+                .insert(reason.to_string(), s.value);
+        }
 
         self.status.process_start_time = start.or(self.status.process_start_time);
         let cause = new_start.or_else(|| {
@@ -690,6 +704,7 @@ impl TargetTracker {
             replace_map(&mut s.side_effects, &scrape.effects);
             s.claims_in_doubt = in_doubt.get(consumer).copied();
             s.paused = pauses.remove(consumer);
+            s.provider_repeat_calls = repeats.remove(consumer).unwrap_or_default();
             s.last_restart = self.status.last_restart;
             s.duplicate_ratio = match (s.processed.per_second, s.duplicate_dropped.per_second) {
                 (Some(p), Some(d)) => duplicate_ratio(p, d),

@@ -228,6 +228,10 @@ fn verdict(checks: usize) -> DrillReport {
         dead_lettered: 0,
         state_ok: true,
         verdict: Verdict::Pass,
+        effects: crate::drills::EffectVerdict::of(
+            &[crate::drills::EffectTally::new("SMS", 1, 1, true)],
+            0,
+        ),
         duration_ms: 1919,
         details: serde_json::json!({ "checks": checks }),
     }

@@ -91,11 +91,13 @@ pub fn counted_since(
         side_effects_sent: after.side_effects_sent - before.side_effects_sent,
         side_effects_suppressed: after.side_effects_suppressed - before.side_effects_suppressed,
         side_effects_failed: after.side_effects_failed - before.side_effects_failed,
+        provider_repeat_calls: after.provider_repeat_calls - before.provider_repeat_calls,
     }
 }
 
 pub mod amqp;
 pub mod backends;
+pub mod flaky_store;
 pub mod services;
 pub mod tmux;
 

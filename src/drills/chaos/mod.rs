@@ -156,6 +156,10 @@ pub struct ChaosReport {
     pub left_on_queues: u64,
     /// The broker's own redelivery counter over the run, where its metrics are reachable.
     pub broker_redelivered: Option<f64>,
+    /// `lost`, `duplicated`, `recovered`, `ok_fraction`, `provider_repeat_calls`
+    /// (SPEC §9), flat in the report.
+    #[serde(flatten)]
+    pub effects: super::EffectVerdict,
     pub checks: Vec<Check>,
 }
 
@@ -196,6 +200,7 @@ impl ChaosReport {
             "  vehicles whose state is their newest event: {}/{}; dead-lettered {}; left on queues {}\n",
             self.vehicles_state_ok, self.vehicles, self.dead_lettered, self.left_on_queues
         ));
+        out.push_str(&format!("  effects: {}\n", self.effects.render()));
         out.push_str("  consumer         expected  processed  dead-lettered  missing\n");
         for (name, t) in &self.consumers {
             out.push_str(&format!(

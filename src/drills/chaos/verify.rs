@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::setup::{Arena, Truth};
 use super::{ChaosOptions, ChaosReport, ConsumerTally, CHAOS_CLAIM_LEASE, CHAOS_MAX_DELIVERIES};
+use crate::drills::verdict::{repeat_calls, EffectTally, EffectVerdict};
 use crate::drills::{Check, DrillError, Verdict};
 use crate::engine::consumers;
 use crate::engine::envelope::EventType;
@@ -60,6 +61,7 @@ pub(super) async fn verify(
     );
     let sent = provider_tally(arena.sandbox.state(), prefix);
     let checks = checks(truth, &tallies, &vehicles, &sent, x.left_on_queues);
+    let effects = effects(store, truth, &vehicles, arena.sandbox.state(), prefix).await?;
     let verdict = if checks.iter().all(|c| c.ok) {
         Verdict::Pass
     } else {
@@ -100,8 +102,111 @@ pub(super) async fn verify(
         drained_after_stop: x.drained_after_stop,
         left_on_queues: x.left_on_queues,
         broker_redelivered: x.broker_redelivered,
+        effects,
         checks,
     })
+}
+
+/// The run's effects in Jepsen's terms (see `drills::verdict`): an SMS per distinct
+/// zone exit and a webhook per distinct ignition_off (what the provider sent under
+/// each one's key; recovered when its claim was taken over after a kill and it went
+/// out once), a +1 per distinct zone exit (per device: the counter against the count
+/// of its zone exits), a history row per distinct event; and the provider's calls
+/// beyond the first per key.
+async fn effects(
+    store: &dyn Store,
+    truth: &Truth,
+    vehicles: &VehicleTally,
+    sandbox: &SandboxState,
+    prefix: &str,
+) -> Result<EffectVerdict, DrillError> {
+    use consumers::{erp_webhook, provider_key, zone_exit_sms};
+    let mut per_key: HashMap<String, u64> = HashMap::new();
+    for s in sandbox.sent_sms() {
+        *per_key
+            .entry(s.idempotency_key.unwrap_or_default())
+            .or_default() += 1;
+    }
+    for w in sandbox.sent_erp() {
+        *per_key
+            .entry(w.idempotency_key.unwrap_or_default())
+            .or_default() += 1;
+    }
+    let mut effects = Vec::new();
+    for (consumer, wanted) in [
+        (zone_exit_sms::NAME, EventType::ZoneExit),
+        (erp_webhook::NAME, EventType::IgnitionOff),
+    ] {
+        for key in truth.keys_of(wanted) {
+            let message_key = crate::engine::envelope::MessageKey::from_stored(key.clone());
+            let applied = per_key
+                .get(&provider_key(consumer, &message_key))
+                .copied()
+                .unwrap_or(0);
+            let taken_over = store
+                .claim(consumer, &message_key)
+                .await?
+                .is_some_and(|c| c.attempts > 1);
+            effects.push(EffectTally::new(
+                format!("{consumer} {key}"),
+                1,
+                applied,
+                taken_over,
+            ));
+        }
+    }
+    let mut exits_per_device: HashMap<&str, u64> = HashMap::new();
+    for key in truth.keys_of(EventType::ZoneExit) {
+        let device = key.split(':').next().unwrap_or_default();
+        *exits_per_device.entry(device).or_default() += 1;
+    }
+    for (device, n) in exits_per_device {
+        let counted = u64::try_from(store.zone_exits(device).await?).unwrap_or(0);
+        for i in 0..n {
+            // The counter says how many +1 there were, not which: the surplus doubles
+            // the first ones, a shortfall loses the last ones.
+            let applied = if counted >= n {
+                1 + u64::from(i < counted - n)
+            } else {
+                u64::from(i < counted)
+            };
+            effects.push(EffectTally::new(
+                format!("trip-counter {device} +1"),
+                1,
+                applied,
+                false,
+            ));
+        }
+    }
+    let t = &vehicles.tally;
+    effects.extend((0..t.processed).map(|_| EffectTally::new("history row", 1, 1, false)));
+    effects.extend(
+        (0..t.expected.saturating_sub(t.processed))
+            .map(|_| EffectTally::new("history row", 1, 0, false)),
+    );
+    let sms = sandbox
+        .sms_requests()
+        .into_iter()
+        .filter(|r| r.text.as_deref().is_some_and(|t| t.contains(prefix)))
+        .map(|r| {
+            (
+                r.idempotency_key,
+                format!("sms {}", r.text.unwrap_or_default()),
+            )
+        });
+    let erp = sandbox
+        .erp_requests()
+        .into_iter()
+        .filter(|r| {
+            r.body
+                .get("device_id")
+                .and_then(Value::as_str)
+                .is_some_and(|d| d.starts_with(prefix))
+        })
+        .map(|r| (r.idempotency_key, format!("erp {}", r.body)));
+    let calls: Vec<(Option<String>, String)> = sms.chain(erp).collect();
+    let repeats = repeat_calls(calls.iter().map(|(k, c)| (k.as_deref(), c.clone())));
+    Ok(EffectVerdict::of(&effects, repeats))
 }
 
 /// Keys dead-lettered per consumer in this run (their raw bytes name our devices).

@@ -57,7 +57,8 @@ impl Consumer for ErpWebhook {
         }
         let all: Vec<&Message> = envs.iter().collect();
         let provider = &self.deps.provider;
-        side_effect::perform_batch(NAME, &self.deps, &all, crash, |env, key| {
+        let caller = side_effect::Caller::Delivery;
+        side_effect::perform_batch(NAME, &self.deps, &all, crash, caller, |env, key| {
             let body = trip_end_body(env);
             async move { provider.post_webhook(&body, Some(&key)).await }
         })
@@ -65,11 +66,35 @@ impl Consumer for ErpWebhook {
     }
 
     async fn handle(&self, env: &Message, crash: &CrashPlan) -> Result<Outcome, HandleError> {
+        self.post(env, crash, side_effect::Caller::Delivery).await
+    }
+
+    async fn redrive(&self, env: &Message) -> Result<Outcome, HandleError> {
+        self.post(env, &CrashPlan::none(), side_effect::Caller::Sweeper)
+            .await
+    }
+}
+
+impl ErpWebhook {
+    /// One message's webhook, for a delivery or the claim sweeper.
+    async fn post(
+        &self,
+        env: &Message,
+        crash: &CrashPlan,
+        caller: side_effect::Caller,
+    ) -> Result<Outcome, HandleError> {
         let body = trip_end_body(env);
         let provider = &self.deps.provider;
-        side_effect::perform(NAME, &self.deps, self.mode, env, crash, |key| async move {
-            provider.post_webhook(&body, key.as_deref()).await
-        })
+        let mode = self.mode;
+        side_effect::perform(
+            NAME,
+            &self.deps,
+            mode,
+            env,
+            crash,
+            caller,
+            |key| async move { provider.post_webhook(&body, key.as_deref()).await },
+        )
         .await
     }
 }

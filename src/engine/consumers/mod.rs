@@ -18,13 +18,16 @@ use super::provider::ProviderClient;
 use super::seen_set::GuardedSeenSet;
 use super::store::{Failure, Store, StoreError};
 
+mod custody;
 pub mod erp_webhook;
+mod holding;
 mod side_effect;
 pub mod trip_counter;
 pub mod vehicle_state;
 pub mod zone_exit_sms;
 
-pub(crate) use side_effect::{claim_request, provider_key};
+pub use custody::Custody;
+pub(crate) use side_effect::{claim_request, provider_key, record_kept};
 
 /// How dangerous a second call of the handler is, from the field report's inventory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -231,6 +234,9 @@ pub struct Deps {
     pub claim_lease: Duration,
     /// Provider calls of one batch in flight at once (`--provider-concurrency`).
     pub provider_concurrency: usize,
+    /// The claims this process holds between the claim and the record, and the
+    /// provider answers it could not record yet: one per engine (see `custody.rs`).
+    pub custody: Arc<Custody>,
 }
 
 /// `--provider-concurrency`'s default: calls in flight per side-effect consumer.
@@ -258,6 +264,14 @@ pub trait Consumer: Send + Sync + 'static {
         crash: &CrashPlan,
     ) -> Result<Vec<Outcome>, HandleError> {
         one_by_one(self, envs, crash).await
+    }
+
+    /// Handle a message the claim sweeper re-drives from its claim (no delivery of it
+    /// is in hand). The same as [`Consumer::handle`]; a consumer with side effects
+    /// counts a repeat call made here as the sweeper's
+    /// (`idem_provider_repeat_calls_total{reason="sweeper_redrive"}`).
+    async fn redrive(&self, env: &Message) -> Result<Outcome, HandleError> {
+        self.handle(env, &CrashPlan::none()).await
     }
 }
 
@@ -341,6 +355,7 @@ mod tests {
             metrics,
             claim_lease: Duration::from_secs(60),
             provider_concurrency: 1,
+            custody: Arc::default(),
         }
     }
 

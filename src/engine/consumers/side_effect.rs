@@ -6,16 +6,29 @@
 //! that finds `sent` do nothing; the provider's Idempotency-Key closes the window the
 //! claim cannot (a crash after the send, before the record): the in-doubt retry
 //! reuses the same key and the provider replays instead of sending again.
+//!
+//! The provider's answer is never thrown away (issue 43): a record that fails for the
+//! store's health keeps the answer in the process ([`Custody`](super::custody)) and
+//! gives the batch back like any outage; the next delivery of the message (or the
+//! claim sweeper) records it — the record is retried, never the send. The owner keeps
+//! its claims while their calls run and confirms them before a late send
+//! ([`Holding`]), and records an answer only while the claim is still its own
+//! ([`ClaimResult::attempts`]): a frozen owner that wakes cannot send or finish over
+//! the owner that took its claims over.
 
 use std::future::Future;
+use std::time::Instant;
 
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
+use super::custody::{Kept, Taken, Ticket};
+use super::holding::{Hold, Holding};
 use super::{ConsumerMode, Deps, HandleError, Outcome, RetryCause};
 use crate::engine::crash::{CrashPlan, CrashPoint};
 use crate::engine::envelope::{Message, MessageKey, RejectReason, Rejection};
-use crate::engine::metrics::EffectResult;
+use crate::engine::health::InfraKind;
+use crate::engine::metrics::{EffectResult, RepeatReason};
 use crate::engine::provider::{ProviderError, ProviderReply};
 use crate::engine::store::{
     Claim, ClaimFinish, ClaimOutcome, ClaimRequest, ClaimResult, ClaimState, DedupOutcome,
@@ -44,6 +57,15 @@ pub(crate) fn claim_request(consumer: &str, env: &Message) -> ClaimRequest {
     }
 }
 
+/// Who makes a call: a delivery of the message, or the claim sweeper re-driving a
+/// claim from the message kept beside it. Only the reason a repeat call is counted
+/// under differs (`idem_provider_repeat_calls_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    Delivery,
+    Sweeper,
+}
+
 /// Perform `send` at most once per key, according to `mode`.
 pub(crate) async fn perform<F, Fut>(
     consumer: &'static str,
@@ -51,10 +73,11 @@ pub(crate) async fn perform<F, Fut>(
     mode: ConsumerMode,
     env: &Message,
     crash: &CrashPlan,
+    caller: Caller,
     send: F,
 ) -> Result<Outcome, HandleError>
 where
-    F: FnOnce(Option<String>) -> Fut,
+    F: FnOnce(Option<String>) -> Fut + Send,
     Fut: Future<Output = Result<ProviderReply, ProviderError>>,
 {
     let (key, fingerprint) = (env.key(), env.fingerprint());
@@ -90,91 +113,61 @@ where
                 Err(e) => Ok(provider_failed(deps, consumer, &e)),
             }
         }
+        // One message alone is a batch of one: the same claim, the same hold on it,
+        // the same record and the same keeping of an answer whose record failed.
         ConsumerMode::Idempotent => {
-            // The claim and the message the sweeper re-drives it from, together.
-            let request = claim_request(consumer, env);
-            let claim = match deps
-                .store
-                .claim_one(consumer, &request, deps.claim_lease)
-                .await?
-            {
-                ClaimOutcome::KeyConflict { stored } => return Ok(conflict(stored.as_str())),
-                ClaimOutcome::Done(_) => {
-                    deps.metrics.side_effect(consumer, EffectResult::Suppressed);
-                    return Ok(Outcome::Duplicate);
+            let once = std::sync::Mutex::new(Some(send));
+            let mut outcomes = perform_batch(consumer, deps, &[env], crash, caller, |_, key| {
+                let send = once.lock().unwrap_or_else(|e| e.into_inner()).take();
+                async move {
+                    match send {
+                        Some(send) => send(Some(key)).await,
+                        // perform_batch calls once per claim it won, and there is one.
+                        None => Err(ProviderError::Transport(
+                            "a second send for one claim was refused".into(),
+                        )),
+                    }
                 }
-                ClaimOutcome::Busy => {
-                    return Ok(Outcome::retry(
-                        RetryCause::Busy,
-                        "another delivery holds a live claim on this key",
-                    ))
-                }
-                ClaimOutcome::Fresh(c) => (c, false),
-                ClaimOutcome::InDoubt(c) => (c, true),
-            };
-            let (claim, in_doubt) = claim;
-            if in_doubt {
-                tracing::warn!(consumer, key = %key, attempts = claim.attempts,
-                    "claim in doubt: resending with the same provider key");
-            }
-            crash.reach(CrashPoint::AfterClaim)?;
-            let reply = send(Some(claim.provider_key.clone())).await;
-            crash.reach(CrashPoint::AfterSideEffect)?;
-            let answer = Answer {
-                i: 0,
-                provider_key: claim.provider_key,
-                effect: None,
-            };
-            match reply {
-                Ok(r) => {
-                    let done = ClaimResult {
-                        key: key.clone(),
-                        finish: ClaimFinish::Done {
-                            state: ClaimState::Sent,
-                            detail: sent_detail(&r),
-                        },
-                    };
-                    let answer = Answer {
-                        effect: Some((sent_or_replayed(&r), in_doubt)),
-                        ..answer
-                    };
-                    let recorded = finish_alone(deps, consumer, &done, &answer).await?;
-                    Ok(recorded.unwrap_or_else(|| {
-                        Outcome::retry(RetryCause::Message, "no outcome decided")
-                    }))
-                }
-                Err(e) => {
-                    // Refused for good: nothing went out; the claim says so, and the
-                    // message is kept as a dead letter to be fixed and replayed.
-                    // Throttled, failing or unreachable: we may not know whether it
-                    // went out; keep the claim and its key, make it immediately
-                    // retryable, give the delivery back (uncounted).
-                    let finish = if e.infra_kind().is_none() {
-                        ClaimFinish::Done {
-                            state: ClaimState::Failed,
-                            detail: e.to_string(),
-                        }
-                    } else {
-                        ClaimFinish::Release {
-                            detail: e.to_string(),
-                        }
-                    };
-                    let result = ClaimResult {
-                        key: key.clone(),
-                        finish,
-                    };
-                    let recorded = finish_alone(deps, consumer, &result, &answer).await?;
-                    Ok(recorded.unwrap_or_else(|| provider_failed(deps, consumer, &e)))
-                }
-            }
+            })
+            .await?;
+            Ok(outcomes
+                .pop()
+                .unwrap_or_else(|| Outcome::retry(RetryCause::Message, "no outcome decided")))
         }
     }
+}
+
+/// A claim this batch won, and how.
+struct Owned {
+    /// The envelope's place among the batch's claimed envelopes.
+    i: usize,
+    claim: Claim,
+    taking: Taking,
+    ticket: Ticket,
+}
+
+/// How the batch came to own a claim: which decides whether its call may repeat an
+/// earlier one (`idem_provider_repeat_calls_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taking {
+    /// The key's first claim.
+    Fresh,
+    /// Given back by an owner whose call failed at the provider: the retry it asked for.
+    Released,
+    /// Taken over from an owner whose lease ran out with no record: its call may have
+    /// gone out.
+    InDoubt,
 }
 
 /// [`perform`] in idempotent mode for a batch: the claims of the whole batch in one
 /// transaction, the provider calls of the claims it won concurrently (at most
 /// `deps.provider_concurrency` in flight, each with its own claim's provider key),
 /// then every answer recorded in one transaction. One outcome per envelope, in order.
+///
+/// Answers this process kept from an earlier attempt (their record failed for the
+/// store's health) are recorded first, never sent again; a key another batch of this
+/// process holds is busy (see [`Custody`](super::custody::Custody)). While the calls
+/// run, the claims are renewed and confirmed before a late send ([`Holding`]).
 ///
 /// A redelivery in the same batch as the delivery before it (same key, same
 /// fingerprint: a producer's retry lands next to its first send more often than not)
@@ -191,12 +184,14 @@ where
 /// When the database refuses the batch's record for a reason that is not its health
 /// (one row refused by a constraint or a trigger), the answers are recorded one by
 /// one ([`finish_one_by_one`]): only the refused one becomes a dead letter, its
-/// neighbours commit at once.
+/// neighbours commit at once. When it fails for its health, every answer is kept and
+/// the error returned: the runner gives the batch back and pauses, as for any outage.
 pub(crate) async fn perform_batch<'e, F, Fut>(
     consumer: &'static str,
     deps: &Deps,
     batch: &[&'e Message],
     crash: &CrashPlan,
+    caller: Caller,
     send: F,
 ) -> Result<Vec<Outcome>, HandleError>
 where
@@ -206,106 +201,178 @@ where
     // `envs`: what is claimed (no two of one key and fingerprint); `place`: where
     // each envelope of the batch takes its outcome from.
     let (envs, place) = twins(batch);
-    let requests: Vec<ClaimRequest> = envs
-        .iter()
-        .map(|env| claim_request(consumer, env))
-        .collect();
-    let claims = deps
-        .store
-        .claim_batch(consumer, &requests, deps.claim_lease)
-        .await?;
     let mut outcomes: Vec<Option<Outcome>> = vec![None; envs.len()];
-    let mut owned: Vec<(usize, Claim, bool)> = Vec::new();
-    for (i, claim) in claims.into_iter().enumerate() {
-        match claim {
-            ClaimOutcome::KeyConflict { stored } => outcomes[i] = Some(conflict(stored.as_str())),
+    // The key of an envelope with another fingerprint than its first in the batch is
+    // claimed without a ticket of its own: the claim decides it (a key conflict).
+    let mut free: Vec<(usize, Option<Ticket>)> = Vec::new();
+    let mut kept: Vec<(usize, Ticket, Kept)> = Vec::new();
+    let mut taken: std::collections::HashSet<&MessageKey> = std::collections::HashSet::new();
+    for (i, env) in envs.iter().enumerate() {
+        if !taken.insert(env.key()) {
+            free.push((i, None));
+            continue;
+        }
+        match deps.custody.take(consumer, env.key()) {
+            Taken::Free(ticket) => free.push((i, Some(ticket))),
+            Taken::Answered(ticket, answer) => kept.push((i, ticket, answer)),
+            Taken::Busy => outcomes[i] = Some(held_here()),
+        }
+    }
+    // What this process already knows is recorded first; an outage here is the
+    // batch's, as before any send.
+    let recorded_kept = !kept.is_empty();
+    if recorded_kept {
+        record_answers(deps, consumer, kept, &mut outcomes).await?;
+    }
+    let requests: Vec<ClaimRequest> = free
+        .iter()
+        .map(|(i, _)| claim_request(consumer, envs[*i]))
+        .collect();
+    let claimed_from = Instant::now();
+    let claimed = if requests.is_empty() {
+        Ok(Vec::new())
+    } else {
+        deps.store
+            .claim_batch(consumer, &requests, deps.claim_lease)
+            .await
+    };
+    let claims = match claimed {
+        Ok(claims) => claims,
+        // Kept answers just recorded keep their outcomes; the rest come back.
+        Err(e) if recorded_kept && e.is_infrastructure() => {
+            for (i, _) in &free {
+                outcomes[*i] = Some(Outcome::of_store_error(&e));
+            }
+            Vec::new()
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut owned: Vec<Owned> = Vec::new();
+    for ((i, ticket), claim) in free.into_iter().zip(claims) {
+        let (claim, taking) = match claim {
+            ClaimOutcome::KeyConflict { stored } => {
+                outcomes[i] = Some(conflict(stored.as_str()));
+                continue;
+            }
             ClaimOutcome::Done(_) => {
                 deps.metrics.side_effect(consumer, EffectResult::Suppressed);
                 outcomes[i] = Some(Outcome::Duplicate);
+                continue;
             }
             ClaimOutcome::Busy => {
                 outcomes[i] = Some(Outcome::retry(
                     RetryCause::Busy,
                     "another delivery holds a live claim on this key",
-                ))
+                ));
+                continue;
             }
-            ClaimOutcome::Fresh(c) => owned.push((i, c, false)),
+            ClaimOutcome::Fresh(c) => (c, Taking::Fresh),
+            ClaimOutcome::Released(c) => (c, Taking::Released),
             ClaimOutcome::InDoubt(c) => {
-                tracing::warn!(consumer, key = %requests[i].key, attempts = c.attempts,
+                tracing::warn!(consumer, key = %envs[i].key(), attempts = c.attempts,
                     "claim in doubt: resending with the same provider key");
-                owned.push((i, c, true));
+                (c, Taking::InDoubt)
             }
-        }
+        };
+        // A claim is won once per key and batch, by the envelope that took the ticket.
+        let Some(ticket) = ticket else {
+            outcomes[i] = Some(held_here());
+            continue;
+        };
+        owned.push(Owned {
+            i,
+            claim,
+            taking,
+            ticket,
+        });
     }
     if !owned.is_empty() {
         crash.reach(CrashPoint::AfterClaim)?;
     }
-    let mut calls = futures::stream::iter(owned.into_iter().map(|(i, claim, in_doubt)| {
-        let call = send(envs[i], claim.provider_key.clone());
-        async move { (i, in_doubt, claim.provider_key, call.await) }
+    let holding = Holding::new(
+        deps.store.as_ref(),
+        consumer,
+        deps.claim_lease,
+        claimed_from,
+        owned
+            .iter()
+            .map(|o| (envs[o.i].key().clone(), o.claim.attempts)),
+    );
+    let (holding, send) = (&holding, &send);
+    let mut calls = futures::stream::iter(owned.into_iter().map(|o| {
+        let env = envs[o.i];
+        async move {
+            let hold = holding.holds(env.key()).await;
+            let reply = match hold {
+                Hold::Yes => Some(send(env, o.claim.provider_key.clone()).await),
+                Hold::Lost | Hold::Unconfirmed(_) => None,
+            };
+            (o, hold, reply)
+        }
     }))
     .buffer_unordered(deps.provider_concurrency.max(1));
-    let mut results = Vec::new();
-    let mut answers = Vec::new();
-    while let Some((i, in_doubt, provider_key, reply)) = calls.next().await {
+    let renewing = holding.keep_renewed();
+    tokio::pin!(renewing);
+    let mut answers: Vec<(usize, Ticket, Kept)> = Vec::new();
+    loop {
+        let next = tokio::select! {
+            next = calls.next() => next,
+            () = &mut renewing => None,
+        };
+        let Some((o, hold, reply)) = next else { break };
+        let key = envs[o.i].key().clone();
+        holding.answered(&key);
+        let Some(reply) = reply else {
+            outcomes[o.i] = Some(not_sent(&hold));
+            continue;
+        };
         crash.reach(CrashPoint::AfterSideEffect)?;
-        let key = requests[i].key.clone();
-        let (finish, effect) = match reply {
+        if matches!(&reply, Ok(r) if r.replayed) {
+            deps.metrics
+                .provider_repeat_call(consumer, repeat_reason(o.taking, caller));
+        }
+        let in_doubt = o.taking != Taking::Fresh;
+        let (finish, effect, decided) = match reply {
             Ok(r) => (
                 ClaimFinish::Done {
                     state: ClaimState::Sent,
                     detail: sent_detail(&r),
                 },
                 Some((sent_or_replayed(&r), in_doubt)),
+                None,
             ),
             // Refused for good: nothing went out. The claim says so, and the
             // message is kept as a `provider_rejected` dead letter.
-            Err(e) if e.infra_kind().is_none() => {
-                outcomes[i] = Some(provider_failed(deps, consumer, &e));
-                (
-                    ClaimFinish::Done {
-                        state: ClaimState::Failed,
-                        detail: e.to_string(),
-                    },
-                    None,
-                )
-            }
-            Err(e) => {
-                // Throttled, failing or unreachable; whether it went out is unknown:
-                // keep the claim, retryable at once with the same key, and give the
-                // delivery back uncounted.
-                outcomes[i] = Some(provider_failed(deps, consumer, &e));
-                (
-                    ClaimFinish::Release {
-                        detail: e.to_string(),
-                    },
-                    None,
-                )
-            }
+            Err(e) if e.infra_kind().is_none() => (
+                ClaimFinish::Done {
+                    state: ClaimState::Failed,
+                    detail: e.to_string(),
+                },
+                None,
+                Some(provider_failed(deps, consumer, &e)),
+            ),
+            // Throttled, failing or unreachable; whether it went out is unknown:
+            // keep the claim, retryable at once with the same key, and give the
+            // delivery back uncounted.
+            Err(e) => (
+                ClaimFinish::Release {
+                    detail: e.to_string(),
+                },
+                None,
+                Some(provider_failed(deps, consumer, &e)),
+            ),
         };
-        results.push(ClaimResult { key, finish });
-        answers.push(Answer {
-            i,
-            provider_key,
+        let answer = Kept {
+            result: ClaimResult::owned(key, finish, o.claim.attempts),
+            provider_key: o.claim.provider_key,
             effect,
-        });
+            decided,
+            since: Instant::now(),
+        };
+        answers.push((o.i, o.ticket, answer));
     }
     drop(calls);
-    match deps.store.finish_batch(consumer, &results).await {
-        Ok(()) => {
-            for a in answers {
-                if let Some((effect, in_doubt)) = a.effect {
-                    outcomes[a.i] = Some(record(deps, consumer, effect, in_doubt));
-                }
-            }
-        }
-        Err(e) if e.is_infrastructure() => return Err(e.into()),
-        Err(e) => {
-            tracing::warn!(consumer, error = %e, batch = results.len(),
-                "recording the batch's provider answers failed for a reason that is not the store's health: recording them one by one");
-            finish_one_by_one(deps, consumer, &results, answers, &mut outcomes).await;
-        }
-    }
+    record_answers(deps, consumer, answers, &mut outcomes).await?;
     let decided: Vec<Outcome> = outcomes
         .into_iter()
         .map(|o| o.unwrap_or_else(|| Outcome::retry(RetryCause::Message, "no outcome decided")))
@@ -317,6 +384,175 @@ where
             Place::Twin(k) => twin_outcome(deps, consumer, &decided[k]),
         })
         .collect())
+}
+
+/// Record every answer of this process waiting for `consumer` (their record failed
+/// earlier for the store's health): what the claim sweeper does on each tick, so that
+/// an answer is recorded as soon as the store is back even when its message went to
+/// another instance. Each recorded accepted send counts its message processed, as the
+/// runner would have. Returns how many were recorded.
+pub(crate) async fn record_kept(consumer: &'static str, deps: &Deps) -> Result<usize, StoreError> {
+    let kept: Vec<(usize, Ticket, Kept)> = deps
+        .custody
+        .take_answered(consumer)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (ticket, answer))| (i, ticket, answer))
+        .collect();
+    if kept.is_empty() {
+        return Ok(0);
+    }
+    let held_for = kept.iter().map(|(_, _, a)| a.since.elapsed()).max();
+    let mut outcomes = vec![None; kept.len()];
+    record_answers(deps, consumer, kept, &mut outcomes).await?;
+    let recorded = outcomes
+        .iter()
+        .filter(|o| matches!(o, Some(Outcome::Processed { .. })))
+        .count();
+    for _ in 0..recorded {
+        deps.metrics.processed(consumer);
+    }
+    tracing::info!(
+        consumer,
+        recorded,
+        ?held_for,
+        "recorded provider answers kept through a store outage"
+    );
+    Ok(recorded)
+}
+
+/// Record `answers` on their claims in one transaction, each as its owner, and set
+/// each one's outcome. The store failing for its health keeps every answer (the
+/// tickets keep them) and is the caller's error; any other failure records them one
+/// by one ([`finish_one_by_one`]).
+async fn record_answers(
+    deps: &Deps,
+    consumer: &str,
+    answers: Vec<(usize, Ticket, Kept)>,
+    outcomes: &mut [Option<Outcome>],
+) -> Result<(), StoreError> {
+    if answers.is_empty() {
+        return Ok(());
+    }
+    let results: Vec<ClaimResult> = answers.iter().map(|(_, _, a)| a.result.clone()).collect();
+    match deps.store.finish_batch(consumer, &results).await {
+        Ok(lost) => {
+            for (i, _ticket, a) in answers {
+                outcomes[i] = Some(if lost.contains(&a.result.key) {
+                    lost_claim(deps, consumer, &a).await
+                } else {
+                    recorded(deps, consumer, a)
+                });
+            }
+            Ok(())
+        }
+        Err(e) if e.is_infrastructure() => {
+            keep(consumer, answers, &e);
+            Err(e)
+        }
+        Err(e) => {
+            tracing::warn!(consumer, error = %e, batch = results.len(),
+                "recording the batch's provider answers failed for a reason that is not the store's health: recording them one by one");
+            finish_one_by_one(deps, consumer, answers, outcomes).await;
+            Ok(())
+        }
+    }
+}
+
+/// Keep answers whose record failed for the store's health, for the next attempt.
+fn keep(consumer: &str, answers: Vec<(usize, Ticket, Kept)>, e: &StoreError) {
+    let sent = answers
+        .iter()
+        .filter(|(_, _, a)| a.effect.is_some())
+        .count();
+    tracing::warn!(consumer, error = %e, answers = answers.len(), sent,
+        "the store could not record the provider's answers: kept, recorded when it is back (never sent again)");
+    for (_, ticket, answer) in answers {
+        ticket.keep(answer);
+    }
+}
+
+/// The message's outcome once its answer is recorded: the accepted send counted, the
+/// outcome decided at the answer (a refusal, a provider failure), or for a failure
+/// whose record waited through an outage, a busy retry: sent again (under the same
+/// key) on its next delivery, by a claim given back now.
+fn recorded(deps: &Deps, consumer: &str, a: Kept) -> Outcome {
+    match (a.effect, a.decided) {
+        (Some((effect, in_doubt)), _) => record(deps, consumer, effect, in_doubt),
+        (None, Some(decided)) => decided,
+        (None, None) => Outcome::retry(
+            RetryCause::Busy,
+            "the provider's earlier failure is recorded: sent again on the next delivery",
+        ),
+    }
+}
+
+/// Why a call the provider answered as a replay (it had seen the key) was made:
+/// expected of a takeover from an owner whose lease ran out (by a redelivery or the
+/// sweeper) and of a retry after a call that failed or timed out; not of a key's
+/// first claim.
+fn repeat_reason(taking: Taking, caller: Caller) -> RepeatReason {
+    match (taking, caller) {
+        (Taking::InDoubt, Caller::Delivery) => RepeatReason::LeaseTakeover,
+        (Taking::InDoubt, Caller::Sweeper) => RepeatReason::SweeperRedrive,
+        (Taking::Released, _) => RepeatReason::ProviderRetry,
+        (Taking::Fresh, _) => RepeatReason::Unexpected,
+    }
+}
+
+/// The answer of a claim another owner holds now (this owner's lease ran out: a
+/// frozen or cut-off process, and the claim was taken over). Not written over the new
+/// owner's; the delivery comes back, uncounted, and finds the new owner's record.
+///
+/// An accepted call here and the new owner's make two calls for one key: counted once
+/// (`idem_provider_repeat_calls_total{reason="lease_takeover"}`), here, unless the new
+/// owner's record says the provider replayed its call (the new owner counted it then).
+async fn lost_claim(deps: &Deps, consumer: &str, a: &Kept) -> Outcome {
+    if let Some((effect, _)) = a.effect {
+        // The call went out: the provider's own count is the truth of it.
+        deps.metrics.side_effect(consumer, effect);
+        let counted_by_taker = matches!(
+            deps.store.claim(consumer, &a.result.key).await,
+            Ok(Some(c)) if c.detail.as_deref().is_some_and(|d| d.starts_with(REPLAYED))
+        );
+        if !counted_by_taker {
+            deps.metrics
+                .provider_repeat_call(consumer, RepeatReason::LeaseTakeover);
+        }
+    }
+    tracing::warn!(consumer, key = %a.result.key, provider_key = %a.provider_key,
+        "the claim was taken over while this owner's call ran: its answer is not recorded over the new owner's");
+    Outcome::retry(
+        RetryCause::Busy,
+        "another owner took the claim over while this call ran (this owner's lease ran out)",
+    )
+}
+
+/// A key another batch of this process holds (its call in flight, or its answer
+/// waiting to be recorded): busy, as a live claim would be.
+fn held_here() -> Outcome {
+    Outcome::retry(
+        RetryCause::Busy,
+        "this process holds the claim (its call in flight or its answer not yet recorded)",
+    )
+}
+
+/// A claim that was not sent: another owner's now, or not confirmed (the store did not
+/// answer the owner's renewal).
+fn not_sent(hold: &Hold) -> Outcome {
+    match hold {
+        Hold::Unconfirmed(why) => Outcome::retry(
+            RetryCause::Infra {
+                kind: InfraKind::Store,
+                after: None,
+            },
+            format!("not sent: could not confirm the claim before sending ({why})"),
+        ),
+        _ => Outcome::retry(
+            RetryCause::Busy,
+            "not sent: another owner took the claim over (this owner's lease ran out)",
+        ),
+    }
 }
 
 /// Where one envelope of a batch is decided: as the `k`-th of the envelopes claimed,
@@ -367,56 +603,46 @@ fn twin_outcome(deps: &Deps, consumer: &str, twin: &Outcome) -> Outcome {
     }
 }
 
-/// A provider's answer waiting to be recorded on its claim (phase 3).
-struct Answer {
-    /// The envelope's place in its batch.
-    i: usize,
-    /// The claim's provider key: the send went out under it.
-    provider_key: String,
-    /// What happened at the provider when it accepted (sent, or an earlier send
-    /// replayed) and whether the claim was taken over in doubt; `None` when the
-    /// outcome was decided at the answer (refused, throttled, failing).
-    effect: Option<(EffectResult, bool)>,
-}
-
 /// The batch's answers recorded one by one, each in its own statement, after the
 /// batch's transaction failed for a reason that is not the store's health: one row
 /// the database refuses (a constraint, a trigger) must not keep its neighbours'
 /// claims live — they would all come back busy until the lease and be resent. Each
 /// answer is settled by [`finish_alone`]. Once a statement fails for the store's
-/// health, the answers not yet recorded are given back for a retry (their claims
-/// stay open and come back in doubt, resent under the same provider key).
+/// health, that answer and the ones not yet recorded are kept for a later record
+/// (never sent again), their deliveries given back uncounted.
 async fn finish_one_by_one(
     deps: &Deps,
     consumer: &str,
-    results: &[ClaimResult],
-    answers: Vec<Answer>,
+    answers: Vec<(usize, Ticket, Kept)>,
     outcomes: &mut [Option<Outcome>],
 ) {
-    let mut down: Option<Outcome> = None;
-    for (r, a) in results.iter().zip(answers) {
-        // A release that could not be written leaves the provider's own retry.
-        let release = matches!(r.finish, ClaimFinish::Release { .. });
-        let outcome = match &down {
-            Some(down) => (!release).then(|| down.clone()),
-            None => match finish_alone(deps, consumer, r, &a).await {
-                Ok(o) => o,
-                Err(e) => {
-                    let o = Outcome::of_store_error(&e);
-                    down = Some(o.clone());
-                    (!release).then_some(o)
-                }
-            },
-        };
-        if let Some(o) = outcome {
-            outcomes[a.i] = Some(o);
+    let mut down: Option<StoreError> = None;
+    let mut kept = Vec::new();
+    for (i, ticket, a) in answers {
+        if down.is_some() {
+            kept.push((i, ticket, a));
+            continue;
         }
+        match finish_alone(deps, consumer, &a).await {
+            Ok(Some(o)) => outcomes[i] = Some(o),
+            Ok(None) => outcomes[i] = Some(recorded(deps, consumer, a)),
+            Err(e) => {
+                down = Some(e);
+                kept.push((i, ticket, a));
+            }
+        }
+    }
+    if let Some(e) = down {
+        for (i, _, _) in &kept {
+            outcomes[*i] = Some(Outcome::of_store_error(&e));
+        }
+        keep(consumer, kept, &e);
     }
 }
 
-/// Record one answer on its claim in a statement of its own. `Ok(None)`: keep the
-/// outcome decided at the answer; `Ok(Some)`: the message's outcome; `Err`: the
-/// store's health failed it (retry later, uncounted).
+/// Record one answer on its claim, as its owner, in a statement of its own.
+/// `Ok(None)`: recorded, the outcome is [`recorded`]'s; `Ok(Some)`: the message's
+/// outcome decided here; `Err`: the store's health failed it (kept, retried later).
 ///
 /// When the database refuses a `sent` for what the row holds (a constraint or a
 /// trigger: the same every time), the effect DID happen, but the claim cannot say
@@ -436,15 +662,12 @@ async fn finish_one_by_one(
 async fn finish_alone(
     deps: &Deps,
     consumer: &str,
-    r: &ClaimResult,
-    a: &Answer,
+    a: &Kept,
 ) -> Result<Option<Outcome>, StoreError> {
+    let r = &a.result;
     let e = match crate::engine::store::finish_claim(deps.store.as_ref(), consumer, r).await {
-        Ok(()) => {
-            return Ok(a
-                .effect
-                .map(|(effect, in_doubt)| record(deps, consumer, effect, in_doubt)))
-        }
+        Ok(true) => return Ok(None),
+        Ok(false) => return Ok(Some(lost_claim(deps, consumer, a).await)),
         Err(e) if e.is_infrastructure() => return Err(e),
         Err(e) => e,
     };
@@ -454,27 +677,28 @@ async fn finish_alone(
         (ClaimFinish::Done { .. }, None) => {
             tracing::warn!(consumer, key = %r.key, error = %e,
                 "the database refused to record the claim `failed`: it stays open");
-            return Ok(None);
+            return Ok(a.decided.clone());
         }
-        (ClaimFinish::Release { .. }, _) => return Ok(None),
+        (ClaimFinish::Release { .. }, _) => return Ok(a.decided.clone()),
     };
     let refused = format!(
         "the provider accepted it ({sent}, provider key {}), but the database refused to record `sent` on its claim: {e}",
         a.provider_key
     );
-    let closed = deps
-        .store
-        .finish_side_effect(
-            consumer,
-            &r.key,
-            ClaimState::Failed,
-            &format!("{refused}; closed `failed` so that nothing sends it again"),
-        )
-        .await;
-    let after = match closed {
-        Ok(()) => "Its claim was closed `failed` instead, so no sweep or redelivery resends it \
+    let close = ClaimResult {
+        finish: ClaimFinish::Done {
+            state: ClaimState::Failed,
+            detail: format!("{refused}; closed `failed` so that nothing sends it again"),
+        },
+        ..r.clone()
+    };
+    let after = match crate::engine::store::finish_claim(deps.store.as_ref(), consumer, &close)
+        .await
+    {
+        Ok(true) => "Its claim was closed `failed` instead, so no sweep or redelivery resends it \
                    and a replay of this letter is dropped as a duplicate."
             .to_string(),
+        Ok(false) => return Ok(Some(lost_claim(deps, consumer, a).await)),
         Err(c) if c.is_infrastructure() => return Err(c),
         Err(c) => format!(
             "Closing its claim `failed` was refused too ({c}): it stays open, the claim \
@@ -491,9 +715,12 @@ async fn finish_alone(
     ))))
 }
 
+/// How a sent claim's detail starts when the provider replayed an earlier call.
+const REPLAYED: &str = "provider replayed";
+
 fn sent_detail(reply: &ProviderReply) -> String {
     if reply.replayed {
-        format!("provider replayed its first response ({})", reply.status)
+        format!("{REPLAYED} its first response ({})", reply.status)
     } else {
         format!("sent ({})", reply.status)
     }
@@ -582,7 +809,7 @@ mod tests {
         };
         let batch = [&a, &b, &a, &other, &b];
         let crash = CrashPlan::none();
-        let outcomes = perform_batch("twin-test", &deps, &batch, &crash, send)
+        let outcomes = perform_batch("twin-test", &deps, &batch, &crash, Caller::Delivery, send)
             .await
             .unwrap();
         let sent_once = Outcome::Processed {
@@ -617,9 +844,16 @@ mod tests {
                 body: "down".into(),
             })
         };
-        let outcomes = perform_batch("twin-test", &deps, &[&c, &c], &crash, failing)
-            .await
-            .unwrap();
+        let outcomes = perform_batch(
+            "twin-test",
+            &deps,
+            &[&c, &c],
+            &crash,
+            Caller::Delivery,
+            failing,
+        )
+        .await
+        .unwrap();
         assert_eq!(outcomes[0], outcomes[1]);
         assert!(
             matches!(&outcomes[0], Outcome::Retry(r) if matches!(r.cause, RetryCause::Infra { .. })),
@@ -672,15 +906,29 @@ mod tests {
     /// answering `reply`.
     async fn alone(deps: &Deps, m: &Message, reply: fn() -> Reply) -> Result<Outcome, HandleError> {
         let mode = ConsumerMode::Idempotent;
-        perform(SMS, deps, mode, m, &CrashPlan::none(), |_| async move {
-            reply()
-        })
+        perform(
+            SMS,
+            deps,
+            mode,
+            m,
+            &CrashPlan::none(),
+            Caller::Delivery,
+            |_| async move { reply() },
+        )
         .await
     }
 
     /// `envs` as one batch, every send accepted.
     async fn all_sent(deps: &Deps, envs: &[&Message]) -> Result<Vec<Outcome>, HandleError> {
-        perform_batch(SMS, deps, envs, &CrashPlan::none(), |_, _| async { sent() }).await
+        perform_batch(
+            SMS,
+            deps,
+            envs,
+            &CrashPlan::none(),
+            Caller::Delivery,
+            |_, _| async { sent() },
+        )
+        .await
     }
 
     fn processed(effect: EffectResult, took_over_in_doubt: bool) -> Outcome {
@@ -715,6 +963,23 @@ mod tests {
         );
     }
 
+    /// An outcome given back for the store's health, uncounted.
+    fn assert_given_back(o: &Outcome) {
+        assert!(
+            matches!(
+                o,
+                Outcome::Retry(Retry {
+                    cause: RetryCause::Infra {
+                        kind: InfraKind::Store,
+                        ..
+                    },
+                    ..
+                })
+            ),
+            "{o:?}"
+        );
+    }
+
     /// Each of `msgs` has a claim, in the state `want` gives it.
     async fn assert_claims(deps: &Deps, msgs: &[Message], want: &[ClaimState]) {
         let mut states = Vec::new();
@@ -734,15 +999,22 @@ mod tests {
     async fn a_batch_records_each_answer_on_its_own_claim() {
         let (_dir, deps, msgs) = setup("34-ANS", 4).await;
         let envs: Vec<&Message> = msgs.iter().collect();
-        let first = perform_batch(SMS, &deps, &envs, &CrashPlan::none(), |env, _key| {
-            let reply = match env.device_id.as_str() {
-                "34-ANS-0" => sent(),
-                "34-ANS-1" => accepted(true),
-                "34-ANS-2" => refused(),
-                _ => failing(),
-            };
-            async move { reply }
-        })
+        let first = perform_batch(
+            SMS,
+            &deps,
+            &envs,
+            &CrashPlan::none(),
+            Caller::Delivery,
+            |env, _key| {
+                let reply = match env.device_id.as_str() {
+                    "34-ANS-0" => sent(),
+                    "34-ANS-1" => accepted(true),
+                    "34-ANS-2" => refused(),
+                    _ => failing(),
+                };
+                async move { reply }
+            },
+        )
         .await
         .unwrap();
         assert_eq!(
@@ -766,10 +1038,17 @@ mod tests {
         );
         assert_claims(&deps, &msgs, &[Sent, Sent, Failed, Claimed]).await;
         let keys = std::sync::Mutex::new(Vec::new());
-        let again = perform_batch(SMS, &deps, &envs, &CrashPlan::none(), |env, key| {
-            keys.lock().unwrap().push((env.device_id.clone(), key));
-            async { sent() }
-        })
+        let again = perform_batch(
+            SMS,
+            &deps,
+            &envs,
+            &CrashPlan::none(),
+            Caller::Delivery,
+            |env, key| {
+                keys.lock().unwrap().push((env.device_id.clone(), key));
+                async { sent() }
+            },
+        )
         .await
         .unwrap();
         assert_eq!(
@@ -799,16 +1078,23 @@ mod tests {
             calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async { sent() }
         };
-        let first = perform_batch(SMS, &deps, &[&msgs[0]], &CrashPlan::none(), send)
-            .await
-            .unwrap();
+        let first = perform_batch(
+            SMS,
+            &deps,
+            &[&msgs[0]],
+            &CrashPlan::none(),
+            Caller::Delivery,
+            send,
+        )
+        .await
+        .unwrap();
         assert_eq!(first, [processed(EffectResult::Sent, false)]);
         let crash = CrashPlan::at(CrashPoint::AfterClaim, 1, CrashStyle::Unwind);
-        let done = perform_batch(SMS, &deps, &[&msgs[0]], &crash, send)
+        let done = perform_batch(SMS, &deps, &[&msgs[0]], &crash, Caller::Delivery, send)
             .await
             .unwrap();
         assert_eq!((done, crash.pending()), (vec![Outcome::Duplicate], 1));
-        let died = perform_batch(SMS, &deps, &[&msgs[1]], &crash, send).await;
+        let died = perform_batch(SMS, &deps, &[&msgs[1]], &crash, Caller::Delivery, send).await;
         assert!(
             matches!(
                 died,
@@ -871,7 +1157,8 @@ mod tests {
     /// `store_rejected` dead letter saying the SMS went out, and that the claim stays
     /// open for the sweeper (the provider replays) and `claims resolve`. A closing
     /// `failed` that fails for the store's health instead is an uncounted retry of
-    /// the whole message (its claim still open, taken over in doubt later).
+    /// the whole message, its answer kept: the next attempt records it again and
+    /// never sends.
     #[tokio::test]
     async fn a_refused_send_whose_claim_cannot_be_closed_stays_open() {
         let (dir, deps, msgs) = setup("34-CLOSE", 2).await;
@@ -881,8 +1168,15 @@ mod tests {
         }
         let refused = alone(&deps, &msgs[0], sent).await.unwrap();
         assert_refused_but_sent(&refused, "refused too");
-        assert_outage(&alone(&deps, &msgs[1], sent).await);
+        assert_given_back(&alone(&deps, &msgs[1], sent).await.unwrap());
+        assert_eq!(deps.custody.answers_kept(), 1);
+        assert_given_back(&alone(&deps, &msgs[1], never).await.unwrap());
         assert_claims(&deps, &msgs, &[Claimed, Claimed]).await;
+    }
+
+    /// A provider that must not be called.
+    fn never() -> Reply {
+        panic!("the provider was called again for a key whose answer the process holds")
     }
 
     /// A `sent` that cannot be recorded for the store's health is the store's failure,
@@ -925,7 +1219,11 @@ mod tests {
             };
             let mode = ConsumerMode::Idempotent;
             let crash = CrashPlan::none();
-            outcomes.push(perform(SMS, &deps, mode, m, &crash, send).await.unwrap());
+            outcomes.push(
+                perform(SMS, &deps, mode, m, &crash, Caller::Delivery, send)
+                    .await
+                    .unwrap(),
+            );
         }
         assert_eq!(outcomes[0], processed(EffectResult::Sent, false));
         assert!(fate(&outcomes[1]).starts_with("provider_rejected: "));
@@ -948,10 +1246,17 @@ mod tests {
         assert_eq!(first, [processed(EffectResult::Sent, false)]);
         let calls = std::sync::Mutex::new(Vec::new());
         let (x, y) = (&msgs[0], &msgs[1]);
-        let outcomes = perform_batch(SMS, &deps, &[x, y, x, y], &CrashPlan::none(), |env, _| {
-            calls.lock().unwrap().push(env.device_id.clone());
-            async { refused() }
-        })
+        let outcomes = perform_batch(
+            SMS,
+            &deps,
+            &[x, y, x, y],
+            &CrashPlan::none(),
+            Caller::Delivery,
+            |env, _| {
+                calls.lock().unwrap().push(env.device_id.clone());
+                async { refused() }
+            },
+        )
         .await
         .unwrap();
         let fates: Vec<String> = outcomes.iter().map(fate).collect();

@@ -56,13 +56,15 @@ impl Consumer for ZoneExitSms {
         }
         let notify: Vec<&Message> = envs.iter().filter(|e| e.phone().is_some()).collect();
         let provider = &self.deps.provider;
-        let mut sent = side_effect::perform_batch(NAME, &self.deps, &notify, crash, |env, key| {
-            let text = sms_text(env);
-            let phone = env.phone().unwrap_or_default();
-            async move { provider.send_sms(phone, &text, Some(&key)).await }
-        })
-        .await?
-        .into_iter();
+        let caller = side_effect::Caller::Delivery;
+        let mut sent =
+            side_effect::perform_batch(NAME, &self.deps, &notify, crash, caller, |env, key| {
+                let text = sms_text(env);
+                let phone = env.phone().unwrap_or_default();
+                async move { provider.send_sms(phone, &text, Some(&key)).await }
+            })
+            .await?
+            .into_iter();
         Ok(envs
             .iter()
             .map(|e| match e.phone() {
@@ -75,15 +77,39 @@ impl Consumer for ZoneExitSms {
     }
 
     async fn handle(&self, env: &Message, crash: &CrashPlan) -> Result<Outcome, HandleError> {
+        self.notify(env, crash, side_effect::Caller::Delivery).await
+    }
+
+    async fn redrive(&self, env: &Message) -> Result<Outcome, HandleError> {
+        self.notify(env, &CrashPlan::none(), side_effect::Caller::Sweeper)
+            .await
+    }
+}
+
+impl ZoneExitSms {
+    /// One message's SMS, for a delivery or the claim sweeper.
+    async fn notify(
+        &self,
+        env: &Message,
+        crash: &CrashPlan,
+        caller: side_effect::Caller,
+    ) -> Result<Outcome, HandleError> {
         let Some(phone) = env.phone() else {
             // Nobody to notify: nothing to do, and nothing to do twice.
             return Ok(Outcome::Skipped);
         };
         let text = sms_text(env);
         let provider = &self.deps.provider;
-        side_effect::perform(NAME, &self.deps, self.mode, env, crash, |key| async move {
-            provider.send_sms(phone, &text, key.as_deref()).await
-        })
+        let mode = self.mode;
+        side_effect::perform(
+            NAME,
+            &self.deps,
+            mode,
+            env,
+            crash,
+            caller,
+            |key| async move { provider.send_sms(phone, &text, key.as_deref()).await },
+        )
         .await
     }
 }

@@ -148,7 +148,8 @@ impl<S: Store> AdminStore for S {
             "SELECT {CLAIM_COLUMNS} FROM side_effect_claims
              WHERE state = 'claimed' AND claimed_at <= ? ORDER BY claimed_at LIMIT 1000"
         );
-        let values = binds![Utc::now() - lease];
+        let now = super::consumer_sql::db_now(&*self.sql().0).await?;
+        let values = binds![now - lease];
         each(&*self.sql().0, &select, &values, &CLAIM_KINDS, claim).await
     }
 

@@ -43,6 +43,23 @@ pub enum ClaimFinish {
 pub struct ClaimResult {
     pub key: MessageKey,
     pub finish: ClaimFinish,
+    /// The claim's `attempts` as its owner took it: the owner's fencing token. Every
+    /// takeover adds one, so a result that carries it is written only while the claim
+    /// is still `claimed` by that owner; an owner whose lease ran out and whose claim
+    /// another took over (a frozen process woken up, a slow call) cannot finish it over
+    /// the new owner's. `None`: written whatever holds the claim (an operator's tool).
+    pub attempts: Option<i64>,
+}
+
+impl ClaimResult {
+    /// The result of the owner that took the claim with `attempts`.
+    pub fn owned(key: MessageKey, finish: ClaimFinish, attempts: i64) -> Self {
+        ClaimResult {
+            key,
+            finish,
+            attempts: Some(attempts),
+        }
+    }
 }
 
 /// What the backend writes once the outcomes are known.
@@ -125,10 +142,15 @@ pub(crate) fn decide<'a>(
                                 ClaimStep::Busy => ClaimOutcome::Busy,
                                 ClaimStep::TakeOver => {
                                     writes.takeovers.push((req, claim.claimed_at));
+                                    let released = claim.claimed_at == DateTime::UNIX_EPOCH;
                                     let mut claim = claim.clone();
                                     claim.attempts += 1;
                                     claim.claimed_at = now;
-                                    ClaimOutcome::InDoubt(claim)
+                                    if released {
+                                        ClaimOutcome::Released(claim)
+                                    } else {
+                                        ClaimOutcome::InDoubt(claim)
+                                    }
                                 }
                             },
                         },
@@ -200,6 +222,7 @@ mod tests {
             req("sent", "f2"), // finished
             req("live", "f3"), // claimed within the lease
             req("doubt", "f4"),
+            req("given", "f7"), // released after a provider failure
             req("other", "f0"), // stored with another fingerprint
             req("bare", "f5"),  // a dedup row without a claim
             req("sent", "f2"),
@@ -208,6 +231,7 @@ mod tests {
             ("sent", "f2"),
             ("live", "f3"),
             ("doubt", "f4"),
+            ("given", "f7"),
             ("other", "f6"),
             ("bare", "f5"),
         ]
@@ -217,6 +241,7 @@ mod tests {
             claim("sent", ClaimState::Sent, old),
             claim("live", ClaimState::Claimed, now),
             claim("doubt", ClaimState::Claimed, old),
+            claim("given", ClaimState::Claimed, DateTime::UNIX_EPOCH),
         ]
         .map(|c| (c.message_key.clone(), c))
         .into();
@@ -226,6 +251,7 @@ mod tests {
             .map(|o| match o {
                 ClaimOutcome::Fresh(c) => format!("fresh {}", c.provider_key),
                 ClaimOutcome::InDoubt(c) => format!("doubt {} {}", c.provider_key, c.attempts),
+                ClaimOutcome::Released(c) => format!("released {} {}", c.provider_key, c.attempts),
                 ClaimOutcome::Done(s) => format!("done {}", s.as_str()),
                 ClaimOutcome::Busy => "busy".into(),
                 ClaimOutcome::KeyConflict { stored } => format!("conflict {stored}"),
@@ -240,13 +266,14 @@ mod tests {
                 "done sent",
                 "busy",
                 "doubt stored-doubt 2",
+                "released stored-given 2",
                 "conflict f6",
                 "done sent",
                 "done sent",
             ]
         );
         assert_eq!(writes.fresh.len(), 1);
-        assert_eq!(writes.takeovers.len(), 1);
+        assert_eq!(writes.takeovers.len(), 2);
         assert_eq!(writes.takeovers[0].1, old);
     }
 }

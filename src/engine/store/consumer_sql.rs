@@ -3,7 +3,7 @@
 //! What needs a backend's own atomic form (the batch writes — a single claim or
 //! vehicle event is a batch of one — and PostgreSQL's one-statement purge) stays in
 //! `sqlite.rs`, `postgres.rs` and `mysql.rs`. Times written here are the process clock's on every
-//! backend.
+//! backend, but for a claim's renewal, on the database's clock ([`db_now`]).
 
 use std::collections::HashMap;
 
@@ -81,56 +81,114 @@ pub(super) async fn apply_unguarded(sql: &dyn Sql, write: &BusinessWrite) -> Sto
 /// One claim's result as a statement of its own: the provider's final answer
 /// ([`Store::finish_side_effect`](super::Store::finish_side_effect)), or a transient
 /// failure ([`Store::release_claim`](super::Store::release_claim)): the claim kept,
-/// claimed at the epoch so that its lease is over at once.
-pub(super) fn finishing(
-    consumer: &str,
-    key: &MessageKey,
-    finish: &ClaimFinish,
-) -> (&'static str, Vec<BindValue>) {
-    match finish {
+/// claimed at the epoch so that its lease is over at once. A result that carries its
+/// owner's `attempts` is written only while that owner still holds the claim (see
+/// [`ClaimResult::attempts`]); it then matches one row, or none when the claim is no
+/// longer its owner's.
+pub(super) fn finishing(r: &ClaimResult, consumer: &str) -> (String, Vec<BindValue>) {
+    let owner = if r.attempts.is_some() {
+        " AND state = 'claimed' AND attempts = ?"
+    } else {
+        ""
+    };
+    let (update, mut values): (&str, Vec<BindValue>) = match &r.finish {
         ClaimFinish::Done { state, detail } => (
             "UPDATE side_effect_claims SET state = ?, finished_at = ?, detail = ?
              WHERE consumer = ? AND message_key = ?",
-            binds![state.as_str(), Utc::now(), detail, consumer, key.as_str()].into(),
+            binds![state.as_str(), Utc::now(), detail, consumer, r.key.as_str()].into(),
         ),
         ClaimFinish::Release { detail } => (
             "UPDATE side_effect_claims SET claimed_at = ?, detail = ?
              WHERE consumer = ? AND message_key = ? AND state = 'claimed'",
-            binds![DateTime::<Utc>::UNIX_EPOCH, detail, consumer, key.as_str()].into(),
+            binds![
+                DateTime::<Utc>::UNIX_EPOCH,
+                detail,
+                consumer,
+                r.key.as_str()
+            ]
+            .into(),
         ),
+    };
+    if let Some(attempts) = r.attempts {
+        values.push(attempts.into());
     }
+    (format!("{update}{owner}"), values)
 }
 
-/// [`finishing`] on the pool.
-pub(super) async fn finish(
-    sql: &dyn Sql,
-    consumer: &str,
-    key: &MessageKey,
-    finish: &ClaimFinish,
-) -> StoreResult<()> {
-    let (update, values) = finishing(consumer, key, finish);
-    sql.execute(update, &values).await?;
-    Ok(())
+/// [`finishing`] on the pool: whether the result was written (an owned result whose
+/// claim another owner holds now is not).
+pub(super) async fn finish(sql: &dyn Sql, consumer: &str, r: &ClaimResult) -> StoreResult<bool> {
+    let (update, values) = finishing(r, consumer);
+    let done = sql.execute(&update, &values).await?;
+    Ok(r.attempts.is_none() || done.rows_affected == 1)
 }
 
 /// [`Store::finish_batch`](super::Store::finish_batch) as one transaction of each
 /// result's own statement, in order (a key answered twice ends as its last answer
-/// leaves it, as one-by-one calls would).
+/// leaves it, as one-by-one calls would). Returns the keys of the owned results that
+/// were not written: their claims are no longer their owner's.
 pub(super) async fn finish_all(
     sql: &dyn Sql,
     consumer: &str,
     results: &[ClaimResult],
-) -> StoreResult<()> {
+) -> StoreResult<Vec<MessageKey>> {
     if results.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
+    let mut lost = Vec::new();
     let mut tx = sql.begin().await?;
     for r in results {
-        let (update, values) = finishing(consumer, &r.key, &r.finish);
-        tx.execute(update, &values).await?;
+        let (update, values) = finishing(r, consumer);
+        let done = tx.execute(&update, &values).await?;
+        if r.attempts.is_some() && done.rows_affected != 1 {
+            lost.push(r.key.clone());
+        }
     }
     tx.commit().await?;
-    Ok(())
+    Ok(lost)
+}
+
+/// The database's clock: PostgreSQL's `clock_timestamp()`, MariaDB's
+/// `UTC_TIMESTAMP(6)`. SQLite has no clock of its own (it is read in the process, by
+/// the same host's clock every process on that file shares), so there it is this
+/// process's. What every lease and retention decision is made on (ARCHITECTURE.md,
+/// "Clocks"): one clock for every instance, whatever a host's own says.
+pub(super) async fn db_now(sql: &dyn Sql) -> StoreResult<DateTime<Utc>> {
+    let select = match sql.backend() {
+        Backend::Sqlite => return Ok(Utc::now()),
+        Backend::Postgres => "SELECT clock_timestamp()",
+        Backend::Mysql => "SELECT UTC_TIMESTAMP(6)",
+    };
+    let row = first(sql, select, &[], &[Kind::Time]).await?;
+    Ok(row.map_or_else(Utc::now, |r| r.at(0)))
+}
+
+/// See [`Store::renew_claims`](super::Store::renew_claims): in one transaction, each
+/// claim still `claimed` by its owner (its `attempts`) claimed again at the
+/// database's time; the keys renewed.
+pub(super) async fn renew(
+    sql: &dyn Sql,
+    consumer: &str,
+    held: &[(MessageKey, i64)],
+) -> StoreResult<Vec<MessageKey>> {
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let now = db_now(sql).await?;
+    let update = "UPDATE side_effect_claims SET claimed_at = ?
+                  WHERE consumer = ? AND message_key = ? AND state = 'claimed' AND attempts = ?";
+    let mut renewed = Vec::with_capacity(held.len());
+    let mut tx = sql.begin().await?;
+    for (key, attempts) in held {
+        let done = tx
+            .execute(update, &binds![now, consumer, key.as_str(), *attempts])
+            .await?;
+        if done.rows_affected == 1 {
+            renewed.push(key.clone());
+        }
+    }
+    tx.commit().await?;
+    Ok(renewed)
 }
 
 /// See [`Store::dead_letter`](super::Store::dead_letter).

@@ -130,6 +130,11 @@ pub enum ClaimOutcome {
     /// result: the send may or may not have happened. We now own the retry, which
     /// must reuse the claim's provider key.
     InDoubt(Claim),
+    /// A claim its owner gave back after the provider failed (throttled, 5xx,
+    /// unreachable: [`Store::release_claim`]): we own the retry, under the claim's
+    /// provider key. The provider said the earlier call failed, so this one is the
+    /// retry it asked for, not a repeat of a send.
+    Released(Claim),
     /// Already finished (`sent` or `failed`): a duplicate, nothing to do.
     Done(ClaimState),
     /// Another delivery holds a live claim (within the lease): come back later.
@@ -306,21 +311,14 @@ pub enum Backend {
     Mysql,
 }
 
-/// One claim's result in a statement of its own: [`Store::finish_side_effect`] for a
-/// final answer, [`Store::release_claim`] for a transient failure.
+/// One claim's result in a statement of its own (see [`ClaimResult`]): whether it was
+/// written — an owned result whose claim is no longer its owner's is not.
 pub(crate) async fn finish_claim<S: Store + ?Sized>(
     store: &S,
     consumer: &str,
     r: &ClaimResult,
-) -> StoreResult<()> {
-    match &r.finish {
-        ClaimFinish::Done { state, detail } => {
-            store
-                .finish_side_effect(consumer, &r.key, *state, detail)
-                .await
-        }
-        ClaimFinish::Release { detail } => store.release_claim(consumer, &r.key, detail).await,
-    }
+) -> StoreResult<bool> {
+    consumer_sql::finish(&*store.sql().0, consumer, r).await
 }
 
 /// What the consumers call on the business database: one implementation per backend,
@@ -502,7 +500,9 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
             .ok_or(StoreError::Internal("claim_batch returned no outcome"))
     }
 
-    /// Phase 3: record the provider's answer on the claim.
+    /// Phase 3 by hand: record an answer on the claim whoever holds it (an operator's
+    /// tool, a test). The consumers record as the claim's owner ([`Store::finish_batch`]
+    /// with [`ClaimResult::attempts`]).
     async fn finish_side_effect(
         &self,
         consumer: &str,
@@ -510,11 +510,16 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         state: ClaimState,
         detail: &str,
     ) -> StoreResult<()> {
-        let done = ClaimFinish::Done {
-            state,
-            detail: detail.to_string(),
+        let done = ClaimResult {
+            key: key.clone(),
+            finish: ClaimFinish::Done {
+                state,
+                detail: detail.to_string(),
+            },
+            attempts: None,
         };
-        consumer_sql::finish(&*self.sql().0, consumer, key, &done).await
+        consumer_sql::finish(&*self.sql().0, consumer, &done).await?;
+        Ok(())
     }
 
     /// A transient provider failure: keep the claim, note why, and make it
@@ -525,10 +530,36 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         key: &MessageKey,
         detail: &str,
     ) -> StoreResult<()> {
-        let release = ClaimFinish::Release {
-            detail: detail.to_string(),
+        let release = ClaimResult {
+            key: key.clone(),
+            finish: ClaimFinish::Release {
+                detail: detail.to_string(),
+            },
+            attempts: None,
         };
-        consumer_sql::finish(&*self.sql().0, consumer, key, &release).await
+        consumer_sql::finish(&*self.sql().0, consumer, &release).await?;
+        Ok(())
+    }
+
+    /// While its provider calls run, an owner keeps its claims: each of `held` (a key
+    /// and the `attempts` its owner took it with) still `claimed` by that owner is
+    /// claimed again now, on the database's clock, so no lease runs out under a live
+    /// call and no sweeper or redelivery takes it over. Returns the keys renewed; one
+    /// missing was taken over (its owner's lease ran out: a frozen or cut-off process)
+    /// or finished by someone else, and must not be sent again by this owner.
+    async fn renew_claims(
+        &self,
+        consumer: &str,
+        held: &[(MessageKey, i64)],
+    ) -> StoreResult<Vec<MessageKey>> {
+        consumer_sql::renew(&*self.sql().0, consumer, held).await
+    }
+
+    /// The clock leases and retention are decided on: the database's where it has one
+    /// (PostgreSQL, MariaDB), so a process whose own clock jumped neither takes over a
+    /// live claim nor purges early; this process's on SQLite (ARCHITECTURE.md, "Clocks").
+    async fn db_now(&self) -> StoreResult<DateTime<Utc>> {
+        consumer_sql::db_now(&*self.sql().0).await
     }
 
     /// Phase 1 for a batch, in ONE transaction: each request decided exactly as
@@ -543,10 +574,16 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
     ) -> StoreResult<Vec<ClaimOutcome>>;
 
     /// Phase 3 for a batch, in ONE transaction: [`Store::finish_side_effect`] or
-    /// [`Store::release_claim`] per result, in order. The default runs each result's
-    /// statement in one transaction (one commit, one flush of the log, instead of one
-    /// per claim).
-    async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
+    /// [`Store::release_claim`] per result, in order, each owned result only while its
+    /// owner still holds the claim (see [`ClaimResult::attempts`]). Returns the keys of
+    /// the owned results not written for that reason: another owner's now. The default
+    /// runs each result's statement in one transaction (one commit, one flush of the
+    /// log, instead of one per claim).
+    async fn finish_batch(
+        &self,
+        consumer: &str,
+        results: &[ClaimResult],
+    ) -> StoreResult<Vec<MessageKey>> {
         consumer_sql::finish_all(&*self.sql().0, consumer, results).await
     }
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 
 use super::claim_batch;
@@ -31,13 +31,14 @@ pub struct MysqlStore {
     url: String,
 }
 
-/// One multi-row `INSERT IGNORE` of dedup rows (key, fingerprint) processed at
-/// `now`: the batch paths of `record_batch` and `claim_batch` count the rows it wrote
-/// to learn which keys were first.
+/// One multi-row `INSERT IGNORE` of dedup rows (key, fingerprint) processed at `now`,
+/// or at the server's `UTC_TIMESTAMP(6)` when `None` (what the retention compares its
+/// cutoff, on the server's clock, with): the batch paths of `record_batch` and
+/// `claim_batch` count the rows it wrote to learn which keys were first.
 fn insert_dedup_rows<'a>(
     consumer: &'a str,
     rows: impl Iterator<Item = (&'a str, &'a str)>,
-    now: NaiveDateTime,
+    now: Option<NaiveDateTime>,
 ) -> QueryBuilder<'a, MySql> {
     let mut q = QueryBuilder::<MySql>::new(
         "INSERT IGNORE INTO processed_messages
@@ -46,8 +47,11 @@ fn insert_dedup_rows<'a>(
     q.push_values(rows, |mut row, (key, fingerprint)| {
         row.push_bind(consumer)
             .push_bind(key)
-            .push_bind(fingerprint)
-            .push_bind(now);
+            .push_bind(fingerprint);
+        match now {
+            Some(now) => row.push_bind(now),
+            None => row.push("UTC_TIMESTAMP(6)"),
+        };
     });
     q
 }
@@ -97,7 +101,6 @@ impl Store for MysqlStore {
     ) -> StoreResult<Vec<DedupOutcome>> {
         retrying(|| async {
             let batch = DedupBatch::new(items);
-            let now = naive(Utc::now());
             let mut tx = self.pool.begin().await?;
             let mut stored = HashMap::new();
             for chunk in batch.distinct().chunks(ROWS_PER_STATEMENT) {
@@ -117,7 +120,7 @@ impl Store for MysqlStore {
                 let rows = chunk
                     .iter()
                     .map(|i| (i.key.as_str(), i.fingerprint.as_str()));
-                let written = insert_dedup_rows(consumer, rows, now)
+                let written = insert_dedup_rows(consumer, rows, None)
                     .build()
                     .execute(&mut *tx)
                     .await?
@@ -248,9 +251,9 @@ impl Store for MysqlStore {
     /// keys and then both insert are a deadlock InnoDB breaks; both are retried whole
     /// by [`retrying`].
     ///
-    /// The claim time is the process clock, as the claim sweeper's lease checks on
-    /// this backend, cut to the microseconds `DATETIME(6)`
-    /// keeps so the claims returned are the ones stored.
+    /// The claim time is the server's clock (`UTC_TIMESTAMP(6)`, read once the rows are
+    /// locked), as every lease decision on this backend: an instance whose own clock
+    /// jumped neither takes over a live claim nor writes one that looks old at once.
     async fn claim_batch(
         &self,
         consumer: &str,
@@ -262,10 +265,13 @@ impl Store for MysqlStore {
         }
         retrying(|| async {
             let keys = claim_batch::sorted_keys(requests);
-            let now = Utc::now().trunc_subsecs(6);
             let mut tx = self.pool.begin().await?;
             let (stored, claims) =
                 consumer_sql::stored_claims::<MySql>(&mut tx, consumer, &keys).await?;
+            let now: NaiveDateTime = sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
+                .fetch_one(&mut *tx)
+                .await?;
+            let now = now.and_utc();
             let (outcomes, writes) =
                 claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
             let raced = "a claim taken by another writer during the batch";
@@ -273,7 +279,7 @@ impl Store for MysqlStore {
                 let rows = chunk
                     .iter()
                     .map(|r| (r.key.as_str(), r.fingerprint.as_str()));
-                let mut q = insert_dedup_rows(consumer, rows, naive(now));
+                let mut q = insert_dedup_rows(consumer, rows, Some(naive(now)));
                 if q.build().execute(&mut *tx).await?.rows_affected() != chunk.len() as u64 {
                     return lost_race(tx, raced).await;
                 }

@@ -317,57 +317,78 @@ impl Store for PostgresStore {
     /// Phase 3 of a batch in one transaction and at most two statements: the final
     /// answers in one `UPDATE … FROM UNNEST`, the releases (transient failures, the
     /// claim kept and due at once) in another, instead of a statement and a commit per
-    /// claim. A key answered twice in one batch takes the trait's default (each
-    /// result's statement in order).
-    async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
+    /// claim; an owned answer only where its owner still holds the claim (the rows
+    /// returned are the ones written). A key answered twice in one batch takes the
+    /// trait's default (each result's statement in order).
+    async fn finish_batch(
+        &self,
+        consumer: &str,
+        results: &[ClaimResult],
+    ) -> StoreResult<Vec<MessageKey>> {
         let distinct: HashSet<&str> = results.iter().map(|r| r.key.as_str()).collect();
         if distinct.len() != results.len() {
             return consumer_sql::finish_all(&*self.sql().0, consumer, results).await;
         }
-        let (mut done_keys, mut done_states, mut done_details) =
+        let (mut done_keys, mut done_states, mut done_details, mut done_owners) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut released_keys, mut released_details, mut released_owners) =
             (Vec::new(), Vec::new(), Vec::new());
-        let (mut released_keys, mut released_details) = (Vec::new(), Vec::new());
         for r in results {
             match &r.finish {
                 ClaimFinish::Done { state, detail } => {
                     done_keys.push(r.key.as_str());
                     done_states.push(state.as_str());
                     done_details.push(detail.as_str());
+                    done_owners.push(r.attempts);
                 }
                 ClaimFinish::Release { detail } => {
                     released_keys.push(r.key.as_str());
                     released_details.push(detail.as_str());
+                    released_owners.push(r.attempts);
                 }
             }
         }
+        let mut written: HashSet<String> = HashSet::new();
         let mut tx = self.pool.begin().await?;
         if !done_keys.is_empty() {
-            sqlx::query(
+            let keys: Vec<String> = sqlx::query_scalar(
                 "UPDATE side_effect_claims c SET state = v.s, finished_at = now(), detail = v.d
-                 FROM UNNEST($2::text[], $3::text[], $4::text[]) AS v (k, s, d)
-                 WHERE c.consumer = $1 AND c.message_key = v.k",
+                 FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[]) AS v (k, s, d, a)
+                 WHERE c.consumer = $1 AND c.message_key = v.k
+                   AND (v.a IS NULL OR (c.state = 'claimed' AND c.attempts = v.a))
+                 RETURNING c.message_key",
             )
             .bind(consumer)
             .bind(&done_keys)
             .bind(&done_states)
             .bind(&done_details)
-            .execute(&mut *tx)
+            .bind(&done_owners)
+            .fetch_all(&mut *tx)
             .await?;
+            written.extend(keys);
         }
         if !released_keys.is_empty() {
-            sqlx::query(
+            let keys: Vec<String> = sqlx::query_scalar(
                 "UPDATE side_effect_claims c SET claimed_at = 'epoch', detail = v.d
-                 FROM UNNEST($2::text[], $3::text[]) AS v (k, d)
-                 WHERE c.consumer = $1 AND c.message_key = v.k AND c.state = 'claimed'",
+                 FROM UNNEST($2::text[], $3::text[], $4::bigint[]) AS v (k, d, a)
+                 WHERE c.consumer = $1 AND c.message_key = v.k AND c.state = 'claimed'
+                   AND (v.a IS NULL OR c.attempts = v.a)
+                 RETURNING c.message_key",
             )
             .bind(consumer)
             .bind(&released_keys)
             .bind(&released_details)
-            .execute(&mut *tx)
+            .bind(&released_owners)
+            .fetch_all(&mut *tx)
             .await?;
+            written.extend(keys);
         }
         tx.commit().await?;
-        Ok(())
+        Ok(results
+            .iter()
+            .filter(|r| r.attempts.is_some() && !written.contains(r.key.as_str()))
+            .map(|r| r.key.clone())
+            .collect())
     }
 
     /// `VACUUM (ANALYZE)` of the purged tables: drops the dead index entries,

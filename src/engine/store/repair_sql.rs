@@ -303,6 +303,7 @@ mod tests {
                 state,
                 detail: k.to_string(),
             },
+            attempts: Some(1),
         };
         let finished = [
             done("sent", ClaimState::Sent),

@@ -92,9 +92,13 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn finish_batch(&self, consumer: &str, results: &[ClaimResult]) -> StoreResult<()> {
+    async fn finish_batch(
+        &self,
+        consumer: &str,
+        results: &[ClaimResult],
+    ) -> StoreResult<Vec<MessageKey>> {
         if results.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let (consumer, results) = (consumer.to_string(), results.to_vec());
         self.thread
@@ -223,6 +227,7 @@ mod tests {
         ClaimResult {
             key: MessageKey::from_stored(key.to_string()),
             finish,
+            attempts: None,
         }
     }
 
@@ -314,7 +319,7 @@ mod tests {
             ]
         );
         assert!(
-            matches!(&again[2], ClaimOutcome::InDoubt(c) if c.provider_key == "pk-c"),
+            matches!(&again[2], ClaimOutcome::Released(c) if c.provider_key == "pk-c"),
             "{again:?}"
         );
         let a = store.claim("s", &keys[0].key).await.unwrap().unwrap();
@@ -457,7 +462,7 @@ mod tests {
             let again: Vec<_> = again
                 .iter()
                 .map(|o| match o {
-                    ClaimOutcome::InDoubt(c) => format!("in doubt {}", c.provider_key),
+                    ClaimOutcome::Released(c) => format!("released {}", c.provider_key),
                     other => format!("{other:?}"),
                 })
                 .collect();
@@ -476,7 +481,7 @@ mod tests {
         );
         assert_eq!(
             seen[1].1,
-            ["Done(Sent)", "Done(Failed)", "in doubt pk-c", "Busy"]
+            ["Done(Sent)", "Done(Failed)", "released pk-c", "Busy"]
         );
         assert_eq!(seen[0], seen[1], "SQLite's own job, then the provided body");
     }

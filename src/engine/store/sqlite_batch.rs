@@ -258,27 +258,32 @@ pub(super) fn claim_batch(
 }
 
 /// [`Store::finish_batch`](super::Store::finish_batch): phase 3 of a batch — each
-/// provider answer on its claim.
+/// provider answer on its claim, an owned one only while its owner holds the claim;
+/// the keys of the owned answers that found it another's.
 pub(super) fn finish_batch(
     tx: &Transaction<'_>,
     consumer: &str,
     results: &[ClaimResult],
-) -> StoreResult<()> {
+) -> StoreResult<Vec<MessageKey>> {
     let now = ts(Utc::now());
     let epoch = ts(DateTime::<Utc>::UNIX_EPOCH);
+    // `?6 IS NULL`: a result without an owner's token is written whoever holds it.
     let mut done = tx
         .prepare_cached(
             "UPDATE side_effect_claims SET state = ?1, finished_at = ?2, detail = ?3
-             WHERE consumer = ?4 AND message_key = ?5",
+             WHERE consumer = ?4 AND message_key = ?5
+               AND (?6 IS NULL OR (state = 'claimed' AND attempts = ?6))",
         )
         .map_err(db)?;
     // Immediately eligible for an in-doubt retry, as `release_claim`.
     let mut release = tx
         .prepare_cached(
             "UPDATE side_effect_claims SET claimed_at = ?1, detail = ?2
-             WHERE consumer = ?3 AND message_key = ?4 AND state = 'claimed'",
+             WHERE consumer = ?3 AND message_key = ?4 AND state = 'claimed'
+               AND (?5 IS NULL OR attempts = ?5)",
         )
         .map_err(db)?;
+    let mut lost = Vec::new();
     for r in results {
         let finished = match &r.finish {
             ClaimFinish::Done { state, detail } => done.execute(params![
@@ -286,13 +291,16 @@ pub(super) fn finish_batch(
                 now,
                 detail,
                 consumer,
-                r.key.as_str()
+                r.key.as_str(),
+                r.attempts
             ]),
             ClaimFinish::Release { detail } => {
-                release.execute(params![epoch, detail, consumer, r.key.as_str()])
+                release.execute(params![epoch, detail, consumer, r.key.as_str(), r.attempts])
             }
         };
-        finished.map_err(db)?;
+        if finished.map_err(db)? != 1 && r.attempts.is_some() {
+            lost.push(r.key.clone());
+        }
     }
-    Ok(())
+    Ok(lost)
 }

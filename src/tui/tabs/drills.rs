@@ -77,6 +77,7 @@ fn scenarios_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 /// ┌ Verdict (14 lines; PgUp/PgDn scroll) ──────────────────────────┐
 /// │  PASS   crash-before-ack (idempotent) run #12 in 840 ms        │
 /// │ deliveries 2  sms_sent 1  webhooks 0  duplicate_dropped 1 …    │
+/// │ lost 0  duplicated 0  recovered 1  ok 100.0 %  provider repe…  │
 /// │  ok   SMS actually sent: expected 1, got 1                     │
 /// │  FAIL …                                                        │
 /// └────────────────────────────────────────────────────────────────┘
@@ -143,7 +144,8 @@ fn no_drill_lines(theme: &Theme) -> Vec<Line<'static>> {
     ]
 }
 
-/// A finished drill: the verdict, the counts, then each check, expected against got.
+/// A finished drill: the verdict, the counts, its effects in Jepsen's terms, then each
+/// check, expected against got.
 fn verdict_lines(r: &DrillReport, theme: &Theme) -> Vec<Line<'static>> {
     let style = if r.verdict == Verdict::Pass {
         theme.ok
@@ -159,6 +161,7 @@ fn verdict_lines(r: &DrillReport, theme: &Theme) -> Vec<Line<'static>> {
             "deliveries {}  sms_sent {}  webhooks {}  duplicate_dropped {}  counter_delta {}  dead_lettered {}  state_ok {}",
             r.deliveries, r.sms_sent, r.webhooks_sent, r.duplicate_dropped, r.counter_delta, r.dead_lettered, r.state_ok
         )),
+        Line::raw(r.effects.render()),
     ];
     if let Some(checks) = r.details.get("checks").and_then(|c| c.as_array()) {
         for c in checks {
