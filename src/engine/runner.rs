@@ -15,9 +15,9 @@ pub use super::consumers::DeliveryOutcome;
 use super::consumers::{Consumer, HandleError, Outcome, Retry, RetryCause};
 use super::crash::{CrashPlan, CrashPoint, Crashed};
 use super::envelope::{EventType, Message, MessageKey, Parsed, RejectReason, Rejection};
-use super::health::{Backoff, ConsumerHealth, InfraKind};
+use super::health::{Backoff, ConsumerHealth, InfraKind, PauseCause};
 use super::metrics::{EffectResult, Metrics};
-use super::queue::{Delivery, Queue, QueueResult};
+use super::queue::{Delivery, Queue, QueueError, QueueResult};
 use super::seen_set::GuardedSeenSet;
 use super::store::Store;
 
@@ -359,6 +359,7 @@ impl Worker {
         };
         if let Err(e) = acked {
             tracing::warn!(error = %e, "ack failed: the deliveries will come back");
+            self.queue_failed(&e);
         }
         let mut deliveries = self.leased_or_warn(leased).await;
         if !deliveries.is_empty()
@@ -398,15 +399,30 @@ impl Worker {
         }
     }
 
+    /// A lease's deliveries; a failed lease pauses the consumer for the queue (see
+    /// [`Self::queue_failed`]), a lease that went through ends a pause the queue
+    /// caused.
     async fn leased_or_warn(&self, leased: QueueResult<Vec<Delivery>>) -> Vec<Delivery> {
         match leased {
-            Ok(b) => b,
+            Ok(b) => {
+                self.health.recovered_from(PauseCause::Queue);
+                b
+            }
             Err(e) => {
                 tracing::warn!(queue = %self.queue_name, error = %e, "lease failed");
-                tokio::time::sleep(self.settings.idle_poll).await;
+                self.queue_failed(&e);
                 Vec::new()
             }
         }
+    }
+
+    /// The queue or the broker link failed or went silent: an infrastructure failure
+    /// like a store's. The consumer pauses (`cause="queue"`) instead of polling a dead
+    /// link, and its trial lease after the back-off is the probe. Returns the pause.
+    fn queue_failed(&self, e: &QueueError) -> Duration {
+        let kind = e.infra_kind();
+        self.metrics.infra_error(self.consumer.name(), kind);
+        self.health.failed(kind, None, &e.to_string())
     }
 
     async fn ack(&self, deliveries: Vec<Delivery>) {
@@ -415,6 +431,7 @@ impl Worker {
         }
         if let Err(e) = self.queue.ack_batch(&deliveries).await {
             tracing::warn!(error = %e, "ack failed: the deliveries will come back");
+            self.queue_failed(&e);
         }
     }
 
@@ -462,7 +479,11 @@ impl Worker {
                     Paused::Trial => {
                         // Half open: one delivery tries the way; its batch closes the
                         // breaker if it gets through (see `judge`).
-                        held = self.lease_trial().await;
+                        // A trial lease that failed paused the consumer again.
+                        let Some(trial) = self.lease_trial().await else {
+                            continue;
+                        };
+                        held = trial;
                         if held.is_empty() {
                             // Nothing waiting to try it with: resume, and let the next
                             // batch tell.
@@ -586,9 +607,10 @@ impl Worker {
             }
             return Paused::Again;
         }
-        let probe = match self.health.pause().map(|p| p.kind) {
-            Some(InfraKind::Store) => Some(self.store.ping().await),
-            Some(InfraKind::SeenSet) => match &self.seen_set {
+        // A queue has no probe of its own either: the trial lease is one.
+        let probe = match self.health.pause().map(|p| p.cause) {
+            Some(PauseCause::Store) => Some(self.store.ping().await),
+            Some(PauseCause::SeenSet) => match &self.seen_set {
                 Some(s) => Some(s.ping().await),
                 None => None,
             },
@@ -596,7 +618,7 @@ impl Worker {
         };
         if let Some(Err(e)) = probe {
             if e.is_infrastructure() {
-                let kind = self.health.pause().map_or(InfraKind::Store, |p| p.kind);
+                let kind = e.infra_kind();
                 self.metrics.infra_error(self.consumer.name(), kind);
                 self.health.failed(kind, None, &e.to_string());
                 return Paused::Again;
@@ -605,14 +627,17 @@ impl Worker {
         Paused::Trial
     }
 
-    /// Lease one delivery: the trial of a half-open breaker.
-    async fn lease_trial(&self) -> Leased {
+    /// Lease one delivery: the trial of a half-open breaker. `None` when the lease
+    /// itself failed (the consumer is paused again, for the queue).
+    async fn lease_trial(&self) -> Option<Leased> {
         let at = Instant::now();
         let leased = self
             .queue
             .lease(&self.queue_name, 1, self.settings.visibility_timeout)
             .await;
-        self.leased(self.leased_or_warn(leased).await, at)
+        let failed = leased.is_err();
+        let deliveries = self.leased_or_warn(leased).await;
+        (!failed).then(|| self.leased(deliveries, at))
     }
 
     /// Nothing leased: `true` to stop (the queue is drained, or shutdown was asked),
@@ -908,8 +933,9 @@ impl Worker {
                 tracing::warn!(error = %e, "dead-letter insert failed: the delivery goes back");
                 event.outcome = DeliveryOutcome::Retry;
                 let returned = if e.is_infrastructure() {
-                    self.metrics.infra_error(consumer, InfraKind::Store);
-                    let wait = self.health.failed(InfraKind::Store, None, &e.to_string());
+                    let kind = e.infra_kind();
+                    self.metrics.infra_error(consumer, kind);
+                    let wait = self.health.failed(kind, None, &e.to_string());
                     self.queue.nack_uncounted(delivery, wait).await
                 } else {
                     self.queue.nack(delivery, self.settings.retry_delay).await
