@@ -405,6 +405,8 @@ pub struct MetricNames {
     pub paused: String,
     /// When the current pause began (seconds since the epoch, 0 while running).
     pub paused_since: String,
+    /// Failed tries in the current pause (0 while running).
+    pub pause_retries: String,
     /// Deliveries given back by infrastructure failures (label `kind`).
     pub infra_errors: String,
     /// When a consumer last met an infrastructure failure of each `kind`.
@@ -432,6 +434,7 @@ impl Default for MetricNames {
             ingress_messages: names::INGRESS_MESSAGES.exposed.into(),
             paused: names::PAUSED.exposed.into(),
             paused_since: names::PAUSED_SINCE.exposed.into(),
+            pause_retries: names::PAUSE_RETRIES.exposed.into(),
             infra_errors: names::INFRA_ERRORS.exposed.into(),
             infra_error_last: names::INFRA_ERROR_LAST.exposed.into(),
             consumer_label: "consumer".into(),

@@ -229,19 +229,19 @@ pub struct EngineArgs {
     /// The longest one store call (a transaction) may take before the consumer
     /// pauses and retries on a fresh connection; the database is told the same per
     /// statement. Overrides `[engine] statement_timeout` (default 30s).
-    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_deadline, value_name = "DURATION")]
     pub statement_timeout: Option<Duration>,
     /// The longest opening a database or broker connection may take. Overrides
     /// `[engine] connect_timeout` (default 10s).
-    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_deadline, value_name = "DURATION")]
     pub connect_timeout: Option<Duration>,
     /// The longest a store call waits for a pooled connection. Overrides `[engine]
     /// acquire_timeout` (default 10s).
-    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_deadline, value_name = "DURATION")]
     pub acquire_timeout: Option<Duration>,
     /// AMQP heartbeat / NATS ping interval: a broker link silent for two of them is
     /// dropped and dialled again. Overrides `[queue] heartbeat` (default 10s).
-    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_heartbeat, value_name = "DURATION")]
     pub heartbeat: Option<Duration>,
 
     // Tuning and drill plumbing: hidden from --help, used by drills' child processes.
@@ -344,6 +344,28 @@ impl EngineArgs {
         let webhook = self.webhook_url.clone().unwrap_or_else(|| sms.clone());
         Ok((sms, webhook, handle))
     }
+}
+
+/// A deadline flag: a duration of at least 100ms (the config's floor too: a deadline
+/// of nothing would fail every call).
+fn parse_deadline(text: &str) -> Result<Duration, String> {
+    at_least(text, Duration::from_millis(100))
+}
+
+/// `--heartbeat`: at least 1s (AMQP counts it in whole seconds).
+fn parse_heartbeat(text: &str) -> Result<Duration, String> {
+    at_least(text, Duration::from_secs(1))
+}
+
+fn at_least(text: &str, least: Duration) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d < least {
+        return Err(format!(
+            "must be at least {}",
+            humantime::format_duration(least)
+        ));
+    }
+    Ok(d)
 }
 
 /// The deadlines of the config file (`--config FILE`, else the default path when it

@@ -203,7 +203,7 @@ pub enum AlertKind {
     ConsumerPaused {
         target: String,
         consumer: String,
-        /// `store` or `provider`.
+        /// `store`, `queue`, `provider` or `seen_set`.
         cause: String,
         last_error_kind: Option<String>,
     },
@@ -475,11 +475,6 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
             ));
         }
         if let Some(p) = &c.paused {
-            let last = p
-                .last_error_kind
-                .as_deref()
-                .map(|k| format!(" (last error: {k})"))
-                .unwrap_or_default();
             let mut alert = Alert::new(
                 Severity::Critical,
                 AlertKind::ConsumerPaused {
@@ -490,8 +485,10 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
                 },
                 object.clone(),
                 format!(
-                    "{}/{}: paused, its {} is unhealthy{last}; messages wait in the queue and it resumes by itself",
-                    c.target, c.consumer, p.cause
+                    "{}/{}: paused, {}; messages wait in the queue and it resumes by itself",
+                    c.target,
+                    c.consumer,
+                    p.summarize()
                 ),
             );
             alert.since = p.since;

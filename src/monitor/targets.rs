@@ -181,11 +181,42 @@ impl ConsumerStatus {
 /// messages wait in the queue, none is lost, and it resumes by itself.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PausedReading {
-    /// What is unhealthy: `store` or `provider`.
+    /// What is unhealthy: `store`, `queue`, `provider` or `seen_set`.
     pub cause: String,
     pub since: Option<DateTime<Utc>>,
-    /// The kind of the newest infrastructure failure (`store`, `provider_throttled`…).
+    /// The kind of the newest infrastructure failure (`timeout`, `store`,
+    /// `provider_throttled`…).
     pub last_error_kind: Option<String>,
+    /// Failed tries since the pause began (`idem_consumer_pause_retries`), when the
+    /// engine says.
+    pub retries: Option<u64>,
+    /// All of it in one line ([`PausedReading::summary`]), as the dashboard shows it.
+    pub summary: String,
+}
+
+impl PausedReading {
+    /// What is wrong, since when, how often it was tried and what failed last, in
+    /// one line: `store not answering since 04:12:07, 3 retries, last: timeout`. A
+    /// deadline that fired last is a part "not answering"; any other failure, one
+    /// "failing".
+    pub fn summarize(&self) -> String {
+        let state = match self.last_error_kind.as_deref() {
+            Some("timeout") => "not answering",
+            _ => "failing",
+        };
+        let mut line = format!("{} {state}", self.cause);
+        if let Some(t) = self.since {
+            line.push_str(&format!(" since {}", crate::clock::clock(t)));
+        }
+        if let Some(n) = self.retries.filter(|n| *n > 0) {
+            let word = if n == 1 { "retry" } else { "retries" };
+            line.push_str(&format!(", {n} {word}"));
+        }
+        if let Some(kind) = &self.last_error_kind {
+            line.push_str(&format!(", last: {kind}"));
+        }
+        line
+    }
 }
 
 /// The pauses an exposition reports, by consumer.
@@ -202,6 +233,8 @@ fn pauses_of(
                 cause: s.label("cause").unwrap_or("unknown").to_string(),
                 since: None,
                 last_error_kind: None,
+                retries: None,
+                summary: String::new(),
             },
         );
     }
@@ -211,6 +244,11 @@ fn pauses_of(
     {
         if let Some(p) = out.get_mut(consumer_of(s, names, target)) {
             p.since = DateTime::from_timestamp(s.value as i64, 0);
+        }
+    }
+    for s in exposition.named(&names.pause_retries) {
+        if let Some(p) = out.get_mut(consumer_of(s, names, target)) {
+            p.retries = Some(s.value.max(0.0) as u64);
         }
     }
     let mut newest: FastMap<&str, f64> = FastMap::default();
@@ -226,6 +264,9 @@ fn pauses_of(
             newest.insert(consumer, s.value);
             p.last_error_kind = s.label("kind").map(str::to_string);
         }
+    }
+    for p in out.values_mut() {
+        p.summary = p.summarize();
     }
     out
 }

@@ -255,6 +255,18 @@ fn connection_args(rest: &str) -> QueueResult<OpenConnectionArguments> {
     Ok(args.finish())
 }
 
+/// [`connection_args`] with the deadlines' heartbeat, unless the URL sets its own.
+fn connection_args_with(rest: &str, deadlines: &Deadlines) -> QueueResult<OpenConnectionArguments> {
+    let mut args = connection_args(rest)?;
+    let url_says = url::Url::parse(rest)
+        .map(|u| u.query_pairs().any(|(k, _)| k == "heartbeat"))
+        .unwrap_or(false);
+    if !url_says {
+        args.heartbeat(deadlines.heartbeat_secs());
+    }
+    Ok(args)
+}
+
 /// One delivery between `lease` and `ack`/`nack`.
 struct InFlight {
     queue: String,
@@ -585,13 +597,7 @@ impl AmqpQueue {
     /// a lease on it only ever came back empty).
     pub async fn open_with(url: &str, deadlines: &Deadlines) -> QueueResult<Self> {
         let (rest, opts) = parse_url(url)?;
-        let mut args = connection_args(&rest)?;
-        let url_says = url::Url::parse(&rest)
-            .map(|u| u.query_pairs().any(|(k, _)| k == "heartbeat"))
-            .unwrap_or(false);
-        if !url_says {
-            args.heartbeat(deadlines.heartbeat_secs());
-        }
+        let args = connection_args_with(&rest, deadlines)?;
         let q = AmqpQueue {
             url: url.to_string(),
             args,
@@ -1606,6 +1612,19 @@ mod tests {
         assert_eq!(o, AmqpOptions::default());
         let err = parse_url("amqp://u:secret@h/%2f?prefetch=0").unwrap_err();
         assert!(!err.to_string().contains("secret"));
+    }
+
+    #[test]
+    fn the_heartbeat_is_the_deadlines_unless_the_url_sets_one() {
+        let d = Deadlines {
+            heartbeat: Duration::from_secs(7),
+            ..Deadlines::default()
+        };
+        let a = connection_args_with("amqp://guest:guest@127.0.0.1:5672/%2f", &d).unwrap();
+        assert_eq!(a.get_heartbeat(), 7);
+        let a =
+            connection_args_with("amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=20", &d).unwrap();
+        assert_eq!(a.get_heartbeat(), 20);
     }
 
     #[test]
