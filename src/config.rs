@@ -407,6 +407,8 @@ pub struct MetricNames {
     pub paused_since: String,
     /// Failed tries in the current pause (0 while running).
     pub pause_retries: String,
+    /// When the batch in hand was taken up (0 between batches).
+    pub busy_since: String,
     /// Deliveries given back by infrastructure failures (label `kind`).
     pub infra_errors: String,
     /// When a consumer last met an infrastructure failure of each `kind`.
@@ -435,6 +437,7 @@ impl Default for MetricNames {
             paused: names::PAUSED.exposed.into(),
             paused_since: names::PAUSED_SINCE.exposed.into(),
             pause_retries: names::PAUSE_RETRIES.exposed.into(),
+            busy_since: names::BUSY_SINCE.exposed.into(),
             infra_errors: names::INFRA_ERRORS.exposed.into(),
             infra_error_last: names::INFRA_ERROR_LAST.exposed.into(),
             consumer_label: "consumer".into(),

@@ -524,3 +524,38 @@ async fn a_silent_store_reads_not_answering_since_when_with_its_retries() {
     )));
     server.abort();
 }
+
+/// A batch held by a peer that has not answered yet, before any deadline fired (the
+/// first 30 s of a frozen connection): shown as waiting, with an alert saying so,
+/// and nothing once the batch is through.
+#[tokio::test]
+async fn a_batch_held_by_a_silent_peer_shows_as_waiting_before_any_deadline() {
+    let metrics = Arc::new(Metrics::new());
+    metrics.register_consumer(CONSUMER);
+    let (addr, server) = serve(metrics.clone(), ([127, 0, 0, 1], 0).into()).await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+    // A batch taken up a moment ago is work, not a wait.
+    metrics.set_busy(CONSUMER, Some(chrono::Utc::now()));
+    assert_eq!(consumer(&monitor.poll().await).waiting_seconds, None);
+
+    metrics.set_busy(CONSUMER, Some(chrono::Utc::now() - chrono::Duration::seconds(21)));
+    let held = monitor.poll().await;
+    let waiting = consumer(&held).waiting_seconds.expect("shown waiting");
+    assert!((21..25).contains(&waiting), "{waiting}");
+    let alert = held
+        .alerts
+        .iter()
+        .find(|a| matches!(&a.kind, AlertKind::ConsumerWaiting { .. }))
+        .expect("a waiting alert");
+    assert_eq!(alert.severity, Severity::Warning);
+    assert!(alert.message.contains("one batch in hand for 2"), "{}", alert.message);
+
+    metrics.set_busy(CONSUMER, None);
+    let through = monitor.poll().await;
+    assert_eq!(consumer(&through).waiting_seconds, None);
+    assert!(!through
+        .alerts
+        .iter()
+        .any(|a| matches!(a.kind, AlertKind::ConsumerWaiting { .. })));
+    server.abort();
+}

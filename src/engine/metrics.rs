@@ -167,6 +167,7 @@ pub mod names {
     gauge!(PAUSED = "idem_consumer_paused");
     gauge!(PAUSED_SINCE = "idem_consumer_paused_since_seconds");
     gauge!(PAUSE_RETRIES = "idem_consumer_pause_retries");
+    gauge!(BUSY_SINCE = "idem_consumer_busy_since_seconds");
     counter!(INFRA_ERRORS = "idem_infra_errors");
     gauge!(INFRA_ERROR_LAST = "idem_infra_error_last_seconds");
     gauge!(
@@ -177,7 +178,7 @@ pub mod names {
     counter!(INGRESS_MESSAGES = "idem_ingress_messages");
 
     /// Every family above but the histogram.
-    pub const ALL: [Name; 17] = [
+    pub const ALL: [Name; 18] = [
         PROCESSED,
         DUPLICATE_DROPPED,
         REDELIVERED,
@@ -190,6 +191,7 @@ pub mod names {
         PAUSED,
         PAUSED_SINCE,
         PAUSE_RETRIES,
+        BUSY_SINCE,
         INFRA_ERRORS,
         INFRA_ERROR_LAST,
         PROCESS_START,
@@ -216,6 +218,7 @@ pub struct Metrics {
     paused: Family<PausedLabel, Gauge>,
     paused_since: Family<ConsumerLabel, Gauge>,
     pause_retries: Family<ConsumerLabel, Gauge>,
+    busy_since: Family<ConsumerLabel, Gauge>,
     infra_errors: Family<InfraLabel, Counter>,
     infra_error_last: Family<InfraLabel, Gauge>,
 }
@@ -319,6 +322,12 @@ impl Metrics {
             "Failed tries in the consumer's current pause (the failure that began it, then each failed probe or trial); 0 while it runs",
             pause_retries.clone(),
         );
+        let busy_since = Family::<ConsumerLabel, Gauge>::default();
+        registry.register(
+            names::BUSY_SINCE.family,
+            "When the batch the consumer is handling was taken up, in seconds since the epoch; 0 between batches (a batch in hand for long is a wait on a peer that has not answered yet)",
+            busy_since.clone(),
+        );
         let infra_errors = Family::<InfraLabel, Counter>::default();
         registry.register(
             names::INFRA_ERRORS.family,
@@ -372,6 +381,7 @@ impl Metrics {
             paused,
             paused_since,
             pause_retries,
+            busy_since,
             infra_errors,
             infra_error_last,
         };
@@ -408,6 +418,7 @@ impl Metrics {
         drop(self.seen_set_bypassed.get_or_create(&l));
         drop(self.paused_since.get_or_create(&l));
         drop(self.pause_retries.get_or_create(&l));
+        drop(self.busy_since.get_or_create(&l));
         for cause in PauseCause::ALL {
             drop(self.paused.get_or_create(&paused_label(consumer, cause)));
         }
@@ -487,6 +498,13 @@ impl Metrics {
         self.pause_retries
             .get_or_create(&label(consumer))
             .set(i64::from(failures));
+    }
+
+    /// `idem_consumer_busy_since_seconds`: a batch taken up at `since`, or none.
+    pub fn set_busy(&self, consumer: &str, since: Option<DateTime<Utc>>) {
+        self.busy_since
+            .get_or_create(&label(consumer))
+            .set(since.map_or(0, |t| t.timestamp()));
     }
 
     /// One infrastructure failure of `consumer`.

@@ -161,6 +161,25 @@ pub struct DeliveryEvent {
     pub latency_us: u64,
 }
 
+/// `idem_consumer_busy_since_seconds` for the batch in hand, back to 0 on drop.
+struct Busy<'a> {
+    metrics: &'a Metrics,
+    consumer: &'a str,
+}
+
+impl<'a> Busy<'a> {
+    fn since_now(metrics: &'a Metrics, consumer: &'a str) -> Self {
+        metrics.set_busy(consumer, Some(chrono::Utc::now()));
+        Busy { metrics, consumer }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.metrics.set_busy(self.consumer, None);
+    }
+}
+
 /// What a paused worker does next.
 enum Paused {
     /// Shutdown was asked.
@@ -676,6 +695,9 @@ impl Worker {
     async fn handle(&self, batch: Batch) -> Result<Vec<Delivery>, Crashed> {
         let started = Instant::now();
         let consumer = self.consumer.name();
+        // While the batch is in hand (cleared however `handle` ends): a batch held
+        // long is a peer that has not answered yet, before any deadline fires.
+        let _busy = Busy::since_now(&self.metrics, consumer);
         let mut settled: Vec<(Delivery, DeliveryEvent, bool)> =
             Vec::with_capacity(batch.deliveries.len());
         let mut pending: Vec<(Delivery, DeliveryEvent)> = Vec::new();

@@ -141,6 +141,10 @@ pub struct ConsumerStatus {
     pub claims_in_doubt: Option<f64>,
     /// The consumer stopped leasing because its store or provider is unhealthy.
     pub paused: Option<PausedReading>,
+    /// The batch in hand has waited this long (seconds) for a peer that has not
+    /// answered yet, once that is [`WAITING_AFTER`] or more: the stall before a
+    /// deadline fires and pauses it.
+    pub waiting_seconds: Option<i64>,
     pub last_restart: Option<DateTime<Utc>>,
     /// How long messages have flowed without a single duplicate being dropped, once
     /// that reaches [`PARACHUTE_QUIET`]; None otherwise.
@@ -171,11 +175,19 @@ impl ConsumerStatus {
             side_effects: BTreeMap::new(),
             claims_in_doubt: None,
             paused: None,
+            waiting_seconds: None,
             last_restart: None,
             duplicates_quiet_seconds: None,
         }
     }
 }
+
+/// A batch held this long (seconds) is shown as waiting: a batch commits in
+/// milliseconds and one with provider calls in a few seconds (60 SMS at 1 s each,
+/// 32 at a time); ten seconds of one batch is a peer that stopped answering, and
+/// the consumer sits still without a word until its deadline fires (30 s by
+/// default) unless the dashboard says so.
+pub const WAITING_AFTER: i64 = 10;
 
 /// A paused consumer as its engine reports it (`idem_consumer_paused` and kin):
 /// messages wait in the queue, none is lost, and it resumes by itself.
@@ -699,6 +711,11 @@ impl TargetTracker {
             .map(|s| (consumer_of(s, names, &target), s.value))
             .collect();
         let mut pauses = pauses_of(exposition, names, &target);
+        let busy_since: FastMap<&str, f64> = exposition
+            .named(&names.busy_since)
+            .filter(|s| s.value > 0.0)
+            .map(|s| (consumer_of(s, names, &target), s.value))
+            .collect();
 
         self.status.process_start_time = start.or(self.status.process_start_time);
         let cause = new_start.or_else(|| {
@@ -731,6 +748,10 @@ impl TargetTracker {
             replace_map(&mut s.side_effects, &scrape.effects);
             s.claims_in_doubt = in_doubt.get(consumer).copied();
             s.paused = pauses.remove(consumer);
+            s.waiting_seconds = busy_since
+                .get(consumer)
+                .map(|since| at.timestamp() - *since as i64)
+                .filter(|held| *held >= WAITING_AFTER);
             s.last_restart = self.status.last_restart;
             s.duplicate_ratio = match (s.processed.per_second, s.duplicate_dropped.per_second) {
                 (Some(p), Some(d)) => duplicate_ratio(p, d),

@@ -80,7 +80,14 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Listen on a free local port and forward every connection to `upstream`.
     pub async fn start(upstream: SocketAddr) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        FaultProxy::start_on(0, upstream).await
+    }
+
+    /// [`FaultProxy::start`] on 127.0.0.1:`port` (0: a free one).
+    pub async fn start_on(port: u16, upstream: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let (mode, watching) = watch::channel(Way {
             fault: Fault::Pass,
