@@ -538,7 +538,10 @@ async fn a_batch_held_by_a_silent_peer_shows_as_waiting_before_any_deadline() {
     metrics.set_busy(CONSUMER, Some(chrono::Utc::now()));
     assert_eq!(consumer(&monitor.poll().await).waiting_seconds, None);
 
-    metrics.set_busy(CONSUMER, Some(chrono::Utc::now() - chrono::Duration::seconds(21)));
+    metrics.set_busy(
+        CONSUMER,
+        Some(chrono::Utc::now() - chrono::Duration::seconds(21)),
+    );
     let held = monitor.poll().await;
     let waiting = consumer(&held).waiting_seconds.expect("shown waiting");
     assert!((21..25).contains(&waiting), "{waiting}");
@@ -548,7 +551,11 @@ async fn a_batch_held_by_a_silent_peer_shows_as_waiting_before_any_deadline() {
         .find(|a| matches!(&a.kind, AlertKind::ConsumerWaiting { .. }))
         .expect("a waiting alert");
     assert_eq!(alert.severity, Severity::Warning);
-    assert!(alert.message.contains("one batch in hand for 2"), "{}", alert.message);
+    assert!(
+        alert.message.contains("one batch in hand for 2"),
+        "{}",
+        alert.message
+    );
 
     metrics.set_busy(CONSUMER, None);
     let through = monitor.poll().await;

@@ -161,6 +161,12 @@ pub struct DeliveryEvent {
     pub latency_us: u64,
 }
 
+/// A queue operation owed (see [`Worker::owed`]).
+enum Owed {
+    Ack(Delivery),
+    GiveBack(Delivery),
+}
+
 /// `idem_consumer_busy_since_seconds` for the batch in hand, back to 0 on drop.
 struct Busy<'a> {
     metrics: &'a Metrics,
@@ -302,6 +308,12 @@ pub struct Worker {
     health: Arc<ConsumerHealth>,
     /// The consumer's seen-set, probed while it is the cause of a pause.
     seen_set: Option<GuardedSeenSet>,
+    /// What the queue could not take when it was down (or its disk full): acks of
+    /// committed deliveries and uncounted give-backs, made again before the next
+    /// lease — else the leases run out meanwhile and the outage is counted against
+    /// the messages (with a small `max_deliveries`, a committed message would end as
+    /// a dead letter).
+    owed: std::sync::Mutex<Vec<Owed>>,
 }
 
 impl Worker {
@@ -332,6 +344,7 @@ impl Worker {
             events,
             health,
             seen_set: None,
+            owed: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -367,6 +380,9 @@ impl Worker {
     ) -> Leased {
         let batch = self.settings.batch();
         let at = Instant::now();
+        if !self.settle_owed().await {
+            return self.leased(Vec::new(), at);
+        }
         let (queue, vis) = (&self.queue_name, self.settings.visibility_timeout);
         let (acked, leased) = match beside {
             Some(handled) => {
@@ -377,8 +393,9 @@ impl Worker {
             None => self.queue.ack_then_lease(&done, queue, size, vis).await,
         };
         if let Err(e) = acked {
-            tracing::warn!(error = %e, "ack failed: the deliveries will come back");
+            tracing::warn!(error = %e, "ack failed: acked again before the next lease");
             self.queue_failed(&e);
+            self.owe_acks(done);
         }
         let mut deliveries = self.leased_or_warn(leased).await;
         if !deliveries.is_empty()
@@ -412,15 +429,63 @@ impl Worker {
     /// flagged redelivered. They were never handled, so they use up no attempt.
     async fn release(&self, held: &mut Leased, delay: Duration) {
         for (delivery, _) in held.deliveries.drain(..) {
-            if let Err(e) = self.queue.nack_uncounted(&delivery, delay).await {
-                tracing::warn!(error = %e, "give-back failed: the lease will expire instead");
-            }
+            self.give_back_uncounted(delivery, delay).await;
         }
     }
 
-    /// A lease's deliveries; a failed lease pauses the consumer for the queue (see
-    /// [`Self::queue_failed`]), a lease that went through ends a pause the queue
-    /// caused.
+    /// Give `delivery` back without counting it; when the queue cannot take it now,
+    /// owe it (see [`Worker::owed`]) rather than let its lease run out and count.
+    async fn give_back_uncounted(&self, delivery: Delivery, delay: Duration) {
+        if let Err(e) = self.queue.nack_uncounted(&delivery, delay).await {
+            tracing::warn!(error = %e, "give-back failed: given back again before the next lease");
+            self.lock_owed().push(Owed::GiveBack(delivery));
+        }
+    }
+
+    /// Acks that failed: owed (see [`Worker::owed`]).
+    fn owe_acks(&self, deliveries: Vec<Delivery>) {
+        self.lock_owed()
+            .extend(deliveries.into_iter().map(Owed::Ack));
+    }
+
+    fn lock_owed(&self) -> std::sync::MutexGuard<'_, Vec<Owed>> {
+        // A list written whole under the lock: still good after a panic elsewhere.
+        self.owed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The owed acks and give-backs, before any lease (the lease would take their
+    /// expired deliveries again, counted). `false` when the queue still refuses: the
+    /// consumer stays paused for it and leases nothing.
+    async fn settle_owed(&self) -> bool {
+        let owed = std::mem::take(&mut *self.lock_owed());
+        if owed.is_empty() {
+            return true;
+        }
+        let mut left = Vec::new();
+        let mut failure = None;
+        for o in owed {
+            if failure.is_some() {
+                left.push(o);
+                continue;
+            }
+            let done = match &o {
+                Owed::Ack(d) => self.queue.ack(d).await.map(|_| ()),
+                Owed::GiveBack(d) => self.queue.nack_uncounted(d, Duration::ZERO).await,
+            };
+            if let Err(e) = done {
+                failure = Some(e);
+                left.push(o);
+            }
+        }
+        let settled = left.is_empty();
+        self.lock_owed().extend(left);
+        if let Some(e) = failure {
+            tracing::warn!(error = %e, "owed ack or give-back failed again");
+            self.queue_failed(&e);
+        }
+        settled
+    }
+
     async fn leased_or_warn(&self, leased: QueueResult<Vec<Delivery>>) -> Vec<Delivery> {
         match leased {
             Ok(b) => {
@@ -449,8 +514,9 @@ impl Worker {
             return;
         }
         if let Err(e) = self.queue.ack_batch(&deliveries).await {
-            tracing::warn!(error = %e, "ack failed: the deliveries will come back");
+            tracing::warn!(error = %e, "ack failed: acked again before the next lease");
             self.queue_failed(&e);
+            self.owe_acks(deliveries);
         }
     }
 
@@ -650,6 +716,9 @@ impl Worker {
     /// itself failed (the consumer is paused again, for the queue).
     async fn lease_trial(&self) -> Option<Leased> {
         let at = Instant::now();
+        if !self.settle_owed().await {
+            return None;
+        }
         let leased = self
             .queue
             .lease(&self.queue_name, 1, self.settings.visibility_timeout)
@@ -912,13 +981,14 @@ impl Worker {
                     // The claim's holder may be a dead process: doubling per delivery
                     // outlasts its lease, without spending the message's attempts.
                     RetryCause::Busy => {
-                        self.queue
-                            .nack_uncounted(delivery, backoff(delivery.delivery_count))
-                            .await
+                        let delay = backoff(delivery.delivery_count);
+                        self.give_back_uncounted(delivery.clone(), delay).await;
+                        Ok(())
                     }
                     RetryCause::Infra { .. } => {
                         let delay = pause.unwrap_or(self.settings.retry_delay);
-                        self.queue.nack_uncounted(delivery, delay).await
+                        self.give_back_uncounted(delivery.clone(), delay).await;
+                        Ok(())
                     }
                 };
                 event.reason = Some(why);
@@ -958,7 +1028,8 @@ impl Worker {
                     let kind = e.infra_kind();
                     self.metrics.infra_error(consumer, kind);
                     let wait = self.health.failed(kind, None, &e.to_string());
-                    self.queue.nack_uncounted(delivery, wait).await
+                    self.give_back_uncounted(delivery.clone(), wait).await;
+                    Ok(())
                 } else {
                     self.queue.nack(delivery, self.settings.retry_delay).await
                 };

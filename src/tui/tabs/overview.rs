@@ -93,8 +93,11 @@ fn flow_cell<'a>(c: &ConsumerStatus, app: &App, theme: &Theme) -> Cell<'a> {
     if let Some(held) = c.waiting_seconds {
         // A batch held by a peer that has not answered (its alert says more).
         let d = format::duration(held);
-        return Cell::from(format!("WAITING {}", d.split(' ').next().unwrap_or_default()))
-            .style(theme.warn);
+        return Cell::from(format!(
+            "WAITING {}",
+            d.split(' ').next().unwrap_or_default()
+        ))
+        .style(theme.warn);
     }
     match c.flow {
         Flow::Flowing => Cell::from("flowing").style(theme.ok),
