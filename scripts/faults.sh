@@ -30,7 +30,8 @@
 # IDEMWATCH_REDIS_URL (the shared servers; defaults: the local ones),
 # CATCH_UP_LIMIT seconds (default 300), CAPTURE (a file: the dashboard runs in tmux
 # and its screen is captured the first time it says WAITING and the first time it
-# says PAUSED).
+# says PAUSED), KEEP_LOGS (a directory: serve's, the sandbox's and the producer's logs
+# are copied there at the end).
 # Exit status 0 only when nothing was lost, doubled or dead-lettered.
 set -euo pipefail
 
@@ -78,11 +79,17 @@ cleanup() {
   case $PEER in
     postgres) psql -qtAX "$PG" -c "DROP DATABASE IF EXISTS $NAME WITH (FORCE)" >/dev/null 2>&1 || true ;;
     mariadb) mysql -h127.0.0.1 -uroot -e "DROP DATABASE IF EXISTS $NAME" >/dev/null 2>&1 || true ;;
+    redis) # this run's seen-set keys (devices FAULT-$TAG-…) only; never a flush
+      redis-cli -u "$REDIS" --scan --pattern "idemwatch:seen:*:FAULT-$TAG-*" 2>/dev/null |
+        xargs -r -n 500 redis-cli -u "$REDIS" del >/dev/null 2>&1 || true ;;
     rabbitmq)
       for q in $(rabbitmqctl list_queues -q name 2>/dev/null | grep "^$NAME" || true); do
         rabbitmqctl delete_queue "$q" >/dev/null 2>&1 || true
       done ;;
   esac
+  if [[ -n ${KEEP_LOGS:-} ]]; then
+    mkdir -p "$KEEP_LOGS" && cp "$WORK"/*.log "$KEEP_LOGS"/ 2>/dev/null || true
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -151,7 +158,7 @@ publisher() {
   local n=0 f="$WORK/in.jsonl"
   while [[ ! -e $WORK/stop-publishing ]]; do
     for ((i = n; i < n + 10; i++)); do
-      printf '{"device_id":"FAULT-%d","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}\n' "$i"
+      printf '{"device_id":"FAULT-%s-%d","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}\n' "$TAG" "$i"
     done >"$f"
     "$BIN" publish --db "sqlite://$WORK/scratch.db" --queue "$PUBLISH_QUEUE" --log-file "$WORK/publish.log" \
       "${CONSUMERS[@]}" "$f" >/dev/null
@@ -238,8 +245,8 @@ done
 sleep 2
 after_heal=$(python3 -c "print(f'{max(0.0, $resumed - $healed):.1f}')")
 
-count_sql="SELECT count(*) FROM trip_counters WHERE device_id LIKE 'FAULT-%'"
-dup_sql="SELECT count(*) FROM trip_counters WHERE device_id LIKE 'FAULT-%' AND zone_exits > 1"
+count_sql="SELECT count(*) FROM trip_counters WHERE device_id LIKE 'FAULT-$TAG-%'"
+dup_sql="SELECT count(*) FROM trip_counters WHERE device_id LIKE 'FAULT-$TAG-%' AND zone_exits > 1"
 dead_sql="SELECT count(*) FROM dead_letters"
 case $PEER in
   postgres) q() { psql -qtAX "$DIRECT" -c "$1"; } ;;
@@ -263,8 +270,9 @@ sent, reqs = rows(docs[0]), rows(docs[1])
 per = collections.Counter(s["text"].split(" left zone")[0][len("Your vehicle "):] for s in sent)
 keys = collections.Counter(r.get("idempotency_key") for r in reqs)
 n = int(sys.argv[1])
-print(sum(1 for i in range(n) if per.get(f"FAULT-{i}", 0) == 0), sum(1 for c in per.values() if c > 1), sum(c - 1 for c in keys.values()))
-' "$PUBLISHED")
+tag = sys.argv[2]
+print(sum(1 for i in range(n) if per.get(f"FAULT-{tag}-{i}", 0) == 0), sum(1 for c in per.values() if c > 1), sum(c - 1 for c in keys.values()))
+' "$PUBLISHED" "$TAG")
   lost=$((lost + sms_lost)); duplicated=$((duplicated + sms_dup))
 fi
 timeouts=$(metrics | awk '/^idem_infra_errors_total\{.*kind="timeout"/ { s += $2 } END { print s + 0 }')

@@ -55,6 +55,9 @@ impl Peer {
 /// way is found out while it is still frozen.
 const FAULT: Duration = Duration::from_secs(6);
 
+/// Deliveries per batch (and per lease).
+const BATCH: usize = 8;
+
 /// Short deadlines for seconds of fault (the defaults are for minutes).
 fn ci_deadlines() -> Deadlines {
     Deadlines {
@@ -166,8 +169,8 @@ async fn setting(peer: Peer) -> Option<Setting> {
     cfg.deadlines = ci_deadlines();
     cfg.claim_lease = Duration::from_secs(3);
     cfg.runner = RunnerSettings {
-        lease_batch: 8,
-        prefetch: 8,
+        lease_batch: BATCH,
+        prefetch: BATCH,
         // The embedded queue gives a message its budget back only for the store's
         // and the provider's faults: one counted failure is a dead letter here. A
         // broker counts a delivery whose link was lost, as it counts a crash.
@@ -212,6 +215,9 @@ struct Outcome {
     /// The pause seen while the fault lasted, if any.
     pause: Option<idemwatch::engine::health::Pause>,
     timeouts: u64,
+    /// Infrastructure failures counted of the kinds the peer's cause pauses for
+    /// (its own, and `timeout`).
+    peer_failures: u64,
 }
 
 /// Publish under load, inject `fault` for [`FAULT`], heal, drain; count.
@@ -383,6 +389,17 @@ async fn run(peer: Peer, fault: Fault) -> Option<Outcome> {
                 .infra_errors(c, InfraKind::Timeout(PauseCause::Store))
         })
         .sum();
+    let peer_failures = s
+        .consumers
+        .iter()
+        .map(|c| {
+            InfraKind::ALL
+                .iter()
+                .filter(|k| matches!(k, InfraKind::Timeout(_)) || k.cause() == peer.cause())
+                .map(|k| engine.metrics.infra_errors(c, *k))
+                .sum::<u64>()
+        })
+        .sum();
     for c in &s.consumers {
         assert!(engine.pause(c).is_none(), "{c}: resumed by itself");
     }
@@ -401,6 +418,24 @@ async fn run(peer: Peer, fault: Fault) -> Option<Outcome> {
         }
         None => {}
     }
+    if peer == Peer::Redis {
+        // This run's seen-set keys only (the shared Redis is never flushed).
+        if let Some(url) = common::services::redis_url() {
+            if let Ok(client) = redis::Client::open(url.as_str()) {
+                if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                    let keys: Vec<String> = redis::cmd("KEYS")
+                        .arg(format!("idemwatch:seen:*:{prefix}*"))
+                        .query_async(&mut c)
+                        .await
+                        .unwrap_or_default();
+                    if !keys.is_empty() {
+                        let _: Result<(), _> =
+                            redis::cmd("DEL").arg(keys).query_async(&mut c).await;
+                    }
+                }
+            }
+        }
+    }
     drop(s.proxy);
     s.db.cleanup().await;
     Some(Outcome {
@@ -413,6 +448,7 @@ async fn run(peer: Peer, fault: Fault) -> Option<Outcome> {
         provider_repeat_calls,
         pause,
         timeouts,
+        peer_failures,
     })
 }
 
@@ -424,8 +460,19 @@ impl Outcome {
         eprintln!("{self}");
         for (consumer, t) in &self.tallies {
             assert_eq!(t.lost, 0, "{consumer}: {self}");
-            assert_eq!(t.duplicated, 0, "{consumer}: {self}");
-            assert_eq!(t.ok, t.acked + t.recovered, "{consumer}: {self}");
+            if self.peer == Peer::Redis {
+                // Seen-set mode's own window (module doc of `engine/seen_set.rs`):
+                // the key is recorded after the effect, so an effect whose record
+                // the fault cut off runs again — at most the batch in flight.
+                assert!(t.duplicated <= BATCH, "{consumer}: {self}");
+            } else {
+                assert_eq!(t.duplicated, 0, "{consumer}: {self}");
+            }
+            assert_eq!(
+                t.ok + t.duplicated,
+                t.acked + t.recovered,
+                "{consumer}: {self}"
+            );
         }
         assert_eq!(self.dead_letters, 0, "{self}");
         assert!(
@@ -434,12 +481,13 @@ impl Outcome {
         );
     }
 
+    /// Paused for the peer that failed: the pause as sampled, or (a pause over
+    /// between two samples on a loaded machine) the failures it counted.
     fn assert_paused_for_its_peer(&self) {
-        let pause = self
-            .pause
-            .as_ref()
-            .unwrap_or_else(|| panic!("no pause: {self}"));
-        assert_eq!(pause.cause, self.peer.cause(), "{self}");
+        match &self.pause {
+            Some(pause) => assert_eq!(pause.cause, self.peer.cause(), "{self}"),
+            None => assert!(self.peer_failures > 0, "no pause and no failure: {self}"),
+        }
     }
 }
 
