@@ -85,6 +85,10 @@ cleanup() {
     rabbitmq)
       for q in $(rabbitmqctl list_queues -q name 2>/dev/null | grep "^$NAME" || true); do
         rabbitmqctl delete_queue "$q" >/dev/null 2>&1 || true
+      done
+      # rabbitmqctl has no exchange deletion of its own: the broker's function.
+      for x in $(rabbitmqctl list_exchanges -q name 2>/dev/null | grep "^$NAME" || true); do
+        rabbitmqctl eval "rabbit_exchange:delete(rabbit_misc:r(<<\"/\">>, exchange, <<\"$x\">>), false, <<\"cli\">>)." >/dev/null 2>&1 || true
       done ;;
   esac
   if [[ -n ${KEEP_LOGS:-} ]]; then

@@ -408,6 +408,9 @@ async fn run(peer: Peer, fault: Fault) -> Option<Outcome> {
             let q = idemwatch::engine::queue::amqp::AmqpQueue::open(&url)
                 .await
                 .unwrap();
+            for c in &s.consumers {
+                let _ = q.delete(c).await;
+            }
             let _ = q.remove_topology().await;
         }
         Some(Cleanup::Nats(url, ns)) => {
