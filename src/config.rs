@@ -73,6 +73,10 @@ pub struct Config {
     /// When alerts fire.
     pub alerts: AlertRules,
     pub theme: Theme,
+    /// The engine's deadlines on its database (`serve`, `consume`).
+    pub engine: EngineSection,
+    /// The engine's broker link (`serve`, `consume`).
+    pub queue: QueueSection,
 }
 
 impl Default for Config {
@@ -91,6 +95,55 @@ impl Default for Config {
             drills: DrillPermissions::default(),
             alerts: AlertRules::default(),
             theme: Theme::default(),
+            engine: EngineSection::default(),
+            queue: QueueSection::default(),
+        }
+    }
+}
+
+/// `[engine]`: how long the engine waits on its database (SPEC §9); defaults and
+/// why in [`crate::engine::deadlines`]. The command line's `--statement-timeout`,
+/// `--connect-timeout` and `--acquire-timeout` win over these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    /// The longest one store call (a transaction) may take; the server is told the
+    /// same per statement and lock wait (SQLite: the busy timeout).
+    #[serde(with = "human_duration")]
+    pub statement_timeout: Duration,
+    /// The longest opening a connection to the database or the broker may take.
+    #[serde(with = "human_duration")]
+    pub connect_timeout: Duration,
+    /// The longest a store call waits for one of the pool's connections.
+    #[serde(with = "human_duration")]
+    pub acquire_timeout: Duration,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        let d = crate::engine::deadlines::Deadlines::default();
+        EngineSection {
+            statement_timeout: d.statement_timeout,
+            connect_timeout: d.connect_timeout,
+            acquire_timeout: d.acquire_timeout,
+        }
+    }
+}
+
+/// `[queue]`: the engine's broker link (SPEC §9). `--heartbeat` wins over it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSection {
+    /// AMQP's heartbeat and NATS's ping interval: a link silent for two of them is
+    /// closed and dialled again. An `amqp://…?heartbeat=S` in the URL wins for AMQP.
+    #[serde(with = "human_duration")]
+    pub heartbeat: Duration,
+}
+
+impl Default for QueueSection {
+    fn default() -> Self {
+        QueueSection {
+            heartbeat: crate::engine::deadlines::Deadlines::default().heartbeat,
         }
     }
 }
@@ -352,6 +405,10 @@ pub struct MetricNames {
     pub paused: String,
     /// When the current pause began (seconds since the epoch, 0 while running).
     pub paused_since: String,
+    /// Failed tries in the current pause (0 while running).
+    pub pause_retries: String,
+    /// When the batch in hand was taken up (0 between batches).
+    pub busy_since: String,
     /// Deliveries given back by infrastructure failures (label `kind`).
     pub infra_errors: String,
     /// When a consumer last met an infrastructure failure of each `kind`.
@@ -382,6 +439,8 @@ impl Default for MetricNames {
             ingress_messages: names::INGRESS_MESSAGES.exposed.into(),
             paused: names::PAUSED.exposed.into(),
             paused_since: names::PAUSED_SINCE.exposed.into(),
+            pause_retries: names::PAUSE_RETRIES.exposed.into(),
+            busy_since: names::BUSY_SINCE.exposed.into(),
             infra_errors: names::INFRA_ERRORS.exposed.into(),
             infra_error_last: names::INFRA_ERROR_LAST.exposed.into(),
             provider_repeat_calls: names::PROVIDER_REPEAT_CALLS.exposed.into(),
@@ -429,6 +488,16 @@ impl Config {
         match default_config_path() {
             Some(path) if path.is_file() => Config::load(&path).map(Some),
             _ => Ok(None),
+        }
+    }
+
+    /// The engine's deadlines this config names (`[engine]`, `[queue]`).
+    pub fn deadlines(&self) -> crate::engine::deadlines::Deadlines {
+        crate::engine::deadlines::Deadlines {
+            statement_timeout: self.engine.statement_timeout,
+            connect_timeout: self.engine.connect_timeout,
+            acquire_timeout: self.engine.acquire_timeout,
+            heartbeat: self.queue.heartbeat,
         }
     }
 
@@ -515,6 +584,39 @@ impl Config {
                 ));
             }
             check_http_url(&j.url).map_err(|m| bad(format!("jetstream[{i}].url"), m))?;
+        }
+        for (key, d, least) in [
+            (
+                "engine.statement_timeout",
+                self.engine.statement_timeout,
+                Duration::from_millis(100),
+            ),
+            (
+                "engine.connect_timeout",
+                self.engine.connect_timeout,
+                Duration::from_millis(100),
+            ),
+            (
+                "engine.acquire_timeout",
+                self.engine.acquire_timeout,
+                Duration::from_millis(100),
+            ),
+            // AMQP counts its heartbeat in whole seconds.
+            (
+                "queue.heartbeat",
+                self.queue.heartbeat,
+                Duration::from_secs(1),
+            ),
+        ] {
+            if d < least {
+                return Err(bad(
+                    key.into(),
+                    format!(
+                        "must be at least {} (a deadline of nothing fails every call)",
+                        humantime::format_duration(least)
+                    ),
+                ));
+            }
         }
         if let Some(broker) = &self.drills.mqtt_broker {
             crate::engine::ingress::broker_address(broker)

@@ -107,9 +107,9 @@ fn main() {
     let config_path = cli.config.clone();
     let result = runtime.block_on(async move {
         match cli.command {
-            Some(Command::Serve(a)) => cli::serve::run(a).await,
+            Some(Command::Serve(a)) => cli::serve::run(a, config_path).await,
             Some(Command::Publish(a)) => cli::publish::run(a).await,
-            Some(Command::Consume(a)) => cli::consume::run(a).await,
+            Some(Command::Consume(a)) => cli::consume::run(a, config_path).await,
             Some(Command::Drill(a)) => cli::drill::run(a).await,
             Some(Command::Snapshot(a)) => cli::snapshot::run(a, config_path).await,
             Some(Command::Mark(a)) => cli::mark::run(a, config_path).await,

@@ -91,3 +91,32 @@ fn mapping_and_overrides_are_read() {
         .as_deref()
         .is_some_and(|q| q.starts_with("amqp://")));
 }
+
+/// `[engine]` and `[queue]` become the engine's deadlines; a config without them
+/// has the defaults the example names.
+#[test]
+fn the_engine_deadlines_are_read_and_default_as_the_example_says() {
+    use idemwatch::engine::deadlines::Deadlines;
+    use std::time::Duration;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/valid_configs");
+    let c = Config::load(&dir.join("engine_deadlines.toml")).unwrap();
+    assert_eq!(
+        c.deadlines(),
+        Deadlines {
+            statement_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            acquire_timeout: Duration::from_secs(3),
+            heartbeat: Duration::from_secs(4),
+        }
+    );
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/config.example.toml");
+    assert_eq!(
+        Config::load(&example).unwrap().deadlines(),
+        Deadlines::default()
+    );
+    assert_eq!(Config::default().deadlines(), Deadlines::default());
+    assert_eq!(
+        Deadlines::default().statement_timeout,
+        Duration::from_secs(30)
+    );
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::backends::{Kind, TestDb};
 use common::flaky_store::FlakyRecord;
-use common::proxy::{server_addr, CuttableProxy};
+use common::proxy::{server_addr, FaultProxy};
 use common::wait_for;
 use idemwatch::engine::consumers::zone_exit_sms;
 use idemwatch::engine::crash::{CrashPlan, CrashPoint, CrashStyle};
@@ -244,7 +244,7 @@ async fn a_database_cut_between_the_sends_and_their_record_sends_once(kind: Kind
     let Some(db) = TestDb::new(kind).await else {
         return;
     };
-    let proxy = CuttableProxy::start(server_addr(&db.url, port).await).await;
+    let proxy = FaultProxy::start(server_addr(&db.url, port).await).await;
     let url = proxy.url_through(&db.url);
     let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
         .await

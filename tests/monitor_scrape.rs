@@ -452,3 +452,117 @@ async fn a_paused_consumer_shows_since_when_why_and_an_alert() {
         .any(|a| matches!(a.kind, AlertKind::ConsumerPaused { .. })));
     server.abort();
 }
+
+/// A store that stopped answering (issue 39): the dashboard, `snapshot --json` and
+/// the alert all say what, since when, how often it was tried and what failed last
+/// — "store not answering since 04:12:07, 3 retries, last: timeout" — from the
+/// engine's metrics alone, and all of it clears by itself once a batch gets through.
+#[tokio::test]
+async fn a_silent_store_reads_not_answering_since_when_with_its_retries() {
+    use idemwatch::engine::health::{Backoff, ConsumerHealth, InfraKind, PauseCause};
+    let metrics = Arc::new(Metrics::new());
+    metrics.register_consumer(CONSUMER);
+    let health = ConsumerHealth::new(
+        CONSUMER,
+        Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(30),
+        },
+        metrics.clone(),
+    );
+    let (addr, server) = serve(metrics.clone(), ([127, 0, 0, 1], 0).into()).await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+    assert_eq!(consumer(&monitor.poll().await).paused, None);
+
+    // The statement deadline fired, then a probe and a trial timed out too.
+    let timeout = InfraKind::Timeout(PauseCause::Store);
+    for _ in 0..3 {
+        metrics.infra_error(CONSUMER, timeout);
+        health.failed(
+            timeout,
+            None,
+            "store did not answer within 30s (record_batch)",
+        );
+    }
+    let since = health.pause().unwrap().since;
+    let stalled = monitor.poll().await;
+    let p = consumer(&stalled).paused.clone().expect("shown paused");
+    let want = format!(
+        "store not answering since {}, 3 retries, last: timeout",
+        since.format("%H:%M:%S")
+    );
+    assert_eq!(p.summary, want);
+    assert_eq!(p.retries, Some(3));
+    let json = serde_json::to_value(&stalled).unwrap();
+    let shown = json["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["consumer"] == CONSUMER)
+        .unwrap();
+    assert_eq!(shown["paused"]["summary"], want.as_str(), "{shown}");
+    assert_eq!(shown["paused"]["retries"], 3);
+    let alert = stalled
+        .alerts
+        .iter()
+        .find(|a| matches!(&a.kind, AlertKind::ConsumerPaused { .. }))
+        .expect("a pause alert");
+    assert!(alert.message.contains(&want), "{}", alert.message);
+    assert!(metrics.encode().contains(&format!(
+        "idem_consumer_pause_retries{{consumer=\"{CONSUMER}\"}} 3"
+    )));
+
+    health.recovered();
+    let resumed = monitor.poll().await;
+    assert_eq!(consumer(&resumed).paused, None);
+    assert!(!resumed
+        .alerts
+        .iter()
+        .any(|a| matches!(a.kind, AlertKind::ConsumerPaused { .. })));
+    assert!(metrics.encode().contains(&format!(
+        "idem_consumer_pause_retries{{consumer=\"{CONSUMER}\"}} 0"
+    )));
+    server.abort();
+}
+
+/// A batch held by a peer that has not answered yet, before any deadline fired (the
+/// first 30 s of a frozen connection): shown as waiting, with an alert saying so,
+/// and nothing once the batch is through.
+#[tokio::test]
+async fn a_batch_held_by_a_silent_peer_shows_as_waiting_before_any_deadline() {
+    let metrics = Arc::new(Metrics::new());
+    metrics.register_consumer(CONSUMER);
+    let (addr, server) = serve(metrics.clone(), ([127, 0, 0, 1], 0).into()).await;
+    let mut monitor = Monitor::new(&config_for(addr)).unwrap();
+    // A batch taken up a moment ago is work, not a wait.
+    metrics.set_busy(CONSUMER, Some(chrono::Utc::now()));
+    assert_eq!(consumer(&monitor.poll().await).waiting_seconds, None);
+
+    metrics.set_busy(
+        CONSUMER,
+        Some(chrono::Utc::now() - chrono::Duration::seconds(21)),
+    );
+    let held = monitor.poll().await;
+    let waiting = consumer(&held).waiting_seconds.expect("shown waiting");
+    assert!((21..25).contains(&waiting), "{waiting}");
+    let alert = held
+        .alerts
+        .iter()
+        .find(|a| matches!(&a.kind, AlertKind::ConsumerWaiting { .. }))
+        .expect("a waiting alert");
+    assert_eq!(alert.severity, Severity::Warning);
+    assert!(
+        alert.message.contains("one batch in hand for 2"),
+        "{}",
+        alert.message
+    );
+
+    metrics.set_busy(CONSUMER, None);
+    let through = monitor.poll().await;
+    assert_eq!(consumer(&through).waiting_seconds, None);
+    assert!(!through
+        .alerts
+        .iter()
+        .any(|a| matches!(a.kind, AlertKind::ConsumerWaiting { .. })));
+    server.abort();
+}

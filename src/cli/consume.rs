@@ -2,6 +2,7 @@
 //! then print the counts (summed, and per consumer under "consumers").
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
@@ -27,9 +28,14 @@ pub struct ConsumeArgs {
     pub events: bool,
 }
 
-pub async fn run(args: ConsumeArgs) -> CliResult {
+/// `config_path`: `--config`, whose `[engine]` and `[queue]` deadlines apply under
+/// the command line's.
+pub async fn run(args: ConsumeArgs, config_path: Option<PathBuf>) -> CliResult {
     let (sms, webhook, _sandbox) = args.engine.provider_urls().await?;
     let mut cfg = args.engine.engine_config(&sms, &webhook);
+    cfg.deadlines = args
+        .engine
+        .deadlines(super::config_deadlines(config_path.as_deref())?);
     cfg.durability = args.durability.durability;
     let engine = open_engine(&cfg).await?;
     let crash = Arc::new(match args.engine.crash_at {

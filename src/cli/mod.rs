@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use idemwatch::engine::consumers::{ConsumerMode, DEFAULT_PROVIDER_CONCURRENCY};
 use idemwatch::engine::crash::CrashPoint;
+use idemwatch::engine::deadlines::Deadlines;
 use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::seen_set::{SeenSetConfig, Unavailable};
 use idemwatch::engine::store::{Durability, StoreError};
@@ -243,6 +244,24 @@ pub struct EngineArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "7d", value_name = "DURATION")]
     pub seen_set_ttl: Duration,
 
+    /// The longest one store call (a transaction) may take before the consumer
+    /// pauses and retries on a fresh connection; the database is told the same per
+    /// statement. Overrides `[engine] statement_timeout` (default 30s).
+    #[arg(long, value_parser = parse_deadline, value_name = "DURATION")]
+    pub statement_timeout: Option<Duration>,
+    /// The longest opening a database or broker connection may take. Overrides
+    /// `[engine] connect_timeout` (default 10s).
+    #[arg(long, value_parser = parse_deadline, value_name = "DURATION")]
+    pub connect_timeout: Option<Duration>,
+    /// The longest a store call waits for a pooled connection. Overrides `[engine]
+    /// acquire_timeout` (default 10s).
+    #[arg(long, value_parser = parse_deadline, value_name = "DURATION")]
+    pub acquire_timeout: Option<Duration>,
+    /// AMQP heartbeat / NATS ping interval: a broker link silent for two of them is
+    /// dropped and dialled again. Overrides `[queue] heartbeat` (default 10s).
+    #[arg(long, value_parser = parse_heartbeat, value_name = "DURATION")]
+    pub heartbeat: Option<Duration>,
+
     // Tuning and drill plumbing: hidden from --help, used by drills' child processes.
     #[arg(long, hide = true)]
     pub namespace: Option<String>,
@@ -287,7 +306,20 @@ impl EngineArgs {
         }
     }
 
+    /// `base` (the config's `[engine]` and `[queue]`, or the defaults) with the
+    /// deadline flags given on the command line over it.
+    pub fn deadlines(&self, base: Deadlines) -> Deadlines {
+        Deadlines {
+            statement_timeout: self.statement_timeout.unwrap_or(base.statement_timeout),
+            connect_timeout: self.connect_timeout.unwrap_or(base.connect_timeout),
+            acquire_timeout: self.acquire_timeout.unwrap_or(base.acquire_timeout),
+            heartbeat: self.heartbeat.unwrap_or(base.heartbeat),
+        }
+    }
+
     /// The engine config; `sms_url` must already be resolved (see [`provider_urls`]).
+    /// Its deadlines are the flags' over the defaults; the commands that read the
+    /// config file put its sections under the flags ([`Self::deadlines`]).
     pub fn engine_config(&self, sms_url: &str, webhook_url: &str) -> EngineConfig {
         let mut cfg = EngineConfig::new(&self.db_url(), &self.queue_url(), sms_url, webhook_url);
         cfg.mode = self.mode;
@@ -296,6 +328,7 @@ impl EngineArgs {
         cfg.claim_lease = Duration::from_millis(self.claim_lease_ms);
         cfg.seen_set = self.seen_set_config();
         cfg.provider_concurrency = self.provider_concurrency.max(1);
+        cfg.deadlines = self.deadlines(Deadlines::default());
         cfg.runner = RunnerSettings {
             visibility_timeout: Duration::from_millis(self.visibility_ms),
             max_deliveries: self.max_deliveries,
@@ -329,6 +362,38 @@ impl EngineArgs {
         let webhook = self.webhook_url.clone().unwrap_or_else(|| sms.clone());
         Ok((sms, webhook, handle))
     }
+}
+
+/// A deadline flag: a duration of at least 100ms (the config's floor too: a deadline
+/// of nothing would fail every call).
+fn parse_deadline(text: &str) -> Result<Duration, String> {
+    at_least(text, Duration::from_millis(100))
+}
+
+/// `--heartbeat`: at least 1s (AMQP counts it in whole seconds).
+fn parse_heartbeat(text: &str) -> Result<Duration, String> {
+    at_least(text, Duration::from_secs(1))
+}
+
+fn at_least(text: &str, least: Duration) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d < least {
+        return Err(format!(
+            "must be at least {}",
+            humantime::format_duration(least)
+        ));
+    }
+    Ok(d)
+}
+
+/// The deadlines of the config file (`--config FILE`, else the default path when it
+/// exists; `[engine]` and `[queue]`), or the defaults without one. A config that
+/// does not parse is bad usage: the engine must not run on deadlines the operator
+/// did not write.
+pub fn config_deadlines(path: Option<&std::path::Path>) -> Result<Deadlines, CliError> {
+    Ok(idemwatch::config::Config::discover(path)
+        .map_err(|e| CliError::usage(e.to_string()))?
+        .map_or_else(Deadlines::default, |c| c.deadlines()))
 }
 
 /// `--durability`, for the commands that run consumers (`serve`, `consume`, `bench

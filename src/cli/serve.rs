@@ -97,7 +97,9 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), CliError> {
     Ok((listener, bound))
 }
 
-pub async fn run(args: ServeArgs) -> CliResult {
+/// `config_path`: `--config`, whose `[engine]` and `[queue]` deadlines apply under
+/// the command line's.
+pub async fn run(args: ServeArgs, config_path: Option<PathBuf>) -> CliResult {
     let keys = args.api_keys.as_deref().map(load_keys).transpose()?;
     let api_on = keys.is_some() || args.api_allow_anonymous;
     if args.api_listen.is_some() && !api_on {
@@ -107,6 +109,9 @@ pub async fn run(args: ServeArgs) -> CliResult {
     }
     let (sms, webhook, _sandbox) = args.engine.provider_urls().await?;
     let mut cfg = args.engine.engine_config(&sms, &webhook);
+    cfg.deadlines = args
+        .engine
+        .deadlines(super::config_deadlines(config_path.as_deref())?);
     cfg.durability = args.durability.durability;
     let engine = Arc::new(open_engine(&cfg).await?);
     let (metrics_listener, addr) = bind(args.listen).await?;

@@ -26,17 +26,26 @@ use super::metrics::Metrics;
 #[serde(rename_all = "snake_case")]
 pub enum PauseCause {
     Store,
+    /// The queue or the broker link: a lease, ack or give-back failed or went
+    /// unanswered.
+    Queue,
     Provider,
     /// The seen-set outside the database (Redis) of a fail-closed `seen-set` consumer.
     SeenSet,
 }
 
 impl PauseCause {
-    pub const ALL: [PauseCause; 3] = [PauseCause::Store, PauseCause::Provider, PauseCause::SeenSet];
+    pub const ALL: [PauseCause; 4] = [
+        PauseCause::Store,
+        PauseCause::Queue,
+        PauseCause::Provider,
+        PauseCause::SeenSet,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             PauseCause::Store => "store",
+            PauseCause::Queue => "queue",
             PauseCause::Provider => "provider",
             PauseCause::SeenSet => "seen_set",
         }
@@ -44,25 +53,35 @@ impl PauseCause {
 }
 
 /// One infrastructure failure: the `kind` label of `idem_infra_errors_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InfraKind {
-    /// The database, or the way to it: unreachable, reset, timed out, locked, full.
+    /// The database, or the way to it: unreachable, reset, locked, full, refused.
     Store,
-    /// No answer from the provider (connect refused, reset, timeout): the request may
-    /// or may not have reached it.
+    /// The queue or the broker link failed (connection lost, refused, closed).
+    Queue,
+    /// A deadline fired (SPEC §9, `kind="timeout"`): the peer of the cause said
+    /// nothing in time — a statement, a lock wait, a pool, a broker request, a Redis
+    /// command, a provider call. The consumer pauses under that cause and tries again
+    /// on a fresh connection.
+    Timeout(PauseCause),
+    /// No answer from the provider (connect refused, reset): the request may or may
+    /// not have reached it.
     ProviderUnreachable,
     /// The provider answered 5xx.
     ProviderUnavailable,
     /// The provider answered 408, 425 or 429: slow down.
     ProviderThrottled,
-    /// A fail-closed seen-set (Redis) could not answer: unreachable, reset, timed out.
+    /// A fail-closed seen-set (Redis) could not answer: unreachable, reset.
     SeenSet,
 }
 
 impl InfraKind {
-    pub const ALL: [InfraKind; 5] = [
+    /// One of each label (every `timeout` shares one, whatever its cause): the
+    /// series exported at zero from the start.
+    pub const ALL: [InfraKind; 7] = [
         InfraKind::Store,
+        InfraKind::Queue,
+        InfraKind::Timeout(PauseCause::Store),
         InfraKind::ProviderUnreachable,
         InfraKind::ProviderUnavailable,
         InfraKind::ProviderThrottled,
@@ -72,6 +91,8 @@ impl InfraKind {
     pub fn as_str(self) -> &'static str {
         match self {
             InfraKind::Store => "store",
+            InfraKind::Queue => "queue",
+            InfraKind::Timeout(_) => "timeout",
             InfraKind::ProviderUnreachable => "provider_unreachable",
             InfraKind::ProviderUnavailable => "provider_unavailable",
             InfraKind::ProviderThrottled => "provider_throttled",
@@ -79,16 +100,23 @@ impl InfraKind {
         }
     }
 
-    pub fn parse(s: &str) -> Option<InfraKind> {
-        InfraKind::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-
     pub fn cause(self) -> PauseCause {
         match self {
             InfraKind::Store => PauseCause::Store,
+            InfraKind::Queue => PauseCause::Queue,
+            InfraKind::Timeout(cause) => cause,
             InfraKind::SeenSet => PauseCause::SeenSet,
-            _ => PauseCause::Provider,
+            InfraKind::ProviderUnreachable
+            | InfraKind::ProviderUnavailable
+            | InfraKind::ProviderThrottled => PauseCause::Provider,
         }
+    }
+}
+
+/// As its label.
+impl Serialize for InfraKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -185,7 +213,11 @@ impl ConsumerHealth {
         if previous.is_none() {
             tracing::warn!(consumer = %self.consumer, cause = cause.as_str(), kind = kind.as_str(),
                 error = why, pause = ?wait, "infrastructure failure: pausing the consumer (deliveries go back uncounted)");
+        } else {
+            tracing::debug!(consumer = %self.consumer, cause = cause.as_str(), kind = kind.as_str(),
+                error = why, pause = ?wait, failures, "still paused");
         }
+        self.metrics.set_pause_retries(&self.consumer, failures);
         *open = Some(Open {
             pause: Pause {
                 cause,
@@ -201,12 +233,29 @@ impl ConsumerHealth {
 
     /// A batch got through: close the breaker.
     pub fn recovered(&self) {
-        if let Some(open) = self.lock().take() {
-            self.metrics
-                .set_paused(&self.consumer, open.pause.cause, None);
-            tracing::info!(consumer = %self.consumer, cause = open.pause.cause.as_str(),
-                failures = open.pause.failures, since = %open.pause.since, "resumed");
+        let mut open = self.lock();
+        if let Some(open) = open.take() {
+            self.closed(open);
         }
+    }
+
+    /// The part that was unhealthy answered (a queue's lease went through): close the
+    /// breaker if that part is what opened it, else leave it to its own probe.
+    pub fn recovered_from(&self, cause: PauseCause) {
+        let mut open = self.lock();
+        if open.as_ref().is_some_and(|o| o.pause.cause == cause) {
+            if let Some(open) = open.take() {
+                self.closed(open);
+            }
+        }
+    }
+
+    fn closed(&self, open: Open) {
+        self.metrics
+            .set_paused(&self.consumer, open.pause.cause, None);
+        self.metrics.set_pause_retries(&self.consumer, 0);
+        tracing::info!(consumer = %self.consumer, cause = open.pause.cause.as_str(),
+            failures = open.pause.failures, since = %open.pause.since, "resumed");
     }
 
     /// The current pause, if any.

@@ -221,6 +221,8 @@ pub mod names {
     gauge!(ENGINE_INFO = "idem_engine_info");
     gauge!(PAUSED = "idem_consumer_paused");
     gauge!(PAUSED_SINCE = "idem_consumer_paused_since_seconds");
+    gauge!(PAUSE_RETRIES = "idem_consumer_pause_retries");
+    gauge!(BUSY_SINCE = "idem_consumer_busy_since_seconds");
     counter!(INFRA_ERRORS = "idem_infra_errors");
     gauge!(INFRA_ERROR_LAST = "idem_infra_error_last_seconds");
     gauge!(
@@ -236,7 +238,7 @@ pub mod names {
     );
 
     /// Every family above but the histogram.
-    pub const ALL: [Name; 17] = [
+    pub const ALL: [Name; 19] = [
         PROCESSED,
         DUPLICATE_DROPPED,
         REDELIVERED,
@@ -248,6 +250,8 @@ pub mod names {
         ENGINE_INFO,
         PAUSED,
         PAUSED_SINCE,
+        PAUSE_RETRIES,
+        BUSY_SINCE,
         INFRA_ERRORS,
         INFRA_ERROR_LAST,
         PROCESS_START,
@@ -274,6 +278,8 @@ pub struct Metrics {
     ingress: Family<IngressLabel, Counter>,
     paused: Family<PausedLabel, Gauge>,
     paused_since: Family<ConsumerLabel, Gauge>,
+    pause_retries: Family<ConsumerLabel, Gauge>,
+    busy_since: Family<ConsumerLabel, Gauge>,
     infra_errors: Family<InfraLabel, Counter>,
     infra_error_last: Family<InfraLabel, Gauge>,
     provider_repeat_calls: Family<RepeatLabel, Counter>,
@@ -372,10 +378,22 @@ impl Metrics {
             "When the consumer's current pause began, in seconds since the epoch; 0 while it runs",
             paused_since.clone(),
         );
+        let pause_retries = Family::<ConsumerLabel, Gauge>::default();
+        registry.register(
+            names::PAUSE_RETRIES.family,
+            "Failed tries in the consumer's current pause (the failure that began it, then each failed probe or trial); 0 while it runs",
+            pause_retries.clone(),
+        );
+        let busy_since = Family::<ConsumerLabel, Gauge>::default();
+        registry.register(
+            names::BUSY_SINCE.family,
+            "When the batch the consumer is handling was taken up, in seconds since the epoch; 0 between batches (a batch in hand for long is a wait on a peer that has not answered yet)",
+            busy_since.clone(),
+        );
         let infra_errors = Family::<InfraLabel, Counter>::default();
         registry.register(
             names::INFRA_ERRORS.family,
-            "Deliveries given back because the store or the provider failed, by kind (store, provider_unreachable, provider_unavailable, provider_throttled); none counts toward max_deliveries",
+            "Infrastructure failures met by the consumer, by kind (store, queue, timeout: a deadline fired, provider_unreachable, provider_unavailable, provider_throttled, seen_set); none counts toward max_deliveries",
             infra_errors.clone(),
         );
         let infra_error_last = Family::<InfraLabel, Gauge>::default();
@@ -430,6 +448,8 @@ impl Metrics {
             ingress,
             paused,
             paused_since,
+            pause_retries,
+            busy_since,
             infra_errors,
             infra_error_last,
             provider_repeat_calls,
@@ -466,6 +486,8 @@ impl Metrics {
         drop(self.handler_duration.get_or_create(&l));
         drop(self.seen_set_bypassed.get_or_create(&l));
         drop(self.paused_since.get_or_create(&l));
+        drop(self.pause_retries.get_or_create(&l));
+        drop(self.busy_since.get_or_create(&l));
         for cause in PauseCause::ALL {
             drop(self.paused.get_or_create(&paused_label(consumer, cause)));
         }
@@ -542,6 +564,20 @@ impl Metrics {
             .get_or_create(&paused_label(consumer, cause))
             .set(i64::from(since.is_some()));
         self.paused_since
+            .get_or_create(&label(consumer))
+            .set(since.map_or(0, |t| t.timestamp()));
+    }
+
+    /// `idem_consumer_pause_retries`: the failed tries of the current pause (0: none).
+    pub fn set_pause_retries(&self, consumer: &str, failures: u32) {
+        self.pause_retries
+            .get_or_create(&label(consumer))
+            .set(i64::from(failures));
+    }
+
+    /// `idem_consumer_busy_since_seconds`: a batch taken up at `since`, or none.
+    pub fn set_busy(&self, consumer: &str, since: Option<DateTime<Utc>>) {
+        self.busy_since
             .get_or_create(&label(consumer))
             .set(since.map_or(0, |t| t.timestamp()));
     }

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 pub mod api_keys;
 pub mod consumers;
 pub mod crash;
+pub mod deadlines;
 pub mod envelope;
 pub mod exporter;
 pub mod health;
@@ -72,6 +73,8 @@ pub struct EngineConfig {
     pub seen_set: seen_set::SeenSetConfig,
     /// Provider calls of one batch in flight at once, per side-effect consumer.
     pub provider_concurrency: usize,
+    /// How long each wait on the database and the broker may last.
+    pub deadlines: deadlines::Deadlines,
 }
 
 /// The environment variables the command line reads its connection URLs from.
@@ -123,6 +126,7 @@ impl EngineConfig {
             durability: store::Durability::Durable,
             seen_set: seen_set::SeenSetConfig::default(),
             provider_concurrency: consumers::DEFAULT_PROVIDER_CONCURRENCY,
+            deadlines: deadlines::Deadlines::default(),
         }
     }
 }
@@ -211,8 +215,8 @@ pub struct Engine {
 impl Engine {
     /// Open the store and queue the config names and build the consumers.
     pub async fn open(cfg: &EngineConfig) -> Result<Engine, EngineError> {
-        let stores = store::open_with_edge_durability(&cfg.db_url, cfg.durability).await?;
-        let queue = queue::open(&cfg.queue_url).await?;
+        let stores = store::open_with(&cfg.db_url, cfg.durability, &cfg.deadlines).await?;
+        let queue = queue::open_with(&cfg.queue_url, &cfg.deadlines).await?;
         let mut engine = Engine::from_parts(stores.store, queue, Arc::new(Metrics::new()), cfg)?;
         engine.edge = Some(stores.edge);
         Ok(engine)

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::health::InfraKind;
+use super::health::{InfraKind, PauseCause};
 use super::idempotency_key::{self, IdempotencyKey};
 
 /// The provider's answer to one request.
@@ -20,9 +20,13 @@ pub struct ProviderReply {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
-    /// Network error or timeout: the request may or may not have reached the provider.
-    #[error("provider unreachable or timed out: {0}")]
+    /// Network error: the request may or may not have reached the provider.
+    #[error("provider unreachable: {0}")]
     Transport(String),
+    /// No answer within the client's deadline (connect or the whole call): the
+    /// request may or may not have reached the provider. Counted as `timeout`.
+    #[error("provider did not answer in time: {0}")]
+    TimedOut(String),
     /// 5xx: the provider failed; retrying (with the same key) is safe.
     #[error("provider error {status}: {body}")]
     Unavailable { status: u16, body: String },
@@ -71,6 +75,7 @@ impl ProviderError {
     pub fn infra_kind(&self) -> Option<InfraKind> {
         match self {
             ProviderError::Transport(_) => Some(InfraKind::ProviderUnreachable),
+            ProviderError::TimedOut(_) => Some(InfraKind::Timeout(PauseCause::Provider)),
             ProviderError::Unavailable { .. } => Some(InfraKind::ProviderUnavailable),
             ProviderError::Throttled { .. } => Some(InfraKind::ProviderThrottled),
             ProviderError::Rejected { .. } => None,
@@ -83,6 +88,17 @@ impl ProviderError {
             ProviderError::Throttled { retry_after, .. } => *retry_after,
             _ => None,
         }
+    }
+}
+
+/// A request that got no answer: timed out (a deadline, SPEC §9) or not (refused,
+/// reset); the words redacted either way.
+fn transport(e: reqwest::Error) -> ProviderError {
+    let words = crate::redact::redact_text(&e.to_string());
+    if e.is_timeout() {
+        ProviderError::TimedOut(words)
+    } else {
+        ProviderError::Transport(words)
     }
 }
 
@@ -171,10 +187,7 @@ impl ProviderClient {
             })?;
             req = req.header(idempotency_key::HEADER, key.header_value());
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
+        let resp = req.send().await.map_err(transport)?;
         let status = resp.status().as_u16();
         let replayed = idempotency_key::is_replayed(resp.headers());
         let retry_after = resp
@@ -184,7 +197,7 @@ impl ProviderClient {
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
         let body = read_capped(resp, MAX_PROVIDER_BODY)
             .await
-            .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
+            .map_err(transport)?;
         match status {
             200..=299 => Ok(ProviderReply {
                 status,

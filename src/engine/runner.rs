@@ -15,9 +15,9 @@ pub use super::consumers::DeliveryOutcome;
 use super::consumers::{Consumer, HandleError, Outcome, Retry, RetryCause};
 use super::crash::{CrashPlan, CrashPoint, Crashed};
 use super::envelope::{EventType, Message, MessageKey, Parsed, RejectReason, Rejection};
-use super::health::{Backoff, ConsumerHealth, InfraKind};
+use super::health::{Backoff, ConsumerHealth, InfraKind, PauseCause};
 use super::metrics::{EffectResult, Metrics};
-use super::queue::{Delivery, Queue, QueueResult};
+use super::queue::{Delivery, Queue, QueueError, QueueResult};
 use super::seen_set::GuardedSeenSet;
 use super::store::Store;
 
@@ -161,6 +161,31 @@ pub struct DeliveryEvent {
     pub latency_us: u64,
 }
 
+/// A queue operation owed (see [`Worker::owed`]).
+enum Owed {
+    Ack(Delivery),
+    GiveBack(Delivery),
+}
+
+/// `idem_consumer_busy_since_seconds` for the batch in hand, back to 0 on drop.
+struct Busy<'a> {
+    metrics: &'a Metrics,
+    consumer: &'a str,
+}
+
+impl<'a> Busy<'a> {
+    fn since_now(metrics: &'a Metrics, consumer: &'a str) -> Self {
+        metrics.set_busy(consumer, Some(chrono::Utc::now()));
+        Busy { metrics, consumer }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.metrics.set_busy(self.consumer, None);
+    }
+}
+
 /// What a paused worker does next.
 enum Paused {
     /// Shutdown was asked.
@@ -283,6 +308,12 @@ pub struct Worker {
     health: Arc<ConsumerHealth>,
     /// The consumer's seen-set, probed while it is the cause of a pause.
     seen_set: Option<GuardedSeenSet>,
+    /// What the queue could not take when it was down (or its disk full): acks of
+    /// committed deliveries and uncounted give-backs, made again before the next
+    /// lease — else the leases run out meanwhile and the outage is counted against
+    /// the messages (with a small `max_deliveries`, a committed message would end as
+    /// a dead letter).
+    owed: std::sync::Mutex<Vec<Owed>>,
 }
 
 impl Worker {
@@ -313,6 +344,7 @@ impl Worker {
             events,
             health,
             seen_set: None,
+            owed: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -348,6 +380,9 @@ impl Worker {
     ) -> Leased {
         let batch = self.settings.batch();
         let at = Instant::now();
+        if !self.settle_owed().await {
+            return self.leased(Vec::new(), at);
+        }
         let (queue, vis) = (&self.queue_name, self.settings.visibility_timeout);
         let (acked, leased) = match beside {
             Some(handled) => {
@@ -358,7 +393,9 @@ impl Worker {
             None => self.queue.ack_then_lease(&done, queue, size, vis).await,
         };
         if let Err(e) = acked {
-            tracing::warn!(error = %e, "ack failed: the deliveries will come back");
+            tracing::warn!(error = %e, "ack failed: acked again before the next lease");
+            self.queue_failed(&e);
+            self.owe_acks(done);
         }
         let mut deliveries = self.leased_or_warn(leased).await;
         if !deliveries.is_empty()
@@ -392,21 +429,84 @@ impl Worker {
     /// flagged redelivered. They were never handled, so they use up no attempt.
     async fn release(&self, held: &mut Leased, delay: Duration) {
         for (delivery, _) in held.deliveries.drain(..) {
-            if let Err(e) = self.queue.nack_uncounted(&delivery, delay).await {
-                tracing::warn!(error = %e, "give-back failed: the lease will expire instead");
+            self.give_back_uncounted(delivery, delay).await;
+        }
+    }
+
+    /// Give `delivery` back without counting it; when the queue cannot take it now,
+    /// owe it (see [`Worker::owed`]) rather than let its lease run out and count.
+    async fn give_back_uncounted(&self, delivery: Delivery, delay: Duration) {
+        if let Err(e) = self.queue.nack_uncounted(&delivery, delay).await {
+            tracing::warn!(error = %e, "give-back failed: given back again before the next lease");
+            self.lock_owed().push(Owed::GiveBack(delivery));
+        }
+    }
+
+    /// Acks that failed: owed (see [`Worker::owed`]).
+    fn owe_acks(&self, deliveries: Vec<Delivery>) {
+        self.lock_owed()
+            .extend(deliveries.into_iter().map(Owed::Ack));
+    }
+
+    fn lock_owed(&self) -> std::sync::MutexGuard<'_, Vec<Owed>> {
+        // A list written whole under the lock: still good after a panic elsewhere.
+        self.owed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The owed acks and give-backs, before any lease (the lease would take their
+    /// expired deliveries again, counted). `false` when the queue still refuses: the
+    /// consumer stays paused for it and leases nothing.
+    async fn settle_owed(&self) -> bool {
+        let owed = std::mem::take(&mut *self.lock_owed());
+        if owed.is_empty() {
+            return true;
+        }
+        let mut left = Vec::new();
+        let mut failure = None;
+        for o in owed {
+            if failure.is_some() {
+                left.push(o);
+                continue;
+            }
+            let done = match &o {
+                Owed::Ack(d) => self.queue.ack(d).await.map(|_| ()),
+                Owed::GiveBack(d) => self.queue.nack_uncounted(d, Duration::ZERO).await,
+            };
+            if let Err(e) = done {
+                failure = Some(e);
+                left.push(o);
             }
         }
+        let settled = left.is_empty();
+        self.lock_owed().extend(left);
+        if let Some(e) = failure {
+            tracing::warn!(error = %e, "owed ack or give-back failed again");
+            self.queue_failed(&e);
+        }
+        settled
     }
 
     async fn leased_or_warn(&self, leased: QueueResult<Vec<Delivery>>) -> Vec<Delivery> {
         match leased {
-            Ok(b) => b,
+            Ok(b) => {
+                self.health.recovered_from(PauseCause::Queue);
+                b
+            }
             Err(e) => {
                 tracing::warn!(queue = %self.queue_name, error = %e, "lease failed");
-                tokio::time::sleep(self.settings.idle_poll).await;
+                self.queue_failed(&e);
                 Vec::new()
             }
         }
+    }
+
+    /// The queue or the broker link failed or went silent: an infrastructure failure
+    /// like a store's. The consumer pauses (`cause="queue"`) instead of polling a dead
+    /// link, and its trial lease after the back-off is the probe. Returns the pause.
+    fn queue_failed(&self, e: &QueueError) -> Duration {
+        let kind = e.infra_kind();
+        self.metrics.infra_error(self.consumer.name(), kind);
+        self.health.failed(kind, None, &e.to_string())
     }
 
     async fn ack(&self, deliveries: Vec<Delivery>) {
@@ -414,7 +514,9 @@ impl Worker {
             return;
         }
         if let Err(e) = self.queue.ack_batch(&deliveries).await {
-            tracing::warn!(error = %e, "ack failed: the deliveries will come back");
+            tracing::warn!(error = %e, "ack failed: acked again before the next lease");
+            self.queue_failed(&e);
+            self.owe_acks(deliveries);
         }
     }
 
@@ -462,7 +564,11 @@ impl Worker {
                     Paused::Trial => {
                         // Half open: one delivery tries the way; its batch closes the
                         // breaker if it gets through (see `judge`).
-                        held = self.lease_trial().await;
+                        // A trial lease that failed paused the consumer again.
+                        let Some(trial) = self.lease_trial().await else {
+                            continue;
+                        };
+                        held = trial;
                         if held.is_empty() {
                             // Nothing waiting to try it with: resume, and let the next
                             // batch tell.
@@ -586,9 +692,10 @@ impl Worker {
             }
             return Paused::Again;
         }
-        let probe = match self.health.pause().map(|p| p.kind) {
-            Some(InfraKind::Store) => Some(self.store.ping().await),
-            Some(InfraKind::SeenSet) => match &self.seen_set {
+        // A queue has no probe of its own either: the trial lease is one.
+        let probe = match self.health.pause().map(|p| p.cause) {
+            Some(PauseCause::Store) => Some(self.store.ping().await),
+            Some(PauseCause::SeenSet) => match &self.seen_set {
                 Some(s) => Some(s.ping().await),
                 None => None,
             },
@@ -596,7 +703,7 @@ impl Worker {
         };
         if let Some(Err(e)) = probe {
             if e.is_infrastructure() {
-                let kind = self.health.pause().map_or(InfraKind::Store, |p| p.kind);
+                let kind = e.infra_kind();
                 self.metrics.infra_error(self.consumer.name(), kind);
                 self.health.failed(kind, None, &e.to_string());
                 return Paused::Again;
@@ -605,14 +712,20 @@ impl Worker {
         Paused::Trial
     }
 
-    /// Lease one delivery: the trial of a half-open breaker.
-    async fn lease_trial(&self) -> Leased {
+    /// Lease one delivery: the trial of a half-open breaker. `None` when the lease
+    /// itself failed (the consumer is paused again, for the queue).
+    async fn lease_trial(&self) -> Option<Leased> {
         let at = Instant::now();
+        if !self.settle_owed().await {
+            return None;
+        }
         let leased = self
             .queue
             .lease(&self.queue_name, 1, self.settings.visibility_timeout)
             .await;
-        self.leased(self.leased_or_warn(leased).await, at)
+        let failed = leased.is_err();
+        let deliveries = self.leased_or_warn(leased).await;
+        (!failed).then(|| self.leased(deliveries, at))
     }
 
     /// Nothing leased: `true` to stop (the queue is drained, or shutdown was asked),
@@ -651,6 +764,9 @@ impl Worker {
     async fn handle(&self, batch: Batch) -> Result<Vec<Delivery>, Crashed> {
         let started = Instant::now();
         let consumer = self.consumer.name();
+        // While the batch is in hand (cleared however `handle` ends): a batch held
+        // long is a peer that has not answered yet, before any deadline fires.
+        let _busy = Busy::since_now(&self.metrics, consumer);
         let mut settled: Vec<(Delivery, DeliveryEvent, bool)> =
             Vec::with_capacity(batch.deliveries.len());
         let mut pending: Vec<(Delivery, DeliveryEvent)> = Vec::new();
@@ -865,13 +981,14 @@ impl Worker {
                     // The claim's holder may be a dead process: doubling per delivery
                     // outlasts its lease, without spending the message's attempts.
                     RetryCause::Busy => {
-                        self.queue
-                            .nack_uncounted(delivery, backoff(delivery.delivery_count))
-                            .await
+                        let delay = backoff(delivery.delivery_count);
+                        self.give_back_uncounted(delivery.clone(), delay).await;
+                        Ok(())
                     }
                     RetryCause::Infra { .. } => {
                         let delay = pause.unwrap_or(self.settings.retry_delay);
-                        self.queue.nack_uncounted(delivery, delay).await
+                        self.give_back_uncounted(delivery.clone(), delay).await;
+                        Ok(())
                     }
                 };
                 event.reason = Some(why);
@@ -908,9 +1025,11 @@ impl Worker {
                 tracing::warn!(error = %e, "dead-letter insert failed: the delivery goes back");
                 event.outcome = DeliveryOutcome::Retry;
                 let returned = if e.is_infrastructure() {
-                    self.metrics.infra_error(consumer, InfraKind::Store);
-                    let wait = self.health.failed(InfraKind::Store, None, &e.to_string());
-                    self.queue.nack_uncounted(delivery, wait).await
+                    let kind = e.infra_kind();
+                    self.metrics.infra_error(consumer, kind);
+                    let wait = self.health.failed(kind, None, &e.to_string());
+                    self.give_back_uncounted(delivery.clone(), wait).await;
+                    Ok(())
                 } else {
                     self.queue.nack(delivery, self.settings.retry_delay).await
                 };

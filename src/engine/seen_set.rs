@@ -183,8 +183,8 @@ impl RedisSeenSet {
                 .get_multiplexed_async_connection_with_config(&config),
         )
         .await
-        .map_err(|_| self.unreachable("connect timed out"))?
-        .map_err(|e| self.unreachable(&e.to_string()))?;
+        .map_err(|_| self.timed_out("connect"))?
+        .map_err(|e| self.failed(&e))?;
         *held = Some(conn.clone());
         Ok(conn)
     }
@@ -198,19 +198,37 @@ impl RedisSeenSet {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 self.conn.lock().await.take();
-                Err(self.unreachable(&e.to_string()))
+                Err(self.failed(&e))
             }
             Err(_) => {
                 self.conn.lock().await.take();
-                Err(self.unreachable("command timed out"))
+                Err(self.timed_out("a command"))
             }
         }
+    }
+
+    /// Redis said no, or the way to it broke; the driver's own response timeout is a
+    /// deadline like ours.
+    fn failed(&self, e: &redis::RedisError) -> StoreError {
+        if e.is_timeout() {
+            return self.timed_out("a command");
+        }
+        self.unreachable(&e.to_string())
     }
 
     fn unreachable(&self, why: &str) -> StoreError {
         StoreError::SeenSetUnavailable {
             seen_set: self.redacted.clone(),
             why: why.to_string(),
+        }
+    }
+
+    /// A deadline fired (`kind="timeout"`, the consumer paused for the seen-set).
+    fn timed_out(&self, what: &'static str) -> StoreError {
+        StoreError::TimedOut {
+            cause: crate::engine::health::PauseCause::SeenSet,
+            what,
+            after: REDIS_TIMEOUT,
         }
     }
 }

@@ -203,9 +203,16 @@ pub enum AlertKind {
     ConsumerPaused {
         target: String,
         consumer: String,
-        /// `store` or `provider`.
+        /// `store`, `queue`, `provider` or `seen_set`.
         cause: String,
         last_error_kind: Option<String>,
+    },
+    /// One batch in hand for [`super::targets::WAITING_AFTER`] seconds or more: a peer (store,
+    /// queue, provider, seen-set) has not answered yet and no deadline has fired.
+    ConsumerWaiting {
+        target: String,
+        consumer: String,
+        waiting_seconds: i64,
     },
     /// Nothing processed for a minute although the rate before promised messages.
     ConsumerStalled {
@@ -242,6 +249,7 @@ impl AlertKind {
             AlertKind::DuplicateRateHigh { .. } => "duplicate_rate_high",
             AlertKind::ParachuteUntested { .. } => "parachute_untested",
             AlertKind::ConsumerPaused { .. } => "consumer_paused",
+            AlertKind::ConsumerWaiting { .. } => "consumer_waiting",
             AlertKind::ConsumerStalled { .. } => "consumer_stalled",
             AlertKind::DeadLetterBurst { .. } => "dead_letter_burst",
             AlertKind::StateBehind { .. } => "state_behind",
@@ -475,11 +483,6 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
             ));
         }
         if let Some(p) = &c.paused {
-            let last = p
-                .last_error_kind
-                .as_deref()
-                .map(|k| format!(" (last error: {k})"))
-                .unwrap_or_default();
             let mut alert = Alert::new(
                 Severity::Critical,
                 AlertKind::ConsumerPaused {
@@ -490,21 +493,41 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
                 },
                 object.clone(),
                 format!(
-                    "{}/{}: paused, its {} is unhealthy{last}; messages wait in the queue and it resumes by itself",
-                    c.target, c.consumer, p.cause
+                    "{}/{}: paused, {}; messages wait in the queue and it resumes by itself",
+                    c.target,
+                    c.consumer,
+                    p.summarize()
                 ),
             );
             alert.since = p.since;
             out.push(alert);
         }
-        // A paused consumer processes nothing: the pause says why, not a stall.
+        if let (Some(held), None) = (c.waiting_seconds, &c.paused) {
+            let mut alert = Alert::new(
+                Severity::Warning,
+                AlertKind::ConsumerWaiting {
+                    target: c.target.clone(),
+                    consumer: c.consumer.clone(),
+                    waiting_seconds: held,
+                },
+                object.clone(),
+                format!(
+                    "{}/{}: one batch in hand for {held}s: its store, queue or provider has not answered yet; the deadline ends the wait and the consumer retries on a fresh connection",
+                    c.target, c.consumer
+                ),
+            );
+            alert.since = Some(input.now - chrono::Duration::seconds(held));
+            out.push(alert);
+        }
+        // A paused or waiting consumer processes nothing: that says why, not a stall.
         if let (
             Flow::Stalled {
                 expected_per_minute,
                 ..
             },
             None,
-        ) = (&c.flow, &c.paused)
+            None,
+        ) = (&c.flow, &c.paused, &c.waiting_seconds)
         {
             let expected_per_minute = *expected_per_minute;
             out.push(Alert::new(

@@ -146,6 +146,10 @@ pub struct ConsumerStatus {
     /// key. Empty for
     /// a consumer without side effects.
     pub provider_repeat_calls: BTreeMap<String, f64>,
+    /// The batch in hand has waited this long (seconds) for a peer that has not
+    /// answered yet, once that is [`WAITING_AFTER`] or more: the stall before a
+    /// deadline fires and pauses it.
+    pub waiting_seconds: Option<i64>,
     pub last_restart: Option<DateTime<Utc>>,
     /// How long messages have flowed without a single duplicate being dropped, once
     /// that reaches [`PARACHUTE_QUIET`]; None otherwise.
@@ -177,21 +181,60 @@ impl ConsumerStatus {
             claims_in_doubt: None,
             paused: None,
             provider_repeat_calls: BTreeMap::new(),
+            waiting_seconds: None,
             last_restart: None,
             duplicates_quiet_seconds: None,
         }
     }
 }
 
+/// A batch held this long (seconds) is shown as waiting: a batch commits in
+/// milliseconds and one with provider calls in a few seconds (60 SMS at 1 s each,
+/// 32 at a time); ten seconds of one batch is a peer that stopped answering, and
+/// the consumer sits still without a word until its deadline fires (30 s by
+/// default) unless the dashboard says so.
+pub const WAITING_AFTER: i64 = 10;
+
 /// A paused consumer as its engine reports it (`idem_consumer_paused` and kin):
 /// messages wait in the queue, none is lost, and it resumes by itself.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PausedReading {
-    /// What is unhealthy: `store` or `provider`.
+    /// What is unhealthy: `store`, `queue`, `provider` or `seen_set`.
     pub cause: String,
     pub since: Option<DateTime<Utc>>,
-    /// The kind of the newest infrastructure failure (`store`, `provider_throttled`…).
+    /// The kind of the newest infrastructure failure (`timeout`, `store`,
+    /// `provider_throttled`…).
     pub last_error_kind: Option<String>,
+    /// Failed tries since the pause began (`idem_consumer_pause_retries`), when the
+    /// engine says.
+    pub retries: Option<u64>,
+    /// All of it in one line ([`PausedReading::summary`]), as the dashboard shows it.
+    pub summary: String,
+}
+
+impl PausedReading {
+    /// What is wrong, since when, how often it was tried and what failed last, in
+    /// one line: `store not answering since 04:12:07, 3 retries, last: timeout`. A
+    /// deadline that fired last is a part "not answering"; any other failure, one
+    /// "failing".
+    pub fn summarize(&self) -> String {
+        let state = match self.last_error_kind.as_deref() {
+            Some("timeout") => "not answering",
+            _ => "failing",
+        };
+        let mut line = format!("{} {state}", self.cause);
+        if let Some(t) = self.since {
+            line.push_str(&format!(" since {}", crate::clock::clock(t)));
+        }
+        if let Some(n) = self.retries.filter(|n| *n > 0) {
+            let word = if n == 1 { "retry" } else { "retries" };
+            line.push_str(&format!(", {n} {word}"));
+        }
+        if let Some(kind) = &self.last_error_kind {
+            line.push_str(&format!(", last: {kind}"));
+        }
+        line
+    }
 }
 
 /// The pauses an exposition reports, by consumer.
@@ -208,6 +251,8 @@ fn pauses_of(
                 cause: s.label("cause").unwrap_or("unknown").to_string(),
                 since: None,
                 last_error_kind: None,
+                retries: None,
+                summary: String::new(),
             },
         );
     }
@@ -217,6 +262,11 @@ fn pauses_of(
     {
         if let Some(p) = out.get_mut(consumer_of(s, names, target)) {
             p.since = DateTime::from_timestamp(s.value as i64, 0);
+        }
+    }
+    for s in exposition.named(&names.pause_retries) {
+        if let Some(p) = out.get_mut(consumer_of(s, names, target)) {
+            p.retries = Some(s.value.max(0.0) as u64);
         }
     }
     let mut newest: FastMap<&str, f64> = FastMap::default();
@@ -232,6 +282,9 @@ fn pauses_of(
             newest.insert(consumer, s.value);
             p.last_error_kind = s.label("kind").map(str::to_string);
         }
+    }
+    for p in out.values_mut() {
+        p.summary = p.summarize();
     }
     out
 }
@@ -672,6 +725,11 @@ impl TargetTracker {
                 .or_default()
                 .insert(reason.to_string(), s.value);
         }
+        let busy_since: FastMap<&str, f64> = exposition
+            .named(&names.busy_since)
+            .filter(|s| s.value > 0.0)
+            .map(|s| (consumer_of(s, names, &target), s.value))
+            .collect();
 
         self.status.process_start_time = start.or(self.status.process_start_time);
         let cause = new_start.or_else(|| {
@@ -705,6 +763,10 @@ impl TargetTracker {
             s.claims_in_doubt = in_doubt.get(consumer).copied();
             s.paused = pauses.remove(consumer);
             s.provider_repeat_calls = repeats.remove(consumer).unwrap_or_default();
+            s.waiting_seconds = busy_since
+                .get(consumer)
+                .map(|since| at.timestamp() - *since as i64)
+                .filter(|held| *held >= WAITING_AFTER);
             s.last_restart = self.status.last_restart;
             s.duplicate_ratio = match (s.processed.per_second, s.duplicate_dropped.per_second) {
                 (Some(p), Some(d)) => duplicate_ratio(p, d),

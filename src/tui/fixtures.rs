@@ -69,6 +69,7 @@ fn consumer(name: &str, processed: f64, rate: f64, dups: f64, dup_rate: f64) -> 
         window_1m,
         paused: None,
         provider_repeat_calls: BTreeMap::new(),
+        waiting_seconds: None,
         window_5m: window(300.0, rate, dup_rate * 0.6, 2.0),
         totals: Totals {
             since: Some(now() - Duration::seconds(1200)),

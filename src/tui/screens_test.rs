@@ -118,6 +118,60 @@ fn overview_flags_a_relaxed_target_in_the_warning_style() {
     }
 }
 
+/// A consumer whose store stopped answering: the Overview says what, since when, how
+/// often it was tried and what failed last — the monitor's own words, from its own
+/// rule over the engine's pause metrics.
+#[test]
+fn overview_names_why_a_consumer_is_paused_or_waiting_and_since_when() {
+    use crate::monitor::targets::PausedReading;
+    let mut snap = fixtures::snapshot(fixtures::now());
+    let trip = snap
+        .consumers
+        .iter_mut()
+        .find(|c| c.consumer == "trip-counter")
+        .expect("the fixture's trip-counter");
+    let mut paused = PausedReading {
+        cause: "store".into(),
+        since: Some(fixtures::now() - chrono::Duration::seconds(236)),
+        last_error_kind: Some("timeout".into()),
+        retries: Some(3),
+        summary: String::new(),
+    };
+    paused.summary = paused.summarize();
+    trip.paused = Some(paused);
+    // And one whose batch has waited 21 s on a peer, before any deadline fired.
+    let sms = snap
+        .consumers
+        .iter_mut()
+        .find(|c| c.consumer == "zone-exit-sms")
+        .expect("the fixture's zone-exit-sms");
+    sms.waiting_seconds = Some(21);
+    // Only the pause's own alert: the fixture's other consumers raise theirs already.
+    let paused_only: Vec<_> = snap
+        .consumers
+        .iter()
+        .filter(|c| c.paused.is_some() || c.waiting_seconds.is_some())
+        .cloned()
+        .collect();
+    // First, as the monitor sorts it: a CRIT incident whose consumer moves nothing.
+    let pause_alerts = alerts::evaluate(&snap.targets, &paused_only, None);
+    snap.alerts.splice(0..0, pause_alerts);
+    let (wide, small) = both("overview_paused", &app_with(snap));
+    for screen in [&wide, &small] {
+        assert!(screen.contains("PAUSED"), "{screen}");
+        assert!(screen.contains("store not answering"), "{screen}");
+    }
+    assert!(wide.contains("WAITING 21s"), "{wide}");
+    assert!(wide.contains("one batch in hand for 21s"), "{wide}");
+    // The alert's line wraps in its column, beside the sources.
+    for part in [
+        "store not answering since 04:08:07, 3",
+        "retries, last: timeout; messages wait in the queue",
+    ] {
+        assert!(wide.contains(part), "{part:?} in {wide}");
+    }
+}
+
 #[test]
 fn overview_before_the_first_poll() {
     let a = App::new(fixtures::now(), false, None);

@@ -111,6 +111,7 @@ pub fn zone_exit(device: &str, seq: u64) -> idemwatch::engine::envelope::Envelop
     )
     .expect("a valid zone_exit")
 }
+pub mod jepsen;
 pub mod outage;
 pub mod proxy;
 

@@ -3,7 +3,7 @@
 use sqlx::Connection;
 
 use super::backends::{Kind, TestDb};
-use super::proxy::CuttableProxy;
+use super::proxy::FaultProxy;
 
 /// How a test takes its own database away, and gives it back.
 pub enum Outage {
@@ -17,7 +17,7 @@ pub enum Outage {
 }
 
 impl Outage {
-    pub async fn start(db: &TestDb, proxy: Option<&CuttableProxy>) -> Outage {
+    pub async fn start(db: &TestDb, proxy: Option<&FaultProxy>) -> Outage {
         match db.kind {
             Kind::Sqlite => {
                 let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
@@ -55,7 +55,7 @@ impl Outage {
         }
     }
 
-    pub async fn end(self, proxy: Option<&CuttableProxy>) {
+    pub async fn end(self, proxy: Option<&FaultProxy>) {
         match self {
             Outage::Locked(mut c) => {
                 sqlx::query("ROLLBACK").execute(&mut c).await.unwrap();

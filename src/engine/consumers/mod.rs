@@ -139,13 +139,7 @@ impl Outcome {
         match e.failure() {
             Failure::Infrastructure => Outcome::retry(
                 RetryCause::Infra {
-                    // A fail-closed seen-set that is down pauses the consumer like a
-                    // store outage, under its own cause (probed with its own ping).
-                    kind: if matches!(e, StoreError::SeenSetUnavailable { .. }) {
-                        InfraKind::SeenSet
-                    } else {
-                        InfraKind::Store
-                    },
+                    kind: e.infra_kind(),
                     after: None,
                 },
                 e.to_string(),

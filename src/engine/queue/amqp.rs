@@ -70,6 +70,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, Mutex, Notify};
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
+use crate::engine::deadlines::Deadlines;
 use crate::engine::store::redact_url;
 
 /// Least `basic.qos` prefetch per consumer channel. Without `?prefetch=N` a channel
@@ -252,6 +253,18 @@ fn connection_args(rest: &str) -> QueueResult<OpenConnectionArguments> {
         args.scheme("amqps").tls_adaptor(adaptor);
     }
     Ok(args.finish())
+}
+
+/// [`connection_args`] with the deadlines' heartbeat, unless the URL sets its own.
+fn connection_args_with(rest: &str, deadlines: &Deadlines) -> QueueResult<OpenConnectionArguments> {
+    let mut args = connection_args(rest)?;
+    let url_says = url::Url::parse(rest)
+        .map(|u| u.query_pairs().any(|(k, _)| k == "heartbeat"))
+        .unwrap_or(false);
+    if !url_says {
+        args.heartbeat(deadlines.heartbeat_secs());
+    }
+    Ok(args)
 }
 
 /// One delivery between `lease` and `ack`/`nack`.
@@ -490,6 +503,8 @@ struct Link {
 pub struct AmqpQueue {
     url: String,
     args: OpenConnectionArguments,
+    /// The longest a new connection (TCP, TLS, handshake) may take.
+    connect_timeout: Duration,
     opts: AmqpOptions,
     link: Mutex<Option<Arc<Link>>>,
     generation: AtomicU64,
@@ -529,9 +544,10 @@ async fn rpc<T>(
 ) -> QueueResult<T> {
     match tokio::time::timeout(RPC_TIMEOUT, fut).await {
         Ok(r) => r.map_err(amqp_err),
-        Err(_) => Err(QueueError::Amqp(format!(
-            "{what}: no answer from the broker within {RPC_TIMEOUT:?}"
-        ))),
+        Err(_) => Err(QueueError::TimedOut {
+            what: what.to_string(),
+            after: RPC_TIMEOUT,
+        }),
     }
 }
 
@@ -569,12 +585,23 @@ async fn ack_on(channel: &Channel, tag: u64, multiple: bool) -> QueueResult<bool
 }
 
 impl AmqpQueue {
-    /// Parse the URL and connect once, so a wrong address or password fails now.
+    /// [`AmqpQueue::open_with`] the default deadlines.
     pub async fn open(url: &str) -> QueueResult<Self> {
+        Self::open_with(url, &Deadlines::default()).await
+    }
+
+    /// Parse the URL and connect once, so a wrong address or password fails now.
+    /// The heartbeat is the deadlines' unless the URL sets `?heartbeat=`: amqprs
+    /// closes a connection that missed two of the broker's beats, and the next call
+    /// reconnects (with amqprs's 60 s a frozen link went unnoticed for minutes, and
+    /// a lease on it only ever came back empty).
+    pub async fn open_with(url: &str, deadlines: &Deadlines) -> QueueResult<Self> {
         let (rest, opts) = parse_url(url)?;
+        let args = connection_args_with(&rest, deadlines)?;
         let q = AmqpQueue {
             url: url.to_string(),
-            args: connection_args(&rest)?,
+            args,
+            connect_timeout: deadlines.connect_timeout,
             opts,
             link: Mutex::new(None),
             generation: AtomicU64::new(0),
@@ -624,8 +651,13 @@ impl AmqpQueue {
             tracing::warn!(queue = %redact_url(&self.url), "AMQP connection lost: reconnecting");
         }
         *guard = None;
-        let connection = rpc("connect", Connection::open(&self.args))
+        let connection = tokio::time::timeout(self.connect_timeout, Connection::open(&self.args))
             .await
+            .map_err(|_| QueueError::TimedOut {
+                what: format!("connect to {}", redact_url(&self.url)),
+                after: self.connect_timeout,
+            })?
+            .map_err(amqp_err)
             .map_err(|e| {
                 QueueError::Amqp(format!(
                     "cannot connect to {}: {e}{}",
@@ -1193,9 +1225,10 @@ impl AmqpQueue {
             if outstanding != last_progress.1 {
                 last_progress = (Instant::now(), outstanding);
             } else if last_progress.0.elapsed() >= RPC_TIMEOUT {
-                return Err(QueueError::Amqp(format!(
-                    "publisher confirm: no answer from the broker within {RPC_TIMEOUT:?}"
-                )));
+                return Err(QueueError::TimedOut {
+                    what: "publisher confirm".into(),
+                    after: RPC_TIMEOUT,
+                });
             }
             // Woken by each confirm; the timeout rechecks the channel, since a dead
             // connection sends nothing.
@@ -1579,6 +1612,19 @@ mod tests {
         assert_eq!(o, AmqpOptions::default());
         let err = parse_url("amqp://u:secret@h/%2f?prefetch=0").unwrap_err();
         assert!(!err.to_string().contains("secret"));
+    }
+
+    #[test]
+    fn the_heartbeat_is_the_deadlines_unless_the_url_sets_one() {
+        let d = Deadlines {
+            heartbeat: Duration::from_secs(7),
+            ..Deadlines::default()
+        };
+        let a = connection_args_with("amqp://guest:guest@127.0.0.1:5672/%2f", &d).unwrap();
+        assert_eq!(a.get_heartbeat(), 7);
+        let a =
+            connection_args_with("amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=20", &d).unwrap();
+        assert_eq!(a.get_heartbeat(), 20);
     }
 
     #[test]

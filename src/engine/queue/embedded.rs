@@ -14,6 +14,7 @@ use sqlx::sqlite::SqliteSynchronous;
 use sqlx::SqlitePool;
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
+use crate::engine::deadlines::DEFAULT_STATEMENT_TIMEOUT;
 use crate::engine::store::redact_url;
 use crate::engine::store::sqlite_conn::connect_sqlite;
 use crate::engine::store::sqlite_thread::{db, SqliteThread};
@@ -170,9 +171,16 @@ fn millis(d: Duration) -> i64 {
 
 impl EmbeddedQueue {
     pub async fn open(url: &str) -> QueueResult<Self> {
-        let pool = connect_sqlite(url, 4, SqliteSynchronous::Full).await?;
+        Self::open_with(url, DEFAULT_STATEMENT_TIMEOUT).await
+    }
+
+    /// [`EmbeddedQueue::open`] with `busy` as the busy timeout (the engine's
+    /// statement deadline): a lease or an ack waits that long for the file's write
+    /// lock, then fails as the queue's timeout.
+    pub async fn open_with(url: &str, busy: Duration) -> QueueResult<Self> {
+        let pool = connect_sqlite(url, 4, SqliteSynchronous::Full, busy).await?;
         MIGRATOR.run(&pool).await?;
-        let thread = SqliteThread::for_url(url, SqliteSynchronous::Normal)?;
+        let thread = SqliteThread::for_url(url, SqliteSynchronous::Normal, busy)?;
         Ok(EmbeddedQueue {
             pool,
             thread,

@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
+use crate::engine::deadlines::Deadlines;
 use crate::engine::envelope::MAX_RAW_BYTES;
+use crate::engine::health::{InfraKind, PauseCause};
 
 pub mod amqp;
 pub mod embedded;
@@ -38,8 +40,31 @@ pub enum QueueError {
         bytes: usize,
         limit: usize,
     },
+    /// A deadline fired: the broker (or the way to it) did not answer `what` within
+    /// `after`. The link is dropped; the next call dials a fresh one.
+    #[error("{what}: no answer from the broker within {after:?}: timeout")]
+    TimedOut { what: String, after: Duration },
     #[error("{0}")]
     Other(String),
+}
+
+impl QueueError {
+    /// The `kind` a failure of the queue is counted under (the consumer pauses with
+    /// `cause="queue"` either way): `timeout` for a deadline — ours, a driver's, or
+    /// the embedded queue's busy timeout — else `queue`.
+    pub fn infra_kind(&self) -> InfraKind {
+        let timed_out = match self {
+            QueueError::TimedOut { .. } => true,
+            QueueError::Db(e) => crate::engine::store::sqlx_timed_out(e),
+            QueueError::Store(e) => e.timed_out(),
+            _ => false,
+        };
+        if timed_out {
+            InfraKind::Timeout(PauseCause::Queue)
+        } else {
+            InfraKind::Queue
+        }
+    }
 }
 
 pub type QueueResult<T> = Result<T, QueueError>;
@@ -194,14 +219,24 @@ pub trait Queue: Send + Sync + 'static {
     fn redacted_url(&self) -> String;
 }
 
-/// Open the queue a `--queue` URL names.
+/// Open the queue a `--queue` URL names (default deadlines).
 pub async fn open(url: &str) -> QueueResult<Arc<dyn Queue>> {
+    open_with(url, &Deadlines::default()).await
+}
+
+/// Open the queue a `--queue` URL names with the engine's [`Deadlines`]: the
+/// broker's connect bounded by `connect_timeout`, its link kept alive by `heartbeat`
+/// (a silent one is closed and redialled), the embedded queue's lock waits by the
+/// statement deadline.
+pub async fn open_with(url: &str, deadlines: &Deadlines) -> QueueResult<Arc<dyn Queue>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(embedded::EmbeddedQueue::open(url).await?))
+        Ok(Arc::new(
+            embedded::EmbeddedQueue::open_with(url, deadlines.statement_timeout).await?,
+        ))
     } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
-        Ok(Arc::new(amqp::AmqpQueue::open(url).await?))
+        Ok(Arc::new(amqp::AmqpQueue::open_with(url, deadlines).await?))
     } else if url.starts_with("nats://") {
-        Ok(Arc::new(nats::NatsQueue::open(url).await?))
+        Ok(Arc::new(nats::NatsQueue::open_with(url, deadlines).await?))
     } else {
         Err(QueueError::UnsupportedUrl(
             crate::engine::store::redact_url(url),

@@ -58,6 +58,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
+use crate::engine::deadlines::Deadlines;
 use crate::engine::store::redact_url;
 
 /// Subject and stream-name prefix (`?prefix=` in the URL changes it).
@@ -131,6 +132,16 @@ pub struct NatsQueue {
     returns: std::sync::Mutex<tokio::task::JoinSet<()>>,
     /// Set by [`Queue::close`]: the waiting returns are made at once.
     flush: tokio::sync::watch::Sender<bool>,
+    /// The longest a lease's fetch may take (see [`fetch_deadline`]).
+    fetch_timeout: Duration,
+}
+
+/// A no-wait fetch is answered within a round trip; one unanswered for two
+/// heartbeats (at most [`REQUEST_TIMEOUT`]) was asked on a link that went silent, and
+/// its answer will not come even once async-nats has reconnected (the pull request
+/// went out on the old link).
+fn fetch_deadline(heartbeat: Duration) -> Duration {
+    heartbeat.saturating_mul(2).min(REQUEST_TIMEOUT)
 }
 
 /// What one publish call did: how many copies the stream stored, and how many it
@@ -142,8 +153,16 @@ pub struct PublishCounts {
 }
 
 impl NatsQueue {
-    /// Connect to `nats://HOST:PORT[?prefix=P]`.
+    /// [`NatsQueue::open_with`] the default deadlines.
     pub async fn open(url: &str) -> QueueResult<Self> {
+        Self::open_with(url, &Deadlines::default()).await
+    }
+
+    /// Connect to `nats://HOST:PORT[?prefix=P]`, within `connect_timeout`, pinging
+    /// the server every `heartbeat`: async-nats drops a link with two pings
+    /// unanswered and reconnects (its 60 s default left a frozen link unnoticed for
+    /// minutes, every request on it timing out meanwhile).
+    pub async fn open_with(url: &str, deadlines: &Deadlines) -> QueueResult<Self> {
         let redacted = redact_url(url);
         let parsed = url::Url::parse(url)
             .map_err(|e| QueueError::BadUrl(redacted.clone(), e.to_string()))?;
@@ -156,7 +175,8 @@ impl NatsQueue {
         server.set_query(None);
         let client = async_nats::ConnectOptions::new()
             .name(format!("idemwatch pid={}", std::process::id()))
-            .connection_timeout(Duration::from_secs(5))
+            .connection_timeout(deadlines.connect_timeout)
+            .ping_interval(deadlines.heartbeat)
             .request_timeout(Some(REQUEST_TIMEOUT))
             .connect(server.as_str())
             .await
@@ -175,6 +195,7 @@ impl NatsQueue {
             publish_slots: Arc::new(tokio::sync::Semaphore::new(PUBLISH_WINDOW)),
             returns: std::sync::Mutex::new(tokio::task::JoinSet::new()),
             flush: tokio::sync::watch::channel(false).0,
+            fetch_timeout: fetch_deadline(deadlines.heartbeat),
         })
     }
 
@@ -492,7 +513,10 @@ async fn ack_confirmed(client: &async_nats::Client, token: &str) -> QueueResult<
         client.request(token.to_string(), Bytes::from(AckKind::Ack)),
     )
     .await
-    .map_err(|_| QueueError::Nats("ack not confirmed in time".into()))?
+    .map_err(|_| QueueError::TimedOut {
+        what: "ack".into(),
+        after: REQUEST_TIMEOUT,
+    })?
     .map_err(nats_err)?;
     Ok(())
 }
@@ -510,18 +534,27 @@ impl Queue for NatsQueue {
         visibility: Duration,
     ) -> QueueResult<Vec<Delivery>> {
         let consumer = self.consumer(queue, visibility).await?;
-        let mut batch = consumer
-            .fetch()
-            .max_messages(max.max(1))
-            .messages()
-            .await
-            .map_err(nats_err)?;
-        let mut out = Vec::new();
-        while let Some(m) = batch.next().await {
-            let m = m.map_err(nats_err)?;
-            out.push(delivery_of(queue, &m)?);
-        }
-        Ok(out)
+        // A no-wait fetch has no expiry of its own: on a link that froze, its end
+        // (the server's "no more messages") would never come.
+        let fetched = tokio::time::timeout(self.fetch_timeout, async {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(max.max(1))
+                .messages()
+                .await
+                .map_err(nats_err)?;
+            let mut out = Vec::new();
+            while let Some(m) = batch.next().await {
+                let m = m.map_err(nats_err)?;
+                out.push(delivery_of(queue, &m)?);
+            }
+            Ok(out)
+        })
+        .await;
+        fetched.map_err(|_| QueueError::TimedOut {
+            what: "fetch".into(),
+            after: self.fetch_timeout,
+        })?
     }
 
     /// The double ack ([`ack_confirmed`]).

@@ -8,7 +8,11 @@
 //! dead-lettered (`store_rejected`). [`StoreError::failure`] says which; each
 //! backend's error codes are read in its dialect file (`dialect/{sqlite,postgres,mysql}.rs`).
 
+use std::time::Duration;
+
 use serde::Serialize;
+
+use crate::engine::health::{InfraKind, PauseCause};
 
 /// Errors from the database layer.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +54,15 @@ pub enum StoreError {
     /// [`crate::engine::seen_set`]).
     #[error("seen-set {seen_set} unavailable: {why}")]
     SeenSetUnavailable { seen_set: String, why: String },
+    /// A deadline fired: the database or the seen-set (`cause`), or the way to it, did
+    /// not answer `what` within `after`. The way is suspect: the call's connection is
+    /// not reused (see `store/deadline.rs`). An outage, never the message's fault.
+    #[error("{} did not answer within {after:?} ({what}): timeout", cause.as_str())]
+    TimedOut {
+        cause: PauseCause,
+        what: &'static str,
+        after: Duration,
+    },
     /// A seen-set URL that cannot be used (unparsable, or not `redis://`): bad
     /// configuration, which no retry mends.
     #[error("{0}")]
@@ -90,7 +103,9 @@ impl StoreError {
             | StoreError::LostRace { .. } => Failure::Infrastructure,
             StoreError::OutOfRange { .. } => Failure::Content,
             StoreError::Internal(_) => Failure::Other,
-            StoreError::SeenSetUnavailable { .. } => Failure::Infrastructure,
+            StoreError::SeenSetUnavailable { .. } | StoreError::TimedOut { .. } => {
+                Failure::Infrastructure
+            }
             StoreError::SeenSetUrl(_) => Failure::Other,
         }
     }
@@ -98,6 +113,31 @@ impl StoreError {
     /// The database or the way to it failed, not the message: retry later.
     pub fn is_infrastructure(&self) -> bool {
         self.failure() == Failure::Infrastructure
+    }
+
+    /// A deadline fired: ours around the call ([`StoreError::TimedOut`]), the pool's
+    /// wait for a connection, or the server's own (statement, lock wait, idle
+    /// transaction; SQLite's busy timeout). Counted as `kind="timeout"`.
+    pub fn timed_out(&self) -> bool {
+        match self {
+            StoreError::TimedOut { .. } => true,
+            StoreError::Db(e) => timed_out(e),
+            StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => timed_out(e),
+            _ => false,
+        }
+    }
+
+    /// The `kind` an infrastructure failure of this error is counted under, and
+    /// through it the cause its consumer pauses for: a deadline is `timeout` of the
+    /// part that went silent, a fail-closed seen-set's outage pauses for the
+    /// seen-set (probed with its own ping), anything else is the store's.
+    pub fn infra_kind(&self) -> InfraKind {
+        match self {
+            StoreError::TimedOut { cause, .. } => InfraKind::Timeout(*cause),
+            StoreError::SeenSetUnavailable { .. } => InfraKind::SeenSet,
+            e if e.timed_out() => InfraKind::Timeout(PauseCause::Store),
+            _ => InfraKind::Store,
+        }
     }
 
     /// The database refused this message's row for its content.
@@ -136,6 +176,30 @@ fn classify(e: &sqlx::Error) -> Failure {
         // The value cannot even be sent as this database's type.
         sqlx::Error::Encode(_) => Failure::Content,
         _ => Failure::Other,
+    }
+}
+
+/// A driver error that is a deadline firing (see [`StoreError::timed_out`]).
+pub(crate) fn timed_out(e: &sqlx::Error) -> bool {
+    use super::dialect::{mysql, postgres, sqlite};
+    match e {
+        sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::TimedOut,
+        sqlx::Error::Database(db) => {
+            if let Some(e) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
+                sqlite::timed_out(e)
+            } else if let Some(e) = db.try_downcast_ref::<super::sqlite_thread::SqliteThreadError>()
+            {
+                sqlite::timed_out(e)
+            } else if let Some(e) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                postgres::timed_out(e.code())
+            } else if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                mysql::timed_out(e.number())
+            } else {
+                false
+            }
+        }
+        _ => false,
     }
 }
 

@@ -11,12 +11,14 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use super::deadlines::Deadlines;
 use super::envelope::{Envelope, Fingerprint, Message, MessageKey, RejectReason};
 
 mod admin_sql;
 mod batch;
 mod claim_batch;
 mod consumer_sql;
+pub mod deadline;
 pub(crate) mod dialect;
 pub mod edge;
 mod edge_sql;
@@ -33,6 +35,7 @@ mod vehicle_batch;
 pub(crate) mod vehicle_sql;
 
 pub use claim_batch::{ClaimFinish, ClaimRequest, ClaimResult};
+pub(crate) use error::timed_out as sqlx_timed_out;
 pub use error::{Failure, StoreError, StoreResult};
 pub use repair::{DeadLetterFilter, RepairStore};
 
@@ -829,22 +832,41 @@ pub async fn open_with_edge(url: &str) -> StoreResult<Stores> {
 /// [`open_with_edge`] with a chosen [`Durability`]; a durability the backend
 /// refuses fails before any connection is made.
 pub async fn open_with_edge_durability(url: &str, durability: Durability) -> StoreResult<Stores> {
+    open_with(url, durability, &Deadlines::default()).await
+}
+
+/// [`open_with_edge_durability`] with the engine's [`Deadlines`]: the store's calls
+/// bounded by the statement deadline ([`deadline::DeadlineStore`]), its sessions told
+/// the same, its connects and its pool's waits bounded by theirs.
+pub async fn open_with(
+    url: &str,
+    durability: Durability,
+    deadlines: &Deadlines,
+) -> StoreResult<Stores> {
     durability.check_url(url)?;
-    if url.starts_with("sqlite:") {
-        let s = sqlite::SqliteStore::open(url, durability).await?;
+    let tripwire = Arc::new(deadline::Tripwire::default());
+    let Stores { store, edge } = if url.starts_with("sqlite:") {
+        let s =
+            sqlite::SqliteStore::open_with(url, durability, deadlines.statement_timeout).await?;
         let pool = s.pool().clone();
-        Ok(both(s, pool))
+        both(s, pool)
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let s = postgres::PostgresStore::open(url, durability).await?;
+        let s = postgres::PostgresStore::open_with(url, durability, deadlines, tripwire.clone())
+            .await?;
         let pool = s.pool().clone();
-        Ok(both(s, pool))
+        both(s, pool)
     } else if is_mysql_url(url) {
-        let s = mysql::MysqlStore::open(url).await?;
+        let s = mysql::MysqlStore::open_with(url, deadlines, tripwire.clone()).await?;
         let pool = s.pool().clone();
-        Ok(both(s, pool))
+        both(s, pool)
     } else {
-        Err(StoreError::UnsupportedUrl(redact_url(url)))
-    }
+        return Err(StoreError::UnsupportedUrl(redact_url(url)));
+    };
+    let store = deadline::DeadlineStore::new(store, deadlines.statement_timeout, tripwire);
+    Ok(Stores {
+        store: Arc::new(store),
+        edge,
+    })
 }
 
 fn is_mysql_url(url: &str) -> bool {

@@ -10,17 +10,20 @@
 //! key at once; such a transaction is retried whole.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
-use sqlx::{MySql, MySqlPool, QueryBuilder};
+use sqlx::{Connection, MySql, MySqlPool, QueryBuilder};
 
 use super::claim_batch;
+use super::deadline::{connect_within, Tripwire};
 use super::dialect::{lost_race, retrying};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
+use crate::engine::deadlines::Deadlines;
 use crate::engine::envelope::Message;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/mysql");
@@ -61,12 +64,31 @@ fn naive(t: DateTime<Utc>) -> NaiveDateTime {
 }
 
 impl MysqlStore {
+    /// [`MysqlStore::open_with`] the default deadlines.
     pub async fn open(url: &str) -> StoreResult<Self> {
-        let pool = dialect::server_pool::<MySql>()
-            .after_connect(|conn, _| Box::pin(dialect::mysql::utc_session(conn)))
-            .connect_with(dialect::mysql::options(url)?)
-            .await?;
-        MIGRATOR.run(&pool).await?;
+        Self::open_with(url, &Deadlines::default(), Arc::default()).await
+    }
+
+    /// The migrations first, on a connection of their own without the statement
+    /// deadline (an index build may take longer than any consumer's transaction
+    /// should); then the pool, each session set by [`dialect::mysql::engine_session`].
+    pub(crate) async fn open_with(
+        url: &str,
+        deadlines: &Deadlines,
+        tripwire: Arc<Tripwire>,
+    ) -> StoreResult<Self> {
+        let opts = dialect::mysql::options(url)?;
+        let mut migrating =
+            connect_within(deadlines, sqlx::MySqlConnection::connect_with(&opts)).await?;
+        dialect::mysql::utc_session(&mut migrating).await?;
+        MIGRATOR.run_direct(&mut migrating).await?;
+        let _ = tokio::time::timeout(deadlines.connect_timeout, migrating.close()).await;
+        let session = *deadlines;
+        let pool =
+            dialect::server_pool::<MySql>(deadlines, tripwire).after_connect(move |conn, _| {
+                Box::pin(async move { dialect::mysql::engine_session(conn, &session).await })
+            });
+        let pool = connect_within(deadlines, pool.connect_with(opts)).await?;
         Ok(MysqlStore {
             pool,
             url: url.to_string(),

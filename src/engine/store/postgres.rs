@@ -7,17 +7,20 @@
 //! which reports 0 rows when the guard refuses.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, Executor, PgConnection, PgPool};
 
+use super::deadline::{connect_within, Tripwire};
 use super::dialect::lost_race;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
+use crate::engine::deadlines::Deadlines;
 use crate::engine::envelope::Message;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/postgres");
@@ -27,33 +30,72 @@ pub struct PostgresStore {
     pool: PgPool,
     url: String,
     durability: Durability,
+    /// The sessions' `statement_timeout`, restored after a maintenance statement
+    /// that ran without it.
+    statement_ms: u64,
+}
+
+/// Server-side TCP keep-alive of the engine's sessions (seconds idle, between
+/// probes, probes): the server finds a client that vanished behind a NAT or a
+/// failover within about a minute and ends its session, instead of holding its
+/// backend (and any lock) until the kernel gives up after hours.
+const KEEPALIVE: (u32, u32, u32) = (30, 10, 3);
+
+/// Every engine session's settings, one `SET` each in one round trip when the
+/// connection opens: the statement deadline as the server's own statement, lock
+/// and idle-in-transaction limits (a session whose client went silent mid-
+/// transaction is ended, its locks freed, instead of blocking the redelivery of
+/// the same keys on a fresh connection), the keep-alive, and the durability.
+fn session_settings(deadlines: &Deadlines, durability: Durability) -> String {
+    let ms = deadlines.statement_millis();
+    let (idle, interval, count) = KEEPALIVE;
+    let mut sql = format!(
+        "SET statement_timeout = {ms}; SET lock_timeout = {ms}; \
+         SET idle_in_transaction_session_timeout = {ms}; SET tcp_keepalives_idle = {idle}; \
+         SET tcp_keepalives_interval = {interval}; SET tcp_keepalives_count = {count}"
+    );
+    if durability == Durability::Relaxed {
+        sql.push_str("; SET synchronous_commit = off");
+    }
+    sql
 }
 
 impl PostgresStore {
+    /// [`PostgresStore::open_with`] the default deadlines.
+    pub async fn open(url: &str, durability: Durability) -> StoreResult<Self> {
+        Self::open_with(url, durability, &Deadlines::default(), Arc::default()).await
+    }
+
     /// Durable: the server's own commit settings. Relaxed: `synchronous_commit = off`
     /// in this pool's sessions only — a commit returns before its WAL is flushed, so a
     /// server power cut can undo the last commits (never corrupt them); other clients
-    /// of the server are untouched.
-    pub async fn open(url: &str, durability: Durability) -> StoreResult<Self> {
+    /// of the server are untouched. The migrations run first on a connection of their
+    /// own, without the statement deadline: an index build on a big table may take
+    /// longer than any consumer's transaction should.
+    pub(crate) async fn open_with(
+        url: &str,
+        durability: Durability,
+        deadlines: &Deadlines,
+        tripwire: Arc<Tripwire>,
+    ) -> StoreResult<Self> {
         let opts: PgConnectOptions = url.parse()?;
         let opts = opts.log_statements(tracing::log::LevelFilter::Trace);
-        let mut pool = dialect::server_pool::<sqlx::Postgres>();
-        if durability == Durability::Relaxed {
-            pool = pool.after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::query("SET synchronous_commit = off")
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
-                })
-            });
-        }
-        let pool = pool.connect_with(opts).await?;
-        MIGRATOR.run(&pool).await?;
+        let mut migrating = connect_within(deadlines, PgConnection::connect_with(&opts)).await?;
+        MIGRATOR.run_direct(&mut migrating).await?;
+        let _ = tokio::time::timeout(deadlines.connect_timeout, migrating.close()).await;
+        let session = Arc::new(session_settings(deadlines, durability));
+        let pool = dialect::server_pool::<sqlx::Postgres>(deadlines, tripwire).after_connect(
+            move |conn, _| {
+                let session = session.clone();
+                Box::pin(async move { conn.execute(session.as_str()).await.map(|_| ()) })
+            },
+        );
+        let pool = connect_within(deadlines, pool.connect_with(opts)).await?;
         Ok(PostgresStore {
             pool,
             url: url.to_string(),
             durability,
+            statement_ms: deadlines.statement_millis(),
         })
     }
 
@@ -394,10 +436,17 @@ impl Store for PostgresStore {
     /// `VACUUM (ANALYZE)` of the purged tables: drops the dead index entries,
     /// marks pages all-visible again (index-only scans) and refreshes the row
     /// estimate. Not inside a transaction, and only the owner may do it.
+    /// The session's statement timeout is lifted for it (a `VACUUM` of 34 M rows
+    /// takes about a minute, docs/SCALE.md) and put back after, whatever it answered.
     async fn after_purge(&self) -> StoreResult<()> {
-        sqlx::query("VACUUM (ANALYZE) processed_messages, side_effect_claims")
-            .execute(&self.pool)
+        let mut conn = self.pool.acquire().await?;
+        conn.execute("SET statement_timeout = 0").await?;
+        let vacuumed = conn
+            .execute("VACUUM (ANALYZE) processed_messages, side_effect_claims")
+            .await;
+        conn.execute(format!("SET statement_timeout = {}", self.statement_ms).as_str())
             .await?;
+        vacuumed?;
         Ok(())
     }
 

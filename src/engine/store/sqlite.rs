@@ -19,6 +19,7 @@ use super::sqlite_batch;
 use super::sqlite_conn::connect_sqlite;
 use super::sqlite_thread::SqliteThread;
 use super::*;
+use crate::engine::deadlines::DEFAULT_STATEMENT_TIMEOUT;
 use crate::engine::envelope::Message;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/sqlite");
@@ -38,13 +39,23 @@ impl SqliteStore {
     /// `NORMAL`, fsynced at checkpoints only, so a power cut can undo the last
     /// commits (a process crash cannot: the WAL is already in the OS).
     pub async fn open(url: &str, durability: Durability) -> StoreResult<Self> {
+        Self::open_with(url, durability, DEFAULT_STATEMENT_TIMEOUT).await
+    }
+
+    /// [`SqliteStore::open`] with `busy` as the busy timeout: the statement deadline
+    /// of a file with one writer at a time is the wait for the write lock.
+    pub(crate) async fn open_with(
+        url: &str,
+        durability: Durability,
+        busy: Duration,
+    ) -> StoreResult<Self> {
         let synchronous = match durability {
             Durability::Durable => SqliteSynchronous::Full,
             Durability::Relaxed => SqliteSynchronous::Normal,
         };
-        let pool = connect_sqlite(url, 8, synchronous).await?;
+        let pool = connect_sqlite(url, 8, synchronous, busy).await?;
         MIGRATOR.run(&pool).await?;
-        let thread = SqliteThread::for_url(url, synchronous)?;
+        let thread = SqliteThread::for_url(url, synchronous, busy)?;
         Ok(SqliteStore {
             pool,
             thread,

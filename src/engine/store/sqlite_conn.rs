@@ -12,23 +12,21 @@ use sqlx::SqlitePool;
 
 use super::{StoreError, StoreResult};
 
-/// How long a statement waits for another writer's lock before it fails busy: writers
-/// wait for each other instead of failing (sqlx's pools and the file's thread alike).
-pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Pool options shared by the store and the embedded queue: WAL, a generous busy
-/// timeout (writers wait for each other instead of failing), and the fsync policy
-/// the caller needs (FULL for anything whose loss would lose data).
+/// Pool options shared by the store and the embedded queue: WAL, the statement
+/// deadline as the busy timeout (`busy`: writers wait that long for each other's lock
+/// instead of failing, and no longer), and the fsync policy the caller needs (FULL
+/// for anything whose loss would lose data).
 pub(crate) async fn connect_sqlite(
     url: &str,
     max_connections: u32,
     synchronous: SqliteSynchronous,
+    busy: Duration,
 ) -> StoreResult<SqlitePool> {
     let opts = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(synchronous)
-        .busy_timeout(BUSY_TIMEOUT)
+        .busy_timeout(busy)
         .foreign_keys(true);
     if let Some(parent) = opts.get_filename().parent() {
         if !parent.as_os_str().is_empty() {

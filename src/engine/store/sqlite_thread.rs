@@ -53,7 +53,6 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use tokio::sync::{mpsc, oneshot};
 
-use super::sqlite_conn::BUSY_TIMEOUT;
 use super::{StoreError, StoreResult};
 
 /// What the thread runs: a write job ([`SqliteThread::write`]); `durable`: its group
@@ -125,8 +124,12 @@ static THREADS: Mutex<Option<HashMap<PathBuf, Weak<Inner>>>> = Mutex::new(None);
 
 impl SqliteThread {
     /// The thread of a `sqlite://` URL's file (the URL read as sqlx reads it), with
-    /// the fsync policy `synchronous` and the pools' busy timeout.
-    pub(crate) fn for_url(url: &str, synchronous: SqliteSynchronous) -> StoreResult<Self> {
+    /// the fsync policy `synchronous` and the pools' busy timeout `busy`.
+    pub(crate) fn for_url(
+        url: &str,
+        synchronous: SqliteSynchronous,
+        busy: Duration,
+    ) -> StoreResult<Self> {
         let path = SqliteConnectOptions::from_str(url)?
             .get_filename()
             .to_path_buf();
@@ -138,7 +141,7 @@ impl SqliteThread {
         };
         let options = ThreadOptions {
             synchronous,
-            busy_timeout: BUSY_TIMEOUT,
+            busy_timeout: busy,
         };
         // No thread to be had (out of threads or memory): an outage.
         Self::for_file(&path, options).map_err(|e| StoreError::Db(sqlx::Error::Io(e)))

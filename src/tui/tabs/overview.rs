@@ -90,6 +90,15 @@ fn flow_cell<'a>(c: &ConsumerStatus, app: &App, theme: &Theme) -> Cell<'a> {
             .unwrap_or_default();
         return Cell::from(format!("PAUSED{since}")).style(theme.crit);
     }
+    if let Some(held) = c.waiting_seconds {
+        // A batch held by a peer that has not answered (its alert says more).
+        let d = format::duration(held);
+        return Cell::from(format!(
+            "WAITING {}",
+            d.split(' ').next().unwrap_or_default()
+        ))
+        .style(theme.warn);
+    }
     match c.flow {
         Flow::Flowing => Cell::from("flowing").style(theme.ok),
         Flow::NoDataYet => Cell::from("no data yet").style(theme.dim),

@@ -20,6 +20,7 @@ use serde::Serialize;
 use sqlx::query::Query;
 use sqlx::{Database, Executor, IntoArguments, Pool};
 
+use super::deadline::{Tripwire, RELEASE_GRACE};
 use super::Backend;
 
 pub(crate) mod mysql;
@@ -242,15 +243,46 @@ pub(crate) async fn lost_race<D: Database, T>(
     Err(super::StoreError::LostRace { what })
 }
 
-/// The engine's pool on a server (PostgreSQL, MariaDB).
-pub(crate) fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
+/// The engine's pool on a server (PostgreSQL, MariaDB): 16 connections, a wait for
+/// one bounded by `acquire_timeout`, and the two hooks that keep a connection whose
+/// way went silent out of use (see `store/deadline.rs`):
+///
+/// - handed back after its call ran out of time (its statement's answer never came),
+///   a connection must settle what it still owes within [`RELEASE_GRACE`] — a
+///   no-op for one that owes nothing — or it is closed hard, never pinged and
+///   parked forever, never reused;
+/// - idle in the pool when a deadline fired, it is closed at its next acquire
+///   rather than handed out: each would cost another whole deadline.
+pub(crate) fn server_pool<D: Database>(
+    deadlines: &crate::engine::deadlines::Deadlines,
+    tripwire: std::sync::Arc<Tripwire>,
+) -> sqlx::pool::PoolOptions<D> {
     sqlx::pool::PoolOptions::new()
         .max_connections(16)
-        .acquire_timeout(std::time::Duration::from_secs(30))
+        .acquire_timeout(deadlines.acquire_timeout)
         // No ping before every transaction (a round trip each): a connection the
         // server dropped fails its first statement instead, the delivery is
         // retried, and sqlx discards the connection when it comes back.
         .test_before_acquire(false)
+        .before_acquire(move |_, meta| {
+            let suspect = tripwire.idle_across_a_firing(meta.idle_for);
+            Box::pin(async move { Ok(!suspect) })
+        })
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                // `flush` reads what the connection still owes (the answer of a
+                // statement whose caller gave up) and returns at once when it owes
+                // nothing; sqlx's own ping after this hook has no deadline.
+                match tokio::time::timeout(RELEASE_GRACE, sqlx::Connection::flush(conn)).await {
+                    Ok(Ok(())) => Ok(true),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "a connection whose call ran out of time stayed silent: closed",
+                    ))),
+                }
+            })
+        })
 }
 
 /// The dashboard's pool (its read-only sessions are set per backend in `monitor/db`):
@@ -716,12 +748,10 @@ mod tests {
 
     #[test]
     fn the_engines_pool_and_the_dashboards_are_sized_as_documented() {
-        let engine = server_pool::<sqlx::Postgres>();
+        let deadlines = crate::engine::deadlines::Deadlines::default();
+        let engine = server_pool::<sqlx::Postgres>(&deadlines, Default::default());
         assert_eq!(engine.get_max_connections(), 16);
-        assert_eq!(
-            engine.get_acquire_timeout(),
-            std::time::Duration::from_secs(30)
-        );
+        assert_eq!(engine.get_acquire_timeout(), deadlines.acquire_timeout);
         assert!(!engine.get_test_before_acquire());
         let dashboard = dashboard_pool::<sqlx::MySql>();
         assert_eq!(dashboard.get_max_connections(), 2);

@@ -23,6 +23,47 @@ pub(crate) async fn utc_session(conn: &mut sqlx::MySqlConnection) -> Result<(), 
         .map(|_| ())
 }
 
+/// The engine's sessions (not the dashboard's): UTC as [`utc_session`], and the
+/// statement deadline as the server's own limits — InnoDB's row-lock wait and the
+/// metadata-lock wait, and on MariaDB `max_statement_time` and
+/// `idle_transaction_timeout` (a session whose client went silent inside a
+/// transaction is ended and its locks freed, instead of blocking the redelivery of
+/// the same keys on a fresh connection). MySQL has neither of the last two: refused
+/// there as unknown variables (1193), and skipped.
+pub(crate) async fn engine_session(
+    conn: &mut sqlx::MySqlConnection,
+    deadlines: &crate::engine::deadlines::Deadlines,
+) -> Result<(), sqlx::Error> {
+    use sqlx::Executor;
+    let secs = deadlines.statement_secs();
+    conn.execute(
+        format!(
+            "SET time_zone = '+00:00', innodb_lock_wait_timeout = {secs}, lock_wait_timeout = {secs}"
+        )
+        .as_str(),
+    )
+    .await?;
+    let statement = deadlines.statement_timeout.as_secs_f64().max(0.001);
+    let mariadb =
+        format!("SET max_statement_time = {statement:.3}, idle_transaction_timeout = {secs}");
+    match conn.execute(mariadb.as_str()).await {
+        Err(sqlx::Error::Database(e))
+            if e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|e| e.number() == 1193) =>
+        {
+            Ok(())
+        }
+        other => other.map(|_| ()),
+    }
+}
+
+/// The server's own deadlines: InnoDB's lock wait (1205), MariaDB's
+/// `max_statement_time` (1969), MySQL's `max_execution_time` (3024), a session
+/// ended for inactivity (4031: MariaDB's `idle_transaction_timeout`).
+pub(crate) fn timed_out(number: u16) -> bool {
+    matches!(number, 1205 | 1969 | 3024 | 4031)
+}
+
 /// By error number, then SQLSTATE
 /// (<https://dev.mysql.com/doc/mysql-errors/8.0/en/server-error-reference.html>,
 /// <https://mariadb.com/kb/en/mariadb-error-code-reference/>).

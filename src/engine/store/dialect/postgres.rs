@@ -38,6 +38,13 @@ pub(crate) fn failure(sqlstate: &str) -> Failure {
     }
 }
 
+/// The server's own deadlines: `statement_timeout` (query_canceled, 57014 — also an
+/// operator's cancel, an outage all the same), `lock_timeout` (lock_not_available),
+/// `idle_in_transaction_session_timeout`.
+pub(crate) fn timed_out(sqlstate: &str) -> bool {
+    matches!(sqlstate, "57014" | "55P03" | "25P03")
+}
+
 impl super::Dialect for Postgres {
     const BACKEND: Backend = Backend::Postgres;
     const BEGIN: &'static str = "BEGIN";

@@ -29,6 +29,14 @@ pub(crate) fn failure<E: sqlx::error::DatabaseError + ?Sized>(e: &E) -> Failure 
     }
 }
 
+/// SQLITE_BUSY: another writer held the lock for the whole busy timeout.
+pub(crate) fn timed_out<E: sqlx::error::DatabaseError + ?Sized>(e: &E) -> bool {
+    let code: i32 = sqlx::error::DatabaseError::code(e)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(1);
+    code & 0xff == 5
+}
+
 impl super::Dialect for sqlx::Sqlite {
     const BACKEND: Backend = Backend::Sqlite;
     /// Take the write lock up front: a transaction that reads before it writes (a
