@@ -156,6 +156,76 @@ async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothin
     );
 }
 
+/// One device's firmware bug (issue 39): an 80 KB message (under the broker's packet
+/// limit, over the envelope's 64 KiB), a 2 MiB one (over what the ingress used to read
+/// at all) and one that is not JSON, among the fleet's normal traffic. The ingress
+/// used to retry the batch holding the first forever, so nothing after it reached a
+/// consumer. Now each poison message is dead-lettered at the door with its reason and
+/// its bytes (the first 64 KiB, the true length in the detail), acked and counted, and
+/// every other event is processed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_device_message_is_dead_lettered_at_the_door_and_the_fleet_flows() {
+    use idemwatch::engine::envelope::{cut_raw_length, DEAD_LETTER_KEEP};
+    use idemwatch::engine::store::DeadLetterFilter;
+
+    let env = TempEnv::new();
+    let Some(broker) = PrivateMosquitto::new(&env) else {
+        return;
+    };
+    let client_id = "idemwatch-ingest-poison";
+    let mut ingest = spawn_ingest(&env, &broker, client_id, "ingest.log");
+    broker.wait_for_log(&format!("Received SUBSCRIBE from {client_id}"));
+    let (events, mut messages) = fleet_events(39, 300);
+    let firmware_bug = vec![b'7'; 80_000];
+    let huge = format!("{{\"pad\":\"{}\"}}", "x".repeat(2 << 20)).into_bytes();
+    let not_json = b"\xff\xfe garbage from a sensor".to_vec();
+    messages.insert(0, ("34-BUG-1".into(), firmware_bug.clone()));
+    messages.insert(100, ("34-BUG-2".into(), huge.clone()));
+    messages.insert(200, ("34-BUG-3".into(), not_json.clone()));
+    let d = publish_fleet(&broker.url(), "dev-poison", "fleet", &messages, 0.0, 0, 6)
+        .await
+        .unwrap();
+    assert_eq!(d.acked, d.published, "{d:?}");
+
+    let stats = ingest_stats(&mut ingest);
+    assert_eq!(stats["received"], 303, "{stats}");
+    assert_eq!(stats["published"], 300, "{stats}");
+    assert_eq!(
+        stats["dead_lettered"],
+        serde_json::json!({"too_large": 2, "malformed_json": 1}),
+        "{stats}"
+    );
+    assert_each_effect_once(&env, &events).await;
+
+    let store = idemwatch::engine::store::open(&env.db_url()).await.unwrap();
+    let mut letters = store
+        .find_dead_letters(&DeadLetterFilter {
+            consumer: Some("ingress:mqtt".into()),
+            ..DeadLetterFilter::default()
+        })
+        .await
+        .unwrap();
+    letters.sort_by_key(|l| l.id);
+    let seen: Vec<_> = letters
+        .iter()
+        .map(|l| {
+            let detail = l.detail.clone().unwrap_or_default();
+            (l.reason.as_str(), l.raw.len(), cut_raw_length(&detail))
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("too_large", DEAD_LETTER_KEEP, Some(firmware_bug.len())),
+            ("too_large", DEAD_LETTER_KEEP, Some(huge.len())),
+            ("malformed_json", not_json.len(), None),
+        ],
+        "{letters:?}"
+    );
+    assert_eq!(letters[0].raw, firmware_bug[..DEAD_LETTER_KEEP]);
+    assert_eq!(letters[2].raw, not_json);
+}
+
 /// `n` distinct events of 5 vehicles, and each as a device publishes it.
 fn fleet_events(
     seed: u64,
