@@ -547,6 +547,9 @@ pub async fn run_mqtt(
             break;
         }
     }
+    // The poller sends a fatal failure before it ends, and its end closes `rx`: the
+    // loop may have seen the close first.
+    fatal = fatal.or_else(|| fatal_rx.try_recv().ok());
     stats.connections = generation.load(Ordering::SeqCst);
     // The last PUBACKs out before the goodbye (bounded: a dead broker cannot hold us).
     drop(acks);

@@ -380,9 +380,15 @@ pub fn failure(e: &ConnectionError, url: &BrokerUrl) -> LinkFailure {
             IngressErrorKind::Connect,
             format!("{at}: no answer in time"),
         ),
-        ConnectionError::MqttState(rumqttc::StateError::Io(io)) => {
-            retry(IngressErrorKind::Connect, format!("{at}: {io}"))
-        }
+        ConnectionError::MqttState(
+            rumqttc::StateError::Io(io)
+            | rumqttc::StateError::Deserialization(rumqttc::Error::Io(io)),
+        ) => match rustls_error(io) {
+            // A broker that refuses our client certificate says so once the handshake
+            // is over, in the first read (TLS 1.3).
+            Some(r) => tls_check(r, url),
+            None => retry(IngressErrorKind::Connect, format!("{at}: {io}")),
+        },
         ConnectionError::MqttState(rumqttc::StateError::ConnectionAborted) => retry(
             IngressErrorKind::Connect,
             format!("{at}: the broker closed the connection"),

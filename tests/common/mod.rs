@@ -96,6 +96,7 @@ pub fn counted_since(
 
 pub mod amqp;
 pub mod backends;
+pub mod mqtt;
 pub mod services;
 pub mod tmux;
 

@@ -15,7 +15,7 @@ use sqlx::SqlitePool;
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
-use crate::engine::store::sqlite_conn::connect_sqlite;
+use crate::engine::store::sqlite_conn::{connect_sqlite, migrate};
 use crate::engine::store::sqlite_thread::{db, SqliteThread};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/queue-sqlite");
@@ -171,7 +171,7 @@ fn millis(d: Duration) -> i64 {
 impl EmbeddedQueue {
     pub async fn open(url: &str) -> QueueResult<Self> {
         let pool = connect_sqlite(url, 4, SqliteSynchronous::Full).await?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&MIGRATOR, &pool).await?;
         let thread = SqliteThread::for_url(url, SqliteSynchronous::Normal)?;
         Ok(EmbeddedQueue {
             pool,
