@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::mqtt::{
     assert_each_effect_once, fleet_events, ingest_command, ingest_exit, ingest_stats,
-    password_broker, tls_broker, PrivateMosquitto, INGEST_PASSWORD, INGEST_USER,
+    password_broker, tls_broker, PrivateMosquitto, INGEST_USER,
 };
 use common::{KillOnDrop, TempEnv};
 use idemwatch::sim::mqtt_device::publish_fleet;
@@ -26,7 +26,8 @@ fn refused(mut c: std::process::Command) -> (Option<i32>, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_broker_takes_the_ingress_login_and_a_refused_one_exits_3_naming_the_user() {
     let env = TempEnv::new();
-    let Some((broker, auth)) = password_broker(&env) else {
+    const INGEST_PASSWORD: &str = "S3cret-Pa55word-7f1c";
+    let Some((broker, auth)) = password_broker(&env, INGEST_PASSWORD) else {
         return;
     };
     let url = format!("mqtt://{INGEST_USER}@127.0.0.1:{auth}");

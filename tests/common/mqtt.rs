@@ -295,21 +295,20 @@ pub async fn assert_each_effect_once(
     s
 }
 
-/// The ingress's login on [`password_broker`].
+/// The ingress's user on [`password_broker`].
 pub const INGEST_USER: &str = "fleet-ingest";
-pub const INGEST_PASSWORD: &str = "S3cret-Pa55word-7f1c";
 
 /// A broker whose devices publish anonymously ([`PrivateMosquitto::port`]) and whose
 /// second listener, the ingress's (the returned port), takes only logins from its
-/// password file (`allow_anonymous false`): [`INGEST_USER`] / [`INGEST_PASSWORD`].
-pub fn password_broker(env: &TempEnv) -> Option<(PrivateMosquitto, u16)> {
+/// password file (`allow_anonymous false`): [`INGEST_USER`] with `password`.
+pub fn password_broker(env: &TempEnv, password: &str) -> Option<(PrivateMosquitto, u16)> {
     let dir = PrivateMosquitto::dir_of(env);
     let passwd = dir.join("passwd");
     let made = Command::new("mosquitto_passwd")
         .arg("-b")
         .arg("-c")
         .arg(&passwd)
-        .args([INGEST_USER, INGEST_PASSWORD])
+        .args([INGEST_USER, password])
         .output();
     match made {
         Ok(o) if o.status.success() => {}
