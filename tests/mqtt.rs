@@ -309,12 +309,16 @@ fn device_retransmit_drill_through_mosquitto_sends_one_sms_idempotent_and_n_naiv
     );
 }
 
-/// The dashboard reads `idem_ingress_messages_total` of a target that exports it:
-/// messages in and those flagged DUP, with their rates, per source (Sources panel).
+/// The dashboard reads an ingress's metrics of a target that exports them (Sources
+/// panel, per source): messages in and those flagged DUP with their rates, whether
+/// it holds its broker connection and since when, its newest failure, and what it
+/// dead-lettered at its door by reason.
 #[test]
-fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
+fn the_dashboard_reads_ingress_messages_link_and_dead_letters() {
     use idemwatch::config::MetricNames;
+    use idemwatch::engine::envelope::RejectReason;
     use idemwatch::engine::metrics::Metrics;
+    use idemwatch::engine::mqtt_link::IngressErrorKind;
     use idemwatch::exposition::Format;
     use idemwatch::monitor::prometheus::{parse, ScrapeResult};
     use idemwatch::monitor::targets::TargetTracker;
@@ -335,10 +339,19 @@ fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
             },
             &MetricNames::default(),
         );
-        tracker.status().ingress.get("mqtt").copied()
+        tracker.status().ingress.get("mqtt").cloned()
     };
     let first = scrape(t0).expect("the mqtt source, at 0 from the start");
     assert_eq!(first.received.total, 0.0);
+    assert_eq!(first.connected, Some(false));
+    assert_eq!(first.last_error, None);
+    assert_eq!(
+        first.dead_lettered.keys().collect::<Vec<_>>(),
+        ["malformed_json", "too_large"]
+    );
+    metrics.ingress_error("mqtt", IngressErrorKind::Connect);
+    metrics.set_ingress_connected("mqtt", true);
+    metrics.ingress_dead_lettered("mqtt", RejectReason::TooLarge);
     for _ in 0..8 {
         metrics.ingress("mqtt", false);
     }
@@ -351,4 +364,9 @@ fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
         (r.received.per_second, r.dup_flagged.per_second),
         (Some(5.0), Some(1.0))
     );
+    assert_eq!(r.connected, Some(true));
+    assert!(r.state_since.is_some());
+    let e = r.last_error.expect("the connect failure");
+    assert_eq!((e.kind.as_str(), e.count), ("connect", 1.0));
+    assert_eq!(r.dead_lettered["too_large"], 1.0);
 }
