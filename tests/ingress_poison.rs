@@ -32,7 +32,8 @@ fn body(e: &Envelope) -> Vec<u8> {
     e.to_json_line().into_bytes()
 }
 
-/// An engine with the trip counter only, on `queue_url`, in `namespace`.
+/// An engine with the trip counter only, on `queue_url`, in `namespace`, its leases
+/// running out after 3 s: a delivery lost with a connection comes back soon.
 async fn engine(env: &TempEnv, queue_url: &str, namespace: Option<String>) -> Engine {
     let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
         .await
@@ -40,6 +41,7 @@ async fn engine(env: &TempEnv, queue_url: &str, namespace: Option<String>) -> En
     let mut cfg = EngineConfig::new(&env.db_url(), queue_url, &sandbox.url(), &sandbox.url());
     cfg.consumers = vec![trip_counter::NAME.into()];
     cfg.namespace = namespace;
+    cfg.runner.visibility_timeout = std::time::Duration::from_secs(3);
     Engine::open(&cfg).await.unwrap()
 }
 
@@ -283,7 +285,44 @@ async fn rabbitmq_poison_from_a_foreign_producer_is_dead_lettered_bounded_and_th
     q.close().await;
 }
 
-/// The same on NATS JetStream, published straight to the consumer's subject.
+/// One NATS publish with a header block of the producer's own bytes (HPUB), as the
+/// server stores it: no Rust client sends a header that is not UTF-8.
+fn raw_nats_publish(url: &str, subject: &str, headers: &[u8], body: &[u8]) {
+    let u = url::Url::parse(url).unwrap();
+    let mut s = TcpStream::connect((u.host_str().unwrap(), u.port().unwrap_or(4222))).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut info = [0u8; 4096];
+    let _ = s.read(&mut info).unwrap();
+    s.write_all(b"CONNECT {\"verbose\":false,\"headers\":true,\"protocol\":1}\r\n")
+        .unwrap();
+    let mut pubm = format!(
+        "HPUB {subject} {} {}\r\n",
+        headers.len(),
+        headers.len() + body.len()
+    )
+    .into_bytes();
+    pubm.extend(headers);
+    pubm.extend(body);
+    pubm.extend(b"\r\nPING\r\n");
+    s.write_all(&pubm).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 256];
+    while !answer.ends_with(b"PONG\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "NATS closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend(&buf[..n]);
+    }
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("-ERR"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
+/// The same on NATS JetStream, published straight to the consumer's subject; the
+/// header that is not UTF-8 used to end async-nats's connection at every delivery
+/// (the fetch never returned, `consume` sat still with the message pending).
 #[tokio::test(flavor = "multi_thread")]
 async fn nats_poison_from_a_foreign_producer_is_dead_lettered_bounded_and_the_rest_flows() {
     use idemwatch::engine::queue::nats::NatsQueue;
@@ -304,18 +343,29 @@ async fn nats_poison_from_a_foreign_producer_is_dead_lettered_bounded_and_the_re
     let client = async_nats::connect(&url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let after = [zone_exit("34-FN-1", 2), zone_exit("34-FN-1", 3)];
-    for payload in [
-        vec![b'7'; OVERSIZED],
-        NOT_UTF8.to_vec(),
-        body(&after[0]),
-        body(&after[1]),
-    ] {
+    for payload in [vec![b'7'; OVERSIZED], NOT_UTF8.to_vec()] {
         js.publish(subject.clone(), payload.into())
             .await
             .unwrap()
             .await
             .unwrap();
     }
+    let (url2, subject2, unreadable) = (url.clone(), subject.clone(), body(&after[0]));
+    tokio::task::spawn_blocking(move || {
+        raw_nats_publish(
+            &url2,
+            &subject2,
+            b"NATS/1.0\r\nX-Foreign-Trace: \xff\xfe \xc3\x28\r\n\r\n",
+            &unreadable,
+        )
+    })
+    .await
+    .unwrap();
+    js.publish(subject.clone(), body(&after[1]).into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
     let s = engine
         .run_until_idle(Arc::new(CrashPlan::none()), None)
         .await

@@ -14,6 +14,7 @@ use crate::engine::envelope::MAX_RAW_BYTES;
 pub mod amqp;
 pub mod embedded;
 pub mod nats;
+mod nats_poison;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {

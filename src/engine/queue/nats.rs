@@ -57,7 +57,7 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
-use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
+use super::{nats_poison, Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::store::redact_url;
 
 /// Subject and stream-name prefix (`?prefix=` in the URL changes it).
@@ -517,9 +517,32 @@ impl Queue for NatsQueue {
             .await
             .map_err(nats_err)?;
         let mut out = Vec::new();
-        while let Some(m) = batch.next().await {
-            let m = m.map_err(nats_err)?;
-            out.push(delivery_of(queue, &m)?);
+        // A fetch whose connection ended under it never ends by itself: each message
+        // within a deadline, and what came before a failure is still leased.
+        let failed = loop {
+            match tokio::time::timeout(REQUEST_TIMEOUT, batch.next()).await {
+                Ok(Some(Ok(m))) => out.push(delivery_of(queue, &m)?),
+                Ok(Some(Err(e))) => break Some(nats_err(e)),
+                Ok(None) => break None,
+                Err(_) => break Some(QueueError::Nats("a fetch got no answer in time".into())),
+            }
+        };
+        let Some(e) = failed else {
+            return Ok(out);
+        };
+        // Maybe a message whose headers no client reads ended the connection: it
+        // would end every next one (`nats_poison.rs`).
+        let loc = self.location(queue);
+        let stream = self.stream(&loc).await?;
+        match nats_poison::repair_unreadable_headers(&self.js, &stream, &consumer, queue).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(queue, replaced = n, "unreadable JetStream headers replaced"),
+            Err(r) => {
+                tracing::warn!(queue, error = %r, "could not look for unreadable JetStream headers")
+            }
+        }
+        if out.is_empty() {
+            return Err(e);
         }
         Ok(out)
     }
