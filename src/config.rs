@@ -400,6 +400,16 @@ pub struct MetricNames {
     pub seen_set_bypassed: String,
     /// Device messages an ingress took in (labels: source, dup_flag).
     pub ingress_messages: String,
+    /// 1 while an ingress (label `source`) holds its broker connection.
+    pub ingress_connected: String,
+    /// When an ingress's current state (connected or not) began.
+    pub ingress_state_since: String,
+    /// An ingress's failures (labels: source, kind).
+    pub ingress_errors: String,
+    /// When an ingress last failed with each `kind`.
+    pub ingress_error_last: String,
+    /// Messages an ingress dead-lettered at its door (labels: source, reason).
+    pub ingress_dead_lettered: String,
     /// 1 while a consumer stops leasing because its store or provider (label
     /// `cause`) is unhealthy.
     pub paused: String,
@@ -437,6 +447,11 @@ impl Default for MetricNames {
             engine_info: names::ENGINE_INFO.exposed.into(),
             seen_set_bypassed: names::SEEN_SET_BYPASSED.exposed.into(),
             ingress_messages: names::INGRESS_MESSAGES.exposed.into(),
+            ingress_connected: names::INGRESS_CONNECTED.exposed.into(),
+            ingress_state_since: names::INGRESS_STATE_SINCE.exposed.into(),
+            ingress_errors: names::INGRESS_ERRORS.exposed.into(),
+            ingress_error_last: names::INGRESS_ERROR_LAST.exposed.into(),
+            ingress_dead_lettered: names::INGRESS_DEAD_LETTERED.exposed.into(),
             paused: names::PAUSED.exposed.into(),
             paused_since: names::PAUSED_SINCE.exposed.into(),
             pause_retries: names::PAUSE_RETRIES.exposed.into(),

@@ -326,3 +326,31 @@ async fn device_id_breaking_the_envelope_rule_is_400() {
     );
     assert_eq!(lock(128).await.status(), 202);
 }
+
+/// Poison at the HTTP edge costs only itself (issue 39): a body that is not UTF-8,
+/// then one over the limit, each answered (400, 413) and counted, and the request
+/// after them is executed. The caller keeps its bytes and is told why; the oversized
+/// one is refused before its key is looked at, so a corrected retry with the same key
+/// executes.
+#[tokio::test]
+async fn a_body_that_is_not_utf8_is_400_and_the_next_request_flows() {
+    let api = api(ApiConfig::default()).await;
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(api.notes_url())
+        .bearer_auth(ALICE)
+        .header("idempotency-key", "k-poison")
+        .header("content-type", "application/json")
+        .body(&b"{\"text\":\"\xff\xfe\xc3\x28\"}"[..])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer(resp).await.1["code"], "invalid_request");
+    let big = json!({"text": "x".repeat(http_api::MAX_BODY)});
+    let resp = post_as_alice(&api.notes_url(), "k-poison-2", &big).await;
+    assert_eq!(resp.status(), 413);
+    let ok = post_as_alice(&api.notes_url(), "k-poison-2", &json!({"text": "fixed"})).await;
+    assert_eq!(ok.status(), 201);
+    assert_eq!(api.notes().await, 1);
+    assert_eq!(api.count("too_large"), 1);
+}

@@ -5,117 +5,13 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::services::{free_port, reachable};
-use common::{idemwatch_bin, KillOnDrop, TempEnv};
-use idemwatch::engine::crash::CrashPlan;
-use idemwatch::engine::envelope::EventType;
-use idemwatch::engine::{Engine, EngineConfig};
-use idemwatch::sim::fleet::{FleetConfig, FleetSim};
+use common::mqtt::{
+    assert_each_effect_once, fleet_events, ingest_stats, spawn_ingest, PrivateMosquitto,
+};
+use common::TempEnv;
 use idemwatch::sim::mqtt_device::publish_fleet;
-use idemwatch::sim::sandbox_provider::{self, SandboxClient};
-
-struct PrivateMosquitto {
-    port: u16,
-    conf: std::path::PathBuf,
-    log: std::path::PathBuf,
-    proc: Option<KillOnDrop>,
-}
-
-impl PrivateMosquitto {
-    fn new(env: &TempEnv) -> Option<Self> {
-        Self::with_conf(env, "")
-    }
-
-    /// A broker with `extra` lines appended to the test's configuration.
-    fn with_conf(env: &TempEnv, extra: &str) -> Option<Self> {
-        if Command::new("mosquitto").arg("-h").output().is_err() {
-            if common::backends::required() {
-                panic!("mosquitto is required (IDEMWATCH_REQUIRE_SERVICES=1)");
-            }
-            eprintln!("SKIP: mosquitto not installed");
-            return None;
-        }
-        let port = free_port();
-        let dir = env.path("mosquitto");
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join("mosquitto.log");
-        let conf = dir.join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "user root\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nlog_dest file {}\nlog_type all\nmax_queued_messages 10000\n{extra}",
-                dir.display(),
-                log.display()
-            ),
-        )
-        .unwrap();
-        let mut m = PrivateMosquitto {
-            port,
-            conf,
-            log,
-            proc: None,
-        };
-        m.start();
-        Some(m)
-    }
-
-    fn url(&self) -> String {
-        format!("mqtt://127.0.0.1:{}", self.port)
-    }
-
-    fn start(&mut self) {
-        let child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&self.conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("mosquitto starts");
-        self.proc = Some(KillOnDrop(child));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while reachable(&self.url()).is_err() {
-            assert!(Instant::now() < deadline, "private mosquitto did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// A clean stop (SIGTERM: the broker writes its sessions and queued messages to
-    /// its persistence file), then a start on the same port.
-    fn restart(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &p.0.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while p.0.try_wait().ok().flatten().is_none() {
-                assert!(Instant::now() < deadline, "mosquitto did not stop");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        self.start();
-    }
-
-    /// Wait (30 s at most) for a line of the broker's log.
-    fn wait_for_log(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.log_has(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "not in the broker's log: {needle}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log_has(&self, needle: &str) -> bool {
-        std::fs::read_to_string(&self.log).is_ok_and(|t| t.contains(needle))
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothing_and_doubles_nothing(
@@ -156,133 +52,74 @@ async fn mqtt_ingress_with_dup_retransmissions_and_a_broker_restart_loses_nothin
     );
 }
 
-/// `n` distinct events of 5 vehicles, and each as a device publishes it.
-fn fleet_events(
-    seed: u64,
-    n: usize,
-) -> (
-    Vec<idemwatch::sim::fleet::SimMessage>,
-    Vec<(String, Vec<u8>)>,
-) {
-    let mut sim = FleetSim::new(FleetConfig {
-        vehicles: 5,
-        seed,
-        redelivery_rate: 0.0,
-        late_rate: 0.0,
-        ..FleetConfig::default()
-    });
-    let events: Vec<_> = (0..n).map(|_| sim.next()).collect();
-    let messages = events
+/// One device's firmware bug (issue 39): an 80 KB message (under the broker's packet
+/// limit, over the envelope's 64 KiB), a 2 MiB one (over what the ingress used to read
+/// at all) and one that is not JSON, among the fleet's normal traffic. The ingress
+/// used to retry the batch holding the first forever, so nothing after it reached a
+/// consumer. Now each poison message is dead-lettered at the door with its reason and
+/// its bytes (the first 64 KiB, the true length in the detail), acked and counted, and
+/// every other event is processed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_device_message_is_dead_lettered_at_the_door_and_the_fleet_flows() {
+    use idemwatch::engine::envelope::{cut_raw_length, DEAD_LETTER_KEEP};
+    use idemwatch::engine::store::DeadLetterFilter;
+
+    let env = TempEnv::new();
+    let Some(broker) = PrivateMosquitto::new(&env) else {
+        return;
+    };
+    let client_id = "idemwatch-ingest-poison";
+    let mut ingest = spawn_ingest(&env, &broker, client_id, "ingest.log");
+    broker.wait_for_log(&format!("Received SUBSCRIBE from {client_id}"));
+    let (events, mut messages) = fleet_events(39, 300);
+    let firmware_bug = vec![b'7'; 80_000];
+    let huge = format!("{{\"pad\":\"{}\"}}", "x".repeat(2 << 20)).into_bytes();
+    let not_json = b"\xff\xfe garbage from a sensor".to_vec();
+    messages.insert(0, ("34-BUG-1".into(), firmware_bug.clone()));
+    messages.insert(100, ("34-BUG-2".into(), huge.clone()));
+    messages.insert(200, ("34-BUG-3".into(), not_json.clone()));
+    let d = publish_fleet(&broker.url(), "dev-poison", "fleet", &messages, 0.0, 0, 6)
+        .await
+        .unwrap();
+    assert_eq!(d.acked, d.published, "{d:?}");
+
+    let stats = ingest_stats(&mut ingest);
+    assert_eq!(stats["received"], 303, "{stats}");
+    assert_eq!(stats["published"], 300, "{stats}");
+    assert_eq!(
+        stats["dead_lettered"],
+        serde_json::json!({"too_large": 2, "malformed_json": 1}),
+        "{stats}"
+    );
+    assert_each_effect_once(&env, &events).await;
+
+    let store = idemwatch::engine::store::open(&env.db_url()).await.unwrap();
+    let mut letters = store
+        .find_dead_letters(&DeadLetterFilter {
+            consumer: Some("ingress:mqtt".into()),
+            ..DeadLetterFilter::default()
+        })
+        .await
+        .unwrap();
+    letters.sort_by_key(|l| l.id);
+    let seen: Vec<_> = letters
         .iter()
-        .map(|m| (m.envelope.device_id.clone(), m.raw.clone()))
+        .map(|l| {
+            let detail = l.detail.clone().unwrap_or_default();
+            (l.reason.as_str(), l.raw.len(), cut_raw_length(&detail))
+        })
         .collect();
-    (events, messages)
-}
-
-/// `idemwatch ingest mqtt` on `broker` under the persistent session `client_id`, into
-/// the test's embedded queue, exiting after 8 s without a message.
-fn spawn_ingest(
-    env: &TempEnv,
-    broker: &PrivateMosquitto,
-    client_id: &str,
-    log: &str,
-) -> KillOnDrop {
-    let child = Command::new(idemwatch_bin())
-        .args([
-            "ingest",
-            "mqtt",
-            "--broker",
-            &broker.url(),
-            "--topic",
-            "fleet/+/events",
-        ])
-        .args(["--client-id", client_id, "--idle-exit", "8s", "--json"])
-        .env("IDEMWATCH_LOG_FILE", env.path(log))
-        .env("IDEMWATCH_DB", env.db_url())
-        .env("IDEMWATCH_QUEUE", env.queue_url())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ingest starts");
-    KillOnDrop(child)
-}
-
-/// Wait (90 s at most) for an ingest to go idle and exit; its `--json` stats.
-fn ingest_stats(ingest: &mut KillOnDrop) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while ingest.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "ingest did not go idle");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let mut out = String::new();
-    use std::io::Read;
-    ingest
-        .0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-/// Run the consumers over what the ingress queued: every event there (vehicle-state
-/// sees each once), each zone exit counted once and one SMS each, no dead letter.
-async fn assert_each_effect_once(
-    env: &TempEnv,
-    events: &[idemwatch::sim::fleet::SimMessage],
-) -> idemwatch::engine::metrics::CountSummary {
-    let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
-        .await
-        .unwrap();
-    let cfg = EngineConfig::new(
-        &env.db_url(),
-        &env.queue_url(),
-        &sandbox.url(),
-        &sandbox.url(),
-    );
-    let engine = Engine::open(&cfg).await.unwrap();
-    let s = engine
-        .run_until_idle(Arc::new(CrashPlan::none()), None)
-        .await
-        .unwrap();
-    assert_eq!(s.total.dead_lettered, 0, "{s:?}");
-    let vehicle_state = &s.consumers["vehicle-state"];
-    let distinct_events: BTreeSet<_> = events.iter().map(|m| m.envelope.key()).collect();
     assert_eq!(
-        vehicle_state.processed + vehicle_state.out_of_order,
-        distinct_events.len() as u64,
-        "every event ingested: {s:?}"
+        seen,
+        [
+            ("too_large", DEAD_LETTER_KEEP, Some(firmware_bug.len())),
+            ("too_large", DEAD_LETTER_KEEP, Some(huge.len())),
+            ("malformed_json", not_json.len(), None),
+        ],
+        "{letters:?}"
     );
-    let mut exits: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
-    for m in events {
-        if m.envelope.event_type == EventType::ZoneExit {
-            exits
-                .entry(m.envelope.device_id.clone())
-                .or_default()
-                .insert(m.envelope.seq);
-        }
-    }
-    let distinct: usize = exits.values().map(BTreeSet::len).sum();
-    assert!(distinct > 0);
-    for (device, seqs) in &exits {
-        assert_eq!(
-            engine.store.zone_exits(device).await.unwrap(),
-            seqs.len() as i64,
-            "{device}"
-        );
-    }
-    let sms = SandboxClient::new(sandbox.url())
-        .unwrap()
-        .sent_sms()
-        .await
-        .unwrap();
-    assert_eq!(sms.len(), distinct, "one SMS per distinct zone exit");
-    assert_eq!(
-        s.consumers["trip-counter"].processed as usize, distinct,
-        "{s:?}"
-    );
-    s
+    assert_eq!(letters[0].raw, firmware_bug[..DEAD_LETTER_KEEP]);
+    assert_eq!(letters[2].raw, not_json);
 }
 
 /// `ingest mqtt` SIGKILLed while devices publish QoS 1 (with DUP retransmissions),
@@ -472,12 +309,16 @@ fn device_retransmit_drill_through_mosquitto_sends_one_sms_idempotent_and_n_naiv
     );
 }
 
-/// The dashboard reads `idem_ingress_messages_total` of a target that exports it:
-/// messages in and those flagged DUP, with their rates, per source (Sources panel).
+/// The dashboard reads an ingress's metrics of a target that exports them (Sources
+/// panel, per source): messages in and those flagged DUP with their rates, whether
+/// it holds its broker connection and since when, its newest failure, and what it
+/// dead-lettered at its door by reason.
 #[test]
-fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
+fn the_dashboard_reads_ingress_messages_link_and_dead_letters() {
     use idemwatch::config::MetricNames;
+    use idemwatch::engine::envelope::RejectReason;
     use idemwatch::engine::metrics::Metrics;
+    use idemwatch::engine::mqtt_link::IngressErrorKind;
     use idemwatch::exposition::Format;
     use idemwatch::monitor::prometheus::{parse, ScrapeResult};
     use idemwatch::monitor::targets::TargetTracker;
@@ -498,10 +339,19 @@ fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
             },
             &MetricNames::default(),
         );
-        tracker.status().ingress.get("mqtt").copied()
+        tracker.status().ingress.get("mqtt").cloned()
     };
     let first = scrape(t0).expect("the mqtt source, at 0 from the start");
     assert_eq!(first.received.total, 0.0);
+    assert_eq!(first.connected, Some(false));
+    assert_eq!(first.last_error, None);
+    assert_eq!(
+        first.dead_lettered.keys().collect::<Vec<_>>(),
+        ["malformed_json", "too_large"]
+    );
+    metrics.ingress_error("mqtt", IngressErrorKind::Connect);
+    metrics.set_ingress_connected("mqtt", true);
+    metrics.ingress_dead_lettered("mqtt", RejectReason::TooLarge);
     for _ in 0..8 {
         metrics.ingress("mqtt", false);
     }
@@ -514,4 +364,9 @@ fn the_dashboard_reads_ingress_messages_with_their_dup_flag() {
         (r.received.per_second, r.dup_flagged.per_second),
         (Some(5.0), Some(1.0))
     );
+    assert_eq!(r.connected, Some(true));
+    assert!(r.state_since.is_some());
+    let e = r.last_error.expect("the connect failure");
+    assert_eq!((e.kind.as_str(), e.count), ("connect", 1.0));
+    assert_eq!(r.dead_lettered["too_large"], 1.0);
 }

@@ -57,7 +57,8 @@ fn idemwatch(dir: &Path, db_url: &str) -> Command {
         .env(
             "IDEMWATCH_WEBHOOK_URL",
             format!("http://127.0.0.1:1/erp?token={PW}"),
-        );
+        )
+        .env("IDEMWATCH_MQTT_PASSWORD", PW);
     cmd
 }
 
@@ -93,6 +94,7 @@ fn help_never_shows_environment_values() {
         &["bench", "engine"],
         &["chaos"],
         &["dead-letters", "replay"],
+        &["ingest", "mqtt"],
     ] {
         let out = idemwatch(env.dir.path(), &db)
             .args(sub)
@@ -359,4 +361,58 @@ async fn the_dashboard_screen_never_shows_a_planted_password() {
     drop(t);
     check_log(&dir);
     db.cleanup().await;
+}
+
+/// `ingest mqtt` with its broker password in `IDEMWATCH_MQTT_PASSWORD` (the planted
+/// one), against a private Mosquitto with a password file: refused (another password
+/// is the right one) and accepted (the planted one is). Neither run shows it on
+/// stdout, stderr, `--json`, the log, `/metrics` or its command line; the refusal
+/// names the user.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mqtt_password_never_shows_whether_the_broker_takes_it_or_not() {
+    use common::mqtt::{ingest_command, ingest_exit, password_broker, INGEST_USER};
+
+    for (right, code) in [("another-Pa55word", 3), (PW, 0)] {
+        let env = TempEnv::new();
+        let Some((broker, auth)) = password_broker(&env, right) else {
+            return;
+        };
+        let port = common::services::free_port();
+        let mut c = ingest_command(
+            &env,
+            &format!("mqtt://{INGEST_USER}@127.0.0.1:{auth}"),
+            "secret-ingest",
+            "idemwatch.log",
+        );
+        c.args(["--topic", "fleet/+/events"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("IDEMWATCH_MQTT_PASSWORD", PW);
+        let mut ingest = KillOnDrop(c.spawn().expect("ingest starts"));
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", ingest.0.id())).unwrap();
+        assert_clean("the command line", &String::from_utf8_lossy(&cmdline));
+        if code == 0 {
+            broker.wait_for_log("Received SUBSCRIBE from secret-ingest");
+            let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            assert!(
+                metrics.contains("idem_ingress_connected{source=\"mqtt\"} 1"),
+                "{metrics}"
+            );
+            assert_clean("/metrics", &metrics);
+        }
+        let (status, out, err) = tokio::task::spawn_blocking(move || ingest_exit(&mut ingest))
+            .await
+            .unwrap();
+        assert_eq!(status, Some(code), "{out}\n{err}");
+        assert_clean("stdout", &out);
+        assert_clean("stderr", &err);
+        check_log(env.dir.path());
+        if code == 3 {
+            assert!(err.contains(INGEST_USER), "{err}");
+        }
+    }
 }

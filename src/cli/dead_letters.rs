@@ -200,10 +200,10 @@ fn clipped(raw: &[u8]) -> String {
 
 fn print_report(report: &ReplayReport, queue: &str) {
     for l in &report.letters {
-        let what = match l.status {
-            ReplayStatus::Replayed => "replayed to",
-            ReplayStatus::WouldReplay => "would replay to",
-            ReplayStatus::UnknownConsumer => "skipped (not a consumer of this engine)",
+        let what = match (l.status, l.status.skipped_because()) {
+            (ReplayStatus::WouldReplay, _) => "would replay to".to_string(),
+            (_, Some(why)) => format!("skipped ({why})"),
+            (_, None) => "replayed to".to_string(),
         };
         println!(
             "{:>8}  {:<14}  {:<18}  {what} {}{}",

@@ -24,6 +24,7 @@ use crate::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
 use crate::engine::envelope::EventType;
 use crate::engine::ingress::{self, IngressStats, MqttIngressConfig};
 use crate::engine::metrics::Metrics;
+use crate::engine::mqtt_link::LinkConfig;
 use crate::engine::queue_name;
 use crate::sim::mqtt_device::publish_fleet;
 
@@ -134,8 +135,9 @@ async fn through_broker(
             device.acked
         ));
         let cfg = MqttIngressConfig {
-            broker: broker.to_string(),
-            topic: topic.clone(),
+            link: LinkConfig::plain(broker).map_err(|e| setup(&e))?,
+            filters: vec![topic.clone()],
+            share_group: None,
             client_id: client_id.clone(),
             queues: consumers
                 .iter()
@@ -148,9 +150,15 @@ async fn through_broker(
         let deadline = Instant::now() + INGRESS_DEADLINE;
         while taken.published < u64::from(times) && Instant::now() < deadline {
             let (_stop, stopped) = watch::channel(false);
-            let s = ingress::run_mqtt(&cfg, rig.queue.clone(), metrics.clone(), stopped)
-                .await
-                .map_err(|e| setup(&e))?;
+            let s = ingress::run_mqtt(
+                &cfg,
+                rig.queue.clone(),
+                rig.store.clone(),
+                metrics.clone(),
+                stopped,
+            )
+            .await
+            .map_err(|e| setup(&e))?;
             taken.received += s.received;
             taken.received_dup_flag += s.received_dup_flag;
             taken.published += s.published;
@@ -160,6 +168,8 @@ async fn through_broker(
             "the ingress took {} copies off its session ({} flagged DUP by the broker) into the queues",
             taken.published, taken.received_dup_flag
         ));
+        // The run's record of the session's filters goes with the session.
+        let _ = rig.store.set_ingress_filters(&cfg.session(), &[]).await;
         Ok::<_, DrillError>((device, taken))
     }
     .await;

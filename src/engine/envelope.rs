@@ -17,8 +17,38 @@ pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Largest raw message we even try to parse. Anything bigger cannot hold a payload
 /// under [`MAX_PAYLOAD_BYTES`] plus the envelope fields, so it is rejected unread.
 pub const MAX_RAW_BYTES: usize = MAX_PAYLOAD_BYTES + 4 * 1024;
+/// What a dead letter keeps of raw bytes over [`MAX_RAW_BYTES`] (SPEC §9 "Ingress
+/// poison"): their first 64 KiB, enough to see what the producer sent, and their true
+/// length in the detail ([`dead_letter_raw`]). Bytes within the limit are kept whole,
+/// so every letter that could be replayed is.
+pub const DEAD_LETTER_KEEP: usize = MAX_PAYLOAD_BYTES;
 /// Largest accepted `seq`: the tables store it as a signed 64-bit integer.
 pub const MAX_SEQ: u64 = i64::MAX as u64;
+
+/// The raw bytes a dead letter stores and its detail: `raw` whole when the queue could
+/// take it, else its first [`DEAD_LETTER_KEEP`] bytes with the true length added to
+/// `detail`. A producer's 100 MB message must not become a 100 MB row, nor its
+/// insert the statement that times out and keeps it from ever being dead-lettered.
+pub fn dead_letter_raw<'a>(raw: &'a [u8], detail: &str) -> (&'a [u8], String) {
+    if raw.len() <= MAX_RAW_BYTES {
+        return (raw, detail.to_string());
+    }
+    (
+        &raw[..DEAD_LETTER_KEEP],
+        format!(
+            "{detail} [{} bytes; first {DEAD_LETTER_KEEP} kept]",
+            raw.len()
+        ),
+    )
+}
+
+/// The true length of a dead letter whose raw bytes were cut ([`dead_letter_raw`]),
+/// read back from its detail; `None` when it was kept whole.
+pub fn cut_raw_length(detail: &str) -> Option<usize> {
+    let tail = detail.strip_suffix(&format!(" bytes; first {DEAD_LETTER_KEEP} kept]"))?;
+    let (_, n) = tail.rsplit_once(" [")?;
+    n.parse().ok()
+}
 // One set of limits for every backend. A message one database stores and another
 // refuses would make "processed" depend on the backend (MariaDB's `VARCHAR(255)` zone,
 // PostgreSQL's text that cannot hold NUL, MySQL's DATETIME years): each limit below is
@@ -713,6 +743,22 @@ mod tests {
 
     fn reject(raw: &str) -> Rejection {
         Envelope::parse(raw.as_bytes()).expect_err("should be rejected")
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_raw_bytes_whole_up_to_the_limit_and_the_first_64_kib_beyond() {
+        let whole = vec![b'x'; MAX_RAW_BYTES];
+        let (kept, detail) = dead_letter_raw(&whole, "too big");
+        assert_eq!((kept.len(), detail.as_str()), (MAX_RAW_BYTES, "too big"));
+        assert_eq!(cut_raw_length(&detail), None);
+        let over = vec![b'y'; 5 << 20];
+        let (kept, detail) = dead_letter_raw(&over, "message is 5242880 bytes");
+        assert_eq!(kept, &over[..DEAD_LETTER_KEEP]);
+        assert_eq!(
+            detail,
+            "message is 5242880 bytes [5242880 bytes; first 65536 kept]"
+        );
+        assert_eq!(cut_raw_length(&detail), Some(5 << 20));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 
 use super::envelope::RejectReason;
 use super::health::{InfraKind, PauseCause};
+use super::mqtt_link::IngressErrorKind;
 use super::store::Durability;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -39,6 +40,23 @@ struct DeadLetterLabel {
 struct IngressLabel {
     source: String,
     dup_flag: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceErrorLabel {
+    source: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceReasonLabel {
+    source: String,
+    reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -237,8 +255,15 @@ pub mod names {
         PROVIDER_REPEAT_CALLS = "idem_provider_repeat_calls"
     );
 
+    gauge!(INGRESS_CONNECTED = "idem_ingress_connected");
+    gauge!(INGRESS_STATE_SINCE = "idem_ingress_state_since_seconds");
+    counter!(INGRESS_ERRORS = "idem_ingress_errors");
+    gauge!(INGRESS_ERROR_LAST = "idem_ingress_error_last_seconds");
+    counter!(INGRESS_DEAD_LETTERED = "idem_ingress_dead_lettered");
+
+
     /// Every family above but the histogram.
-    pub const ALL: [Name; 19] = [
+    pub const ALL: [Name; 24] = [
         PROCESSED,
         DUPLICATE_DROPPED,
         REDELIVERED,
@@ -258,6 +283,11 @@ pub mod names {
         SEEN_SET_BYPASSED,
         INGRESS_MESSAGES,
         PROVIDER_REPEAT_CALLS,
+        INGRESS_CONNECTED,
+        INGRESS_STATE_SINCE,
+        INGRESS_ERRORS,
+        INGRESS_ERROR_LAST,
+        INGRESS_DEAD_LETTERED,
     ];
 }
 
@@ -276,6 +306,11 @@ pub struct Metrics {
     engine_info: Family<EngineInfoLabel, Gauge>,
     seen_set_bypassed: Family<ConsumerLabel, Counter>,
     ingress: Family<IngressLabel, Counter>,
+    ingress_connected: Family<SourceLabel, Gauge>,
+    ingress_state_since: Family<SourceLabel, Gauge>,
+    ingress_errors: Family<SourceErrorLabel, Counter>,
+    ingress_error_last: Family<SourceErrorLabel, Gauge>,
+    ingress_dead_lettered: Family<SourceReasonLabel, Counter>,
     paused: Family<PausedLabel, Gauge>,
     paused_since: Family<ConsumerLabel, Gauge>,
     pause_retries: Family<ConsumerLabel, Gauge>,
@@ -432,6 +467,36 @@ impl Metrics {
             "Second provider calls for one key, counted once per key where the engine has proof (the provider replayed, or an owner found its claim taken over while its call was out), by reason: lease_takeover (a claim taken over by a redelivery after its owner's lease ran out), sweeper_redrive (by the claim sweeper), provider_retry (a retry after a failed or timed-out call), unexpected (the provider replayed a key the engine called as new)",
             provider_repeat_calls.clone(),
         );
+        let ingress_connected = Family::<SourceLabel, Gauge>::default();
+        registry.register(
+            names::INGRESS_CONNECTED.family,
+            "1 while an ingress holds a connection to its broker, else 0",
+            ingress_connected.clone(),
+        );
+        let ingress_state_since = Family::<SourceLabel, Gauge>::default();
+        registry.register(
+            names::INGRESS_STATE_SINCE.family,
+            "When an ingress's current state (connected or not, idem_ingress_connected) began, in seconds since the epoch",
+            ingress_state_since.clone(),
+        );
+        let ingress_errors = Family::<SourceErrorLabel, Counter>::default();
+        registry.register(
+            names::INGRESS_ERRORS.family,
+            "Failures of an ingress by kind (connect, login_refused, tls, protocol, queue, store)",
+            ingress_errors.clone(),
+        );
+        let ingress_error_last = Family::<SourceErrorLabel, Gauge>::default();
+        registry.register(
+            names::INGRESS_ERROR_LAST.family,
+            "When an ingress last failed with this kind, in seconds since the epoch; 0 if never",
+            ingress_error_last.clone(),
+        );
+        let ingress_dead_lettered = Family::<SourceReasonLabel, Counter>::default();
+        registry.register(
+            names::INGRESS_DEAD_LETTERED.family,
+            "Messages an ingress could not put on the queue (too_large, malformed_json), kept in dead_letters and acked",
+            ingress_dead_lettered.clone(),
+        );
         let metrics = Metrics {
             registry,
             processed,
@@ -446,6 +511,11 @@ impl Metrics {
             engine_info,
             seen_set_bypassed,
             ingress,
+            ingress_connected,
+            ingress_state_since,
+            ingress_errors,
+            ingress_error_last,
+            ingress_dead_lettered,
             paused,
             paused_since,
             pause_retries,
@@ -523,11 +593,70 @@ impl Metrics {
         }
     }
 
-    /// Both `dup_flag` series of an ingress source at 0 from the start.
+    /// Every series of an ingress source at 0 from the start: both `dup_flag`s,
+    /// every error kind, both reasons an ingress dead-letters with; disconnected
+    /// since now.
     pub fn register_ingress(&self, source: &str) {
         for dup in [false, true] {
             drop(self.ingress.get_or_create(&ingress_label(source, dup)));
         }
+        for kind in IngressErrorKind::ALL {
+            let l = source_error(source, kind);
+            drop(self.ingress_errors.get_or_create(&l));
+            drop(self.ingress_error_last.get_or_create(&l));
+        }
+        for reason in INGRESS_REASONS {
+            drop(
+                self.ingress_dead_lettered
+                    .get_or_create(&source_reason(source, reason)),
+            );
+        }
+        self.set_ingress_connected(source, false);
+    }
+
+    /// The ingress connected to its broker (or lost it), now.
+    pub fn set_ingress_connected(&self, source: &str, connected: bool) {
+        let l = SourceLabel {
+            source: source.to_string(),
+        };
+        self.ingress_connected
+            .get_or_create(&l)
+            .set(i64::from(connected));
+        self.ingress_state_since
+            .get_or_create(&l)
+            .set(Utc::now().timestamp());
+    }
+
+    /// One failure of an ingress.
+    pub fn ingress_error(&self, source: &str, kind: IngressErrorKind) {
+        let l = source_error(source, kind);
+        self.ingress_errors.get_or_create(&l).inc();
+        self.ingress_error_last
+            .get_or_create(&l)
+            .set(Utc::now().timestamp());
+    }
+
+    /// Failures of an ingress of one kind so far.
+    pub fn ingress_errors(&self, source: &str, kind: IngressErrorKind) -> u64 {
+        self.ingress_errors
+            .get(&source_error(source, kind))
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+
+    /// One message an ingress dead-lettered instead of queueing it.
+    pub fn ingress_dead_lettered(&self, source: &str, reason: RejectReason) {
+        self.ingress_dead_lettered
+            .get_or_create(&source_reason(source, reason))
+            .inc();
+    }
+
+    /// `idem_ingress_dead_lettered_total` of one source and reason so far.
+    pub fn ingress_dead_lettered_count(&self, source: &str, reason: RejectReason) -> u64 {
+        self.ingress_dead_lettered
+            .get(&source_reason(source, reason))
+            .map(|c| c.get())
+            .unwrap_or(0)
     }
 
     /// One message taken in from a device broker.
@@ -779,6 +908,25 @@ pub struct CountSummary {
 fn repeat_label(consumer: &str, reason: RepeatReason) -> RepeatLabel {
     RepeatLabel {
         consumer: consumer.to_string(),
+        reason: reason.as_str().to_string(),
+    }
+}
+
+/// The reasons an ingress dead-letters with (SPEC §9 "Ingress poison"): what the queue
+/// cannot take. Everything else about a message is for its consumers to judge.
+pub const INGRESS_REASONS: [RejectReason; 2] =
+    [RejectReason::TooLarge, RejectReason::MalformedJson];
+
+fn source_error(source: &str, kind: IngressErrorKind) -> SourceErrorLabel {
+    SourceErrorLabel {
+        source: source.to_string(),
+        kind: kind.as_str().to_string(),
+    }
+}
+
+fn source_reason(source: &str, reason: RejectReason) -> SourceReasonLabel {
+    SourceReasonLabel {
+        source: source.to_string(),
         reason: reason.as_str().to_string(),
     }
 }

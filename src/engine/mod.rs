@@ -22,6 +22,7 @@ pub mod http_server;
 pub mod idempotency_key;
 pub mod ingress;
 pub mod metrics;
+pub mod mqtt_link;
 pub mod provider;
 pub mod queue;
 pub mod replay;

@@ -28,7 +28,7 @@
 use serde::Serialize;
 
 use super::consumers::FLEET_CONSUMERS;
-use super::envelope::{Envelope, MessageKey, RejectReason};
+use super::envelope::{cut_raw_length, Envelope, MessageKey, RejectReason, MAX_RAW_BYTES};
 use super::queue::Queue;
 use super::store::{ClaimState, DeadLetter, DeadLetterFilter, Store};
 use super::EngineError;
@@ -53,6 +53,23 @@ pub enum ReplayStatus {
     WouldReplay,
     /// Not a consumer this engine runs: nowhere to publish it.
     UnknownConsumer,
+    /// Over what a queue takes (`too_large`, or raw bytes of which only the first
+    /// 64 KiB were kept): a copy would only be refused again. Skipped, and the replay
+    /// goes on with the next letter instead of stopping at this one every time.
+    TooLarge,
+}
+
+impl ReplayStatus {
+    /// Why a letter was not published, as the CLI and the dashboard say it.
+    pub fn skipped_because(self) -> Option<&'static str> {
+        match self {
+            ReplayStatus::Replayed | ReplayStatus::WouldReplay => None,
+            ReplayStatus::UnknownConsumer => Some("not a consumer of this engine"),
+            ReplayStatus::TooLarge => {
+                Some("over the queue's size limit, it would be refused again")
+            }
+        }
+    }
 }
 
 /// One dead letter of a replay.
@@ -112,7 +129,7 @@ pub async fn replay(
         let outcome = replay_one(store, queue, plan, &letter).await?;
         match outcome.status {
             ReplayStatus::Replayed | ReplayStatus::WouldReplay => report.replayed += 1,
-            ReplayStatus::UnknownConsumer => report.skipped += 1,
+            ReplayStatus::UnknownConsumer | ReplayStatus::TooLarge => report.skipped += 1,
         }
         report.letters.push(outcome);
     }
@@ -156,6 +173,10 @@ async fn replay_one(
         replay_count: letter.replay_count,
         rearmed_claim: false,
     };
+    if too_large(letter) {
+        out.status = ReplayStatus::TooLarge;
+        return Ok(out);
+    }
     if !FLEET_CONSUMERS.contains(&letter.consumer.as_str()) {
         return Ok(out);
     }
@@ -196,6 +217,14 @@ async fn replay_one(
     out.status = ReplayStatus::Replayed;
     out.replay_count += 1;
     Ok(out)
+}
+
+/// A letter no queue would take back: refused for its size, kept cut, or (a row from
+/// before letters were bounded) over the limit whole.
+fn too_large(letter: &DeadLetter) -> bool {
+    letter.reason == RejectReason::TooLarge.as_str()
+        || letter.raw.len() > MAX_RAW_BYTES
+        || letter.detail.as_deref().and_then(cut_raw_length).is_some()
 }
 
 /// The message key of a `provider_rejected` letter's claim; `None` for any other

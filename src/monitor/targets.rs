@@ -93,13 +93,33 @@ pub struct TargetStatus {
     pub ingress: BTreeMap<String, IngressReading>,
 }
 
-/// One ingress source's messages.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+/// One ingress source: its link to the broker, its messages and what it
+/// dead-lettered at its door.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct IngressReading {
     /// Every message taken in, with or without the flag.
     pub received: CounterReading,
     /// Those flagged DUP on arrival (a broker's own redelivery to the ingress).
     pub dup_flagged: CounterReading,
+    /// Holds its broker connection (`idem_ingress_connected`); None from an ingress
+    /// that does not say.
+    pub connected: Option<bool>,
+    /// When the current state (connected or not) began.
+    pub state_since: Option<DateTime<Utc>>,
+    /// Its newest failure: the kind and when.
+    pub last_error: Option<IngressError>,
+    /// Messages dead-lettered at the door, by reason (`too_large`, `malformed_json`).
+    pub dead_lettered: BTreeMap<String, f64>,
+}
+
+/// An ingress's newest failure (`idem_ingress_error_last_seconds`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IngressError {
+    /// connect, login_refused, tls, protocol, queue, store.
+    pub kind: String,
+    pub at: DateTime<Utc>,
+    /// Failures of that kind so far.
+    pub count: f64,
 }
 
 /// A counter's total and its current rate.
@@ -238,6 +258,61 @@ impl PausedReading {
 }
 
 /// The pauses an exposition reports, by consumer.
+/// What an ingress says of its link and its door, beside its message counts: a
+/// source seen only here still gets its reading.
+fn ingress_link(
+    exposition: &ByName<'_>,
+    names: &MetricNames,
+    ingress: &mut BTreeMap<String, IngressReading>,
+) {
+    let source = |s: &super::prometheus::Sample| s.label("source").unwrap_or("unknown").to_string();
+    for s in exposition.named(&names.ingress_connected) {
+        ingress.entry(source(s)).or_default().connected = Some(s.value > 0.0);
+    }
+    for s in exposition
+        .named(&names.ingress_state_since)
+        .filter(|s| s.value > 0.0)
+    {
+        ingress.entry(source(s)).or_default().state_since =
+            DateTime::from_timestamp(s.value as i64, 0);
+    }
+    for s in exposition.named(&names.ingress_dead_lettered) {
+        let reason = s
+            .label(&names.reason_label)
+            .unwrap_or("unknown")
+            .to_string();
+        ingress
+            .entry(source(s))
+            .or_default()
+            .dead_lettered
+            .insert(reason, s.value);
+    }
+    let counts: FastMap<(String, String), f64> = exposition
+        .named(&names.ingress_errors)
+        .map(|s| {
+            let kind = s.label("kind").unwrap_or("unknown").to_string();
+            ((source(s), kind), s.value)
+        })
+        .collect();
+    for s in exposition
+        .named(&names.ingress_error_last)
+        .filter(|s| s.value > 0.0)
+    {
+        let Some(at) = DateTime::from_timestamp(s.value as i64, 0) else {
+            continue;
+        };
+        let kind = s.label("kind").unwrap_or("unknown").to_string();
+        let slot = ingress.entry(source(s)).or_default();
+        if slot.last_error.as_ref().is_none_or(|e| at > e.at) {
+            let count = counts
+                .get(&(source(s), kind.clone()))
+                .copied()
+                .unwrap_or(0.0);
+            slot.last_error = Some(IngressError { kind, at, count });
+        }
+    }
+}
+
 fn pauses_of(
     exposition: &ByName<'_>,
     names: &MetricNames,
@@ -703,6 +778,7 @@ impl TargetTracker {
                 }
             }
         }
+        ingress_link(exposition, names, &mut ingress);
         self.status.ingress = ingress;
         self.status.durability = exposition
             .named(&names.engine_info)

@@ -194,8 +194,9 @@ fn replay_dead_letter(id: i64, opts: &TuiOptions, tx: &mpsc::UnboundedSender<Act
                     l.replay_count
                 ),
                 Some(l) => format!(
-                    "dead letter #{id} not replayed: {} is not a consumer of this engine",
-                    l.consumer
+                    "dead letter #{id} ({}) not replayed: {}",
+                    l.consumer,
+                    l.status.skipped_because().unwrap_or("nothing published")
                 ),
                 None => format!("dead letter #{id} is gone"),
             },

@@ -14,8 +14,8 @@ use crate::monitor::db::{
 use crate::monitor::markers::{MarkerSource, TimelineMarker};
 use crate::monitor::series::Point;
 use crate::monitor::targets::{
-    BrokerKind, BrokerStatus, ConsumerStatus, CounterReading, Flow, IngressReading, TargetStatus,
-    Totals, WindowCounts,
+    BrokerKind, BrokerStatus, ConsumerStatus, CounterReading, Flow, IngressError, IngressReading,
+    TargetStatus, Totals, WindowCounts,
 };
 use crate::monitor::vehicles::{
     DetailEvent, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
@@ -273,6 +273,17 @@ fn targets(at: DateTime<Utc>) -> Vec<TargetStatus> {
             IngressReading {
                 received: reading(48_210.0, 40.2),
                 dup_flagged: reading(31.0, 0.1),
+                connected: Some(true),
+                state_since: Some(now() - Duration::seconds(380)),
+                last_error: Some(IngressError {
+                    kind: "connect".into(),
+                    at: now() - Duration::seconds(385),
+                    count: 3.0,
+                }),
+                dead_lettered: BTreeMap::from([
+                    ("malformed_json".to_string(), 0.0),
+                    ("too_large".to_string(), 2.0),
+                ]),
             },
         )]),
     }]

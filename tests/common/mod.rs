@@ -98,6 +98,7 @@ pub fn counted_since(
 pub mod amqp;
 pub mod backends;
 pub mod flaky_store;
+pub mod mqtt;
 pub mod services;
 pub mod tmux;
 

@@ -16,7 +16,7 @@ use sqlx::SqlitePool;
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::deadlines::DEFAULT_STATEMENT_TIMEOUT;
 use crate::engine::store::redact_url;
-use crate::engine::store::sqlite_conn::connect_sqlite;
+use crate::engine::store::sqlite_conn::{connect_sqlite, migrate};
 use crate::engine::store::sqlite_thread::{db, SqliteThread};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/queue-sqlite");
@@ -179,7 +179,7 @@ impl EmbeddedQueue {
     /// lock, then fails as the queue's timeout.
     pub async fn open_with(url: &str, busy: Duration) -> QueueResult<Self> {
         let pool = connect_sqlite(url, 4, SqliteSynchronous::Full, busy).await?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&MIGRATOR, &pool).await?;
         let thread = SqliteThread::for_url(url, SqliteSynchronous::Normal, busy)?;
         Ok(EmbeddedQueue {
             pool,

@@ -16,6 +16,7 @@ use crate::engine::health::{InfraKind, PauseCause};
 pub mod amqp;
 pub mod embedded;
 pub mod nats;
+mod nats_poison;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {

@@ -57,7 +57,7 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
-use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
+use super::{nats_poison, Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::engine::deadlines::Deadlines;
 use crate::engine::store::redact_url;
 
@@ -534,27 +534,48 @@ impl Queue for NatsQueue {
         visibility: Duration,
     ) -> QueueResult<Vec<Delivery>> {
         let consumer = self.consumer(queue, visibility).await?;
-        // A no-wait fetch has no expiry of its own: on a link that froze, its end
-        // (the server's "no more messages") would never come.
-        let fetched = tokio::time::timeout(self.fetch_timeout, async {
-            let mut batch = consumer
-                .fetch()
-                .max_messages(max.max(1))
-                .messages()
-                .await
-                .map_err(nats_err)?;
-            let mut out = Vec::new();
-            while let Some(m) = batch.next().await {
-                let m = m.map_err(nats_err)?;
-                out.push(delivery_of(queue, &m)?);
-            }
-            Ok(out)
-        })
-        .await;
-        fetched.map_err(|_| QueueError::TimedOut {
+        // A fetch has no expiry of its own: on a link that froze, or whose connection
+        // ended under it, its end (the server's "no more messages") would never come.
+        // So its start and each message within a deadline; what came before a failure
+        // is still leased.
+        let timed_out = || QueueError::TimedOut {
             what: "fetch".into(),
             after: self.fetch_timeout,
-        })?
+        };
+        let mut batch = tokio::time::timeout(
+            self.fetch_timeout,
+            consumer.fetch().max_messages(max.max(1)).messages(),
+        )
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(nats_err)?;
+        let mut out = Vec::new();
+        let failed = loop {
+            match tokio::time::timeout(self.fetch_timeout, batch.next()).await {
+                Ok(Some(Ok(m))) => out.push(delivery_of(queue, &m)?),
+                Ok(Some(Err(e))) => break Some(nats_err(e)),
+                Ok(None) => break None,
+                Err(_) => break Some(timed_out()),
+            }
+        };
+        let Some(e) = failed else {
+            return Ok(out);
+        };
+        // Maybe a message whose headers no client reads ended the connection: it
+        // would end every next one (`nats_poison.rs`).
+        let loc = self.location(queue);
+        let stream = self.stream(&loc).await?;
+        match nats_poison::repair_unreadable_headers(&self.js, &stream, &consumer, queue).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(queue, replaced = n, "unreadable JetStream headers replaced"),
+            Err(r) => {
+                tracing::warn!(queue, error = %r, "could not look for unreadable JetStream headers")
+            }
+        }
+        if out.is_empty() {
+            return Err(e);
+        }
+        Ok(out)
     }
 
     /// The double ack ([`ack_confirmed`]).

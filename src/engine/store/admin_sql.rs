@@ -191,6 +191,32 @@ impl<S: Store> AdminStore for S {
     async fn digest(&self) -> StoreResult<StateDigest> {
         digest(&*self.sql().0).await
     }
+
+    async fn ingress_filters(&self, session: &str) -> StoreResult<Vec<String>> {
+        let select = "SELECT filters FROM ingress_subscriptions WHERE session = ?";
+        let row = first(&*self.sql().0, select, &binds![session], &[Text]).await?;
+        let Some(row) = row else {
+            return Ok(Vec::new());
+        };
+        // Written by `set_ingress_filters` only; unreadable means edited by hand, and
+        // then nothing is known to unsubscribe.
+        Ok(serde_json::from_str(&row.text(0)?).unwrap_or_default())
+    }
+
+    async fn set_ingress_filters(&self, session: &str, filters: &[String]) -> StoreResult<()> {
+        let json = serde_json::Value::from(filters.to_vec()).to_string();
+        let mut tx = self.sql().0.begin().await?;
+        let delete = "DELETE FROM ingress_subscriptions WHERE session = ?";
+        tx.execute(delete, &binds![session]).await?;
+        if !filters.is_empty() {
+            let insert =
+                "INSERT INTO ingress_subscriptions (session, filters, updated_at) VALUES (?, ?, ?)";
+            tx.execute(insert, &binds![session, json.as_str(), Utc::now()])
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
 }
 
 /// See [`AdminStore::digest`].

@@ -15,7 +15,7 @@ use super::repair_sql::{claim, CLAIM_KINDS};
 use super::DedupOutcome;
 use super::{duplicate_or_conflict, Backend, BusinessWrite, Claim, ClaimFinish, ClaimResult};
 use super::{StoreResult, ROWS_PER_STATEMENT};
-use crate::engine::envelope::{Fingerprint, MessageKey, RejectReason};
+use crate::engine::envelope::{dead_letter_raw, Fingerprint, MessageKey, RejectReason};
 
 /// See [`Store::ping`](super::Store::ping).
 pub(super) async fn ping(sql: &dyn Sql) -> StoreResult<()> {
@@ -191,7 +191,8 @@ pub(super) async fn renew(
     Ok(renewed)
 }
 
-/// See [`Store::dead_letter`](super::Store::dead_letter).
+/// See [`Store::dead_letter`](super::Store::dead_letter). Bytes over what a queue
+/// takes are kept bounded, their true length in the detail ([`dead_letter_raw`]).
 pub(super) async fn dead_letter(
     sql: &dyn Sql,
     consumer: &str,
@@ -201,7 +202,8 @@ pub(super) async fn dead_letter(
 ) -> StoreResult<i64> {
     let insert = "INSERT INTO dead_letters (consumer, reason, detail, raw, received_at)
                   VALUES (?, ?, ?, ?, ?)";
-    let values = binds![consumer, reason.as_str(), detail, raw, Utc::now()];
+    let (raw, detail) = dead_letter_raw(raw, detail);
+    let values = binds![consumer, reason.as_str(), detail.as_str(), raw, Utc::now()];
     Ok(sql.insert(insert, &values).await?)
 }
 

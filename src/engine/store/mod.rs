@@ -592,7 +592,10 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
 
     // ---- bad input -------------------------------------------------------------
 
-    /// Keep a message we cannot process, with its raw bytes. Never loses input.
+    /// Keep a message we cannot process, with its raw bytes (bounded: over the queue's
+    /// limit, the first 64 KiB and the true length in `detail`,
+    /// [`dead_letter_raw`](crate::engine::envelope::dead_letter_raw)). Never loses
+    /// input a queue could have carried.
     async fn dead_letter(
         &self,
         consumer: &str,
@@ -667,6 +670,14 @@ pub trait AdminStore: Send + Sync {
     /// Whole-table contents in a canonical order, without wall-clock columns: two
     /// databases that saw the same distinct events have equal digests.
     async fn digest(&self) -> StoreResult<StateDigest>;
+    /// The MQTT topic filters the ingress session `session` (broker host:port and
+    /// client id) was last subscribed to, as subscribed; empty if never recorded. A
+    /// broker keeps a persistent session's subscriptions and MQTT cannot list them, so
+    /// the ingress remembers them to unsubscribe the ones no longer configured.
+    async fn ingress_filters(&self, session: &str) -> StoreResult<Vec<String>>;
+    /// Record `filters` as `session`'s subscriptions (replacing what was there; none
+    /// forgets the session).
+    async fn set_ingress_filters(&self, session: &str, filters: &[String]) -> StoreResult<()>;
 }
 
 /// Canonical contents of the business tables, for the "twice" property.

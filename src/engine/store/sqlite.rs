@@ -16,7 +16,7 @@ use sqlx::sqlite::SqliteSynchronous;
 use sqlx::SqlitePool;
 
 use super::sqlite_batch;
-use super::sqlite_conn::connect_sqlite;
+use super::sqlite_conn::{connect_sqlite, migrate};
 use super::sqlite_thread::SqliteThread;
 use super::*;
 use crate::engine::deadlines::DEFAULT_STATEMENT_TIMEOUT;
@@ -54,7 +54,7 @@ impl SqliteStore {
             Durability::Relaxed => SqliteSynchronous::Normal,
         };
         let pool = connect_sqlite(url, 8, synchronous, busy).await?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&MIGRATOR, &pool).await?;
         let thread = SqliteThread::for_url(url, synchronous, busy)?;
         Ok(SqliteStore {
             pool,

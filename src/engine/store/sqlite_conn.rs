@@ -45,3 +45,29 @@ pub(crate) async fn connect_sqlite(
         .connect_with(opts)
         .await?)
 }
+
+/// Bring a SQLite file's schema up to date, also when another process is doing the
+/// same at that moment. sqlx's migrator takes no lock on SQLite (it does on
+/// PostgreSQL and MariaDB): two processes opening one new file at once (two `ingest
+/// mqtt` members of a share group started together) both applied a migration, and the
+/// second failed on "duplicate column name". Each migration is its own transaction,
+/// so a failed one left nothing behind; run again, the migrator skips what the other
+/// process applied meanwhile. A migration that fails for itself fails every time.
+pub(crate) async fn migrate(
+    migrator: &sqlx::migrate::Migrator,
+    pool: &SqlitePool,
+) -> Result<(), sqlx::migrate::MigrateError> {
+    const ATTEMPTS: u32 = 5;
+    let mut attempt = 1;
+    loop {
+        match migrator.run(pool).await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < ATTEMPTS => {
+                tracing::debug!(error = %e, attempt, "SQLite migration failed; another process may be migrating the same file, again");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
