@@ -10,14 +10,13 @@
 //! engine's writes and the monitor's queries; `config` is the dashboard's config file.
 
 pub mod bench;
-pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod drills;
-pub mod engine;
-pub mod exposition;
 pub mod monitor;
-pub mod redact;
 pub mod report;
 pub mod sim;
 pub mod tui;
+
+pub use idemwatch_base::{clock, exposition, redact};
+pub use idemwatch_engine as engine;

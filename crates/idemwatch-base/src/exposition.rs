@@ -1470,7 +1470,7 @@ impl Scraper {
 /// reqwest's own message is terse ("error sending request"); the operator needs the
 /// cause ("Connection refused"). reqwest quotes the URL, userinfo included: the
 /// text comes back redacted.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

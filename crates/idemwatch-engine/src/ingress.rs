@@ -78,7 +78,7 @@ pub enum IngressError {
 
 /// Host and port of `mqtt://HOST[:PORT]` (1883 by default).
 pub fn broker_address(url: &str) -> Result<(String, u16), IngressError> {
-    let redacted = crate::redact::redact_url(url);
+    let redacted = idemwatch_base::redact::redact_url(url);
     let u =
         url::Url::parse(url).map_err(|e| IngressError::BadUrl(redacted.clone(), e.to_string()))?;
     if u.scheme() != "mqtt" && u.scheme() != "tcp" {
@@ -244,7 +244,7 @@ async fn session(
     subscribe: Option<&str>,
 ) -> Result<(), IngressError> {
     let (host, port) = broker_address(broker)?;
-    let redacted = crate::redact::redact_url(broker);
+    let redacted = idemwatch_base::redact::redact_url(broker);
     let mut options = MqttOptions::new(client_id.to_string(), host, port);
     options
         .set_keep_alive(KEEP_ALIVE)

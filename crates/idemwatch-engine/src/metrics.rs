@@ -128,7 +128,7 @@ impl ConsumerCounts {
 }
 
 /// The engine's metric names, written once. Registration below, the dashboard's
-/// default [`MetricNames`](crate::config::MetricNames), the Prometheus recording rules
+/// default `MetricNames` (`idemwatch-monitor`'s config), the Prometheus recording rules
 /// (`monitor::promql`) and the `live-redelivery` drill all read them from here, so a
 /// rename cannot leave one of them scraping a family that no longer exists.
 pub mod names {

@@ -171,10 +171,9 @@ impl ProviderClient {
             })?;
             req = req.header(idempotency_key::HEADER, key.header_value());
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
+        let resp = req.send().await.map_err(|e| {
+            ProviderError::Transport(idemwatch_base::redact::redact_text(&e.to_string()))
+        })?;
         let status = resp.status().as_u16();
         let replayed = idempotency_key::is_replayed(resp.headers());
         let retry_after = resp
@@ -182,9 +181,9 @@ impl ProviderClient {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
-        let body = read_capped(resp, MAX_PROVIDER_BODY)
-            .await
-            .map_err(|e| ProviderError::Transport(crate::redact::redact_text(&e.to_string())))?;
+        let body = read_capped(resp, MAX_PROVIDER_BODY).await.map_err(|e| {
+            ProviderError::Transport(idemwatch_base::redact::redact_text(&e.to_string()))
+        })?;
         match status {
             200..=299 => Ok(ProviderReply {
                 status,

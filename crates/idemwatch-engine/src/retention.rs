@@ -253,8 +253,8 @@ mod tests {
     /// purge beside live consumers).
     #[tokio::test]
     async fn a_purge_reports_what_it_did_and_pauses_between_batches() {
-        use crate::engine::envelope::Envelope;
-        use crate::engine::store::{self, BusinessWrite};
+        use crate::envelope::Envelope;
+        use crate::store::{self, BusinessWrite};
 
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("purge.db").display());

@@ -926,10 +926,10 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::consumers::Deps;
-    use crate::engine::envelope::EventType;
-    use crate::engine::queue::QueueDepth;
-    use crate::engine::store::StoreError;
+    use crate::consumers::Deps;
+    use crate::envelope::EventType;
+    use crate::queue::QueueDepth;
+    use crate::store::StoreError;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
@@ -1097,7 +1097,7 @@ mod tests {
     /// A `trip-counter` worker on queue `q`, over a SQLite store and an embedded queue
     /// in `dir` (nothing here reaches a provider).
     async fn worker(dir: &tempfile::TempDir, settings: RunnerSettings) -> (Worker, Arc<dyn Queue>) {
-        use crate::engine::consumers::{build, ConsumerMode};
+        use crate::consumers::{build, ConsumerMode};
         let consumer = |deps: &Deps| build("trip-counter", deps, ConsumerMode::Idempotent).unwrap();
         worker_of(dir, settings, consumer).await
     }
@@ -1109,18 +1109,18 @@ mod tests {
         consumer: impl FnOnce(&Deps) -> Arc<dyn Consumer>,
     ) -> (Worker, Arc<dyn Queue>) {
         let url = |file: &str| format!("sqlite://{}", dir.path().join(file).display());
-        let store = crate::engine::store::open(&url("store.db")).await.unwrap();
-        let queue = crate::engine::queue::open(&url("queue.db")).await.unwrap();
+        let store = crate::store::open(&url("store.db")).await.unwrap();
+        let queue = crate::queue::open(&url("queue.db")).await.unwrap();
         let metrics = Arc::new(Metrics::new());
         let deps = Deps {
             seen_set: GuardedSeenSet::open(
-                &crate::engine::seen_set::SeenSetConfig::default(),
+                &crate::seen_set::SeenSetConfig::default(),
                 store.clone(),
                 metrics.clone(),
             )
             .unwrap(),
             store: store.clone(),
-            provider: crate::engine::provider::ProviderClient::new(
+            provider: crate::provider::ProviderClient::new(
                 "http://127.0.0.1:9",
                 "http://127.0.0.1:9",
             ),
@@ -1250,8 +1250,8 @@ mod tests {
         fn name(&self) -> &'static str {
             "failing-batch"
         }
-        fn mode(&self) -> crate::engine::consumers::ConsumerMode {
-            crate::engine::consumers::ConsumerMode::Idempotent
+        fn mode(&self) -> crate::consumers::ConsumerMode {
+            crate::consumers::ConsumerMode::Idempotent
         }
         fn wants(&self, _event: EventType) -> bool {
             true
@@ -1315,8 +1315,8 @@ mod tests {
         fn name(&self) -> &'static str {
             "fails-first"
         }
-        fn mode(&self) -> crate::engine::consumers::ConsumerMode {
-            crate::engine::consumers::ConsumerMode::Idempotent
+        fn mode(&self) -> crate::consumers::ConsumerMode {
+            crate::consumers::ConsumerMode::Idempotent
         }
         fn wants(&self, _event: EventType) -> bool {
             true
@@ -1565,8 +1565,8 @@ mod tests {
     /// length of an outage. Once the ping passes, the trial delivery takes it.
     #[tokio::test]
     async fn a_paused_worker_leases_nothing_until_the_part_that_paused_it_answers() {
-        use crate::engine::seen_set::{RedisSeenSet, SeenSetConfig, Unavailable};
-        use crate::engine::store::{sqlite::SqliteStore, Durability};
+        use crate::seen_set::{RedisSeenSet, SeenSetConfig, Unavailable};
+        use crate::store::{sqlite::SqliteStore, Durability};
         use DeliveryOutcome::Processed;
         let run = |kind: InfraKind, down: bool| async move {
             let dir = tempfile::tempdir().unwrap();

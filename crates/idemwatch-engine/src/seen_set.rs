@@ -153,14 +153,14 @@ impl RedisSeenSet {
         let client = redis::Client::open(url).map_err(|e| {
             StoreError::SeenSetUrl(format!(
                 "bad seen-set URL {}: {e}",
-                crate::redact::redact_url(url)
+                idemwatch_base::redact::redact_url(url)
             ))
         })?;
         Ok(RedisSeenSet {
             client,
             conn: tokio::sync::Mutex::new(None),
             ttl: ttl.max(Duration::from_millis(1)),
-            redacted: crate::redact::redact_url(url),
+            redacted: idemwatch_base::redact::redact_url(url),
         })
     }
 
@@ -288,7 +288,7 @@ impl GuardedSeenSet {
             Some(url) => {
                 return Err(StoreError::SeenSetUrl(format!(
                     "unsupported seen-set URL {} (expected redis://…)",
-                    crate::redact::redact_url(url)
+                    idemwatch_base::redact::redact_url(url)
                 )))
             }
             None => Arc::new(SqlSeenSet(store)),
@@ -350,7 +350,7 @@ impl GuardedSeenSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::store::Failure;
+    use crate::store::Failure;
 
     /// A seen-set URL that cannot be used is bad configuration, which no retry mends;
     /// a Redis that does not answer is an outage, which pauses the consumer.

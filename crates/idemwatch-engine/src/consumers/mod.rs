@@ -24,7 +24,7 @@ pub mod trip_counter;
 pub mod vehicle_state;
 pub mod zone_exit_sms;
 
-pub(crate) use side_effect::{claim_request, provider_key};
+pub use side_effect::{claim_request, provider_key};
 
 /// How dangerous a second call of the handler is, from the field report's inventory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -321,8 +321,8 @@ pub fn fleet(deps: &Deps, mode: ConsumerMode) -> Vec<Arc<dyn Consumer>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::envelope::Envelope;
-    use crate::engine::seen_set::SeenSetConfig;
+    use crate::envelope::Envelope;
+    use crate::seen_set::SeenSetConfig;
 
     /// Deps over a real SQLite store in `dir` (nothing here reaches a provider).
     pub(super) async fn deps(dir: &tempfile::TempDir) -> Deps {
@@ -341,14 +341,6 @@ mod tests {
             metrics,
             claim_lease: Duration::from_secs(60),
             provider_concurrency: 1,
-        }
-    }
-
-    /// [`deps`] with both providers (SMS and webhook) at `provider`.
-    async fn deps_on(dir: &tempfile::TempDir, provider: &str) -> Deps {
-        Deps {
-            provider: ProviderClient::new(provider, provider),
-            ..deps(dir).await
         }
     }
 
@@ -596,13 +588,6 @@ mod tests {
         }
     }
 
-    fn sent() -> Outcome {
-        Outcome::Processed {
-            effect: Some(EffectResult::Sent),
-            took_over_in_doubt: false,
-        }
-    }
-
     /// `consumer`'s batch of `envs`, which must succeed.
     async fn batch(consumer: &dyn Consumer, envs: &[Message]) -> Vec<Outcome> {
         consumer
@@ -668,50 +653,6 @@ mod tests {
             assert_eq!(alone, late, "{mode:?}");
             let last = deps.store.vehicle_state(device).await.unwrap().unwrap();
             assert_eq!(last.last_seq, if naive { 2 } else { 5 }, "{mode:?}");
-        }
-    }
-
-    /// zone-exit-sms and erp-webhook against a sandbox provider: idempotent, each
-    /// event's effect goes out once (a zone exit without a phone notifies nobody),
-    /// in a batch or alone; naive (drills only) sends it on every delivery — its
-    /// batch is one by one, never the claiming batch.
-    #[tokio::test]
-    async fn a_side_effect_goes_out_once_unless_naive() {
-        let sandbox = crate::sim::sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
-            .await
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let deps = deps_on(&dir, &sandbox.url()).await;
-        for (mode, sms, erp, then, times) in [
-            (
-                ConsumerMode::Idempotent,
-                "34-SMS-I",
-                "34-ERP-I",
-                Outcome::Duplicate,
-                1,
-            ),
-            (ConsumerMode::Naive, "34-SMS-N", "34-ERP-N", sent(), 3),
-        ] {
-            let zone_exit_sms = build(zone_exit_sms::NAME, &deps, mode).unwrap();
-            let nobody = [event(sms, 2, "zone_exit", None)];
-            let skipped = batch(&*zone_exit_sms, &nobody).await;
-            assert_eq!(skipped, [Outcome::Skipped], "{mode:?}");
-            let exit = event(sms, 1, "zone_exit", Some("+905551112233"));
-            three_deliveries(&*zone_exit_sms, &exit, sent(), &then).await;
-            let erp_webhook = build(erp_webhook::NAME, &deps, mode).unwrap();
-            let off = event(erp, 1, "ignition_off", None);
-            three_deliveries(&*erp_webhook, &off, sent(), &then).await;
-            let state = sandbox.state();
-            let texts = state
-                .sent_sms()
-                .into_iter()
-                .filter(|s| s.text.contains(sms));
-            assert_eq!(texts.count(), times, "{mode:?}");
-            let posts = state
-                .sent_erp()
-                .into_iter()
-                .filter(|e| e.body["device_id"] == erp);
-            assert_eq!(posts.count(), times, "{mode:?}");
         }
     }
 }

@@ -13,18 +13,18 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 use super::{ConsumerMode, Deps, HandleError, Outcome, RetryCause};
-use crate::engine::crash::{CrashPlan, CrashPoint};
-use crate::engine::envelope::{Message, MessageKey, RejectReason, Rejection};
-use crate::engine::metrics::EffectResult;
-use crate::engine::provider::{ProviderError, ProviderReply};
-use crate::engine::store::{
+use crate::crash::{CrashPlan, CrashPoint};
+use crate::envelope::{Message, MessageKey, RejectReason, Rejection};
+use crate::metrics::EffectResult;
+use crate::provider::{ProviderError, ProviderReply};
+use crate::store::{
     Claim, ClaimFinish, ClaimOutcome, ClaimRequest, ClaimResult, ClaimState, DedupOutcome,
     StoreError,
 };
 
 /// The provider key for one consumer's effect of one message. Derived, never random:
 /// even with the claim row gone, the same message yields the same key.
-pub(crate) fn provider_key(consumer: &str, key: &MessageKey) -> String {
+pub fn provider_key(consumer: &str, key: &MessageKey) -> String {
     let mut h = Sha256::new();
     h.update(consumer.as_bytes());
     h.update(b"\n");
@@ -32,10 +32,10 @@ pub(crate) fn provider_key(consumer: &str, key: &MessageKey) -> String {
     format!("idemwatch-{}", &hex::encode(h.finalize())[..32])
 }
 
-/// What [`Store::claim_batch`](crate::engine::store::Store::claim_batch) is asked for
+/// What [`Store::claim_batch`](crate::store::Store::claim_batch) is asked for
 /// one message: its key and fingerprint, its provider key, and the message itself,
 /// kept beside the claim for the sweeper.
-pub(crate) fn claim_request(consumer: &str, env: &Message) -> ClaimRequest {
+pub fn claim_request(consumer: &str, env: &Message) -> ClaimRequest {
     ClaimRequest {
         key: env.key().clone(),
         fingerprint: env.fingerprint().clone(),
@@ -439,7 +439,7 @@ async fn finish_alone(
     r: &ClaimResult,
     a: &Answer,
 ) -> Result<Option<Outcome>, StoreError> {
-    let e = match crate::engine::store::finish_claim(deps.store.as_ref(), consumer, r).await {
+    let e = match crate::store::finish_claim(deps.store.as_ref(), consumer, r).await {
         Ok(()) => {
             return Ok(a
                 .effect
@@ -549,9 +549,9 @@ mod tests {
     use super::super::tests::{deps, exec, zone_exit};
     use super::super::Retry;
     use super::*;
-    use crate::engine::crash::{CrashStyle, Crashed};
-    use crate::engine::envelope::EventType;
-    use crate::engine::health::InfraKind;
+    use crate::crash::{CrashStyle, Crashed};
+    use crate::envelope::EventType;
+    use crate::health::InfraKind;
     use std::sync::Mutex;
     use ClaimState::{Claimed, Failed, Sent};
 

@@ -4,9 +4,9 @@
 use async_trait::async_trait;
 
 use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome};
-use crate::engine::crash::{CrashPlan, CrashPoint};
-use crate::engine::envelope::{EventType, Message, RejectReason, Rejection};
-use crate::engine::store::{BusinessWrite, DedupOutcome, Recordable};
+use crate::crash::{CrashPlan, CrashPoint};
+use crate::envelope::{EventType, Message, RejectReason, Rejection};
+use crate::store::{BusinessWrite, DedupOutcome, Recordable};
 
 pub const NAME: &str = "trip-counter";
 

@@ -5,9 +5,9 @@
 use async_trait::async_trait;
 
 use super::{Consumer, ConsumerMode, Deps, HandleError, Outcome};
-use crate::engine::crash::CrashPlan;
-use crate::engine::envelope::{EventType, Message, RejectReason, Rejection};
-use crate::engine::store::VehicleOutcome;
+use crate::crash::CrashPlan;
+use crate::envelope::{EventType, Message, RejectReason, Rejection};
+use crate::store::VehicleOutcome;
 
 pub const NAME: &str = "vehicle-state";
 

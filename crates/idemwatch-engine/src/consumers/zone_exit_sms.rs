@@ -4,8 +4,8 @@
 use async_trait::async_trait;
 
 use super::{side_effect, Consumer, ConsumerMode, Deps, HandleError, Outcome, RetryCause};
-use crate::engine::crash::CrashPlan;
-use crate::engine::envelope::{rfc3339, Envelope, EventType, Message};
+use crate::crash::CrashPlan;
+use crate::envelope::{rfc3339, Envelope, EventType, Message};
 
 pub const NAME: &str = "zone-exit-sms";
 

@@ -70,7 +70,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, Mutex, Notify};
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
-use crate::engine::store::redact_url;
+use crate::store::redact_url;
 
 /// Least `basic.qos` prefetch per consumer channel. Without `?prefetch=N` a channel
 /// asks for three times the first lease's size when that is more: while the pipelined

@@ -14,11 +14,11 @@ use sqlx::sqlite::SqliteSynchronous;
 use sqlx::SqlitePool;
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
-use crate::engine::store::redact_url;
-use crate::engine::store::sqlite_conn::connect_sqlite;
-use crate::engine::store::sqlite_thread::{db, SqliteThread};
+use crate::store::redact_url;
+use crate::store::sqlite_conn::connect_sqlite;
+use crate::store::sqlite_thread::{db, SqliteThread};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/queue-sqlite");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../assets/migrations/queue-sqlite");
 
 /// The queue's file: sqlx for the migrations and the reads (depth) and the purge,
 /// and the file's [`SqliteThread`] for everything on the engine's hot path —

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
-use crate::engine::envelope::MAX_RAW_BYTES;
+use crate::envelope::MAX_RAW_BYTES;
 
 pub mod amqp;
 pub mod embedded;
@@ -22,7 +22,7 @@ pub enum QueueError {
     #[error("queue migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("{0}")]
-    Store(#[from] crate::engine::store::StoreError),
+    Store(#[from] crate::store::StoreError),
     #[error("unsupported queue URL {0} (expected sqlite://…, amqp://… or nats://…)")]
     UnsupportedUrl(String),
     #[error("bad queue URL {0}: {1}")]
@@ -203,8 +203,6 @@ pub async fn open(url: &str) -> QueueResult<Arc<dyn Queue>> {
     } else if url.starts_with("nats://") {
         Ok(Arc::new(nats::NatsQueue::open(url).await?))
     } else {
-        Err(QueueError::UnsupportedUrl(
-            crate::engine::store::redact_url(url),
-        ))
+        Err(QueueError::UnsupportedUrl(crate::store::redact_url(url)))
     }
 }

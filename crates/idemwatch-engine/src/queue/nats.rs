@@ -58,7 +58,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
-use crate::engine::store::redact_url;
+use crate::store::redact_url;
 
 /// Subject and stream-name prefix (`?prefix=` in the URL changes it).
 pub const DEFAULT_PREFIX: &str = "idemwatch";

@@ -136,7 +136,7 @@ impl<'a> DedupBatch<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::envelope::{Fingerprint, MessageKey};
+    use crate::envelope::{Fingerprint, MessageKey};
 
     fn item(key: &str, fp: &str, device: &str) -> Recordable {
         Recordable {

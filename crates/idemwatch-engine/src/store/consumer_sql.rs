@@ -15,7 +15,7 @@ use super::repair_sql::{claim, CLAIM_KINDS};
 use super::DedupOutcome;
 use super::{duplicate_or_conflict, Backend, BusinessWrite, Claim, ClaimFinish, ClaimResult};
 use super::{StoreResult, ROWS_PER_STATEMENT};
-use crate::engine::envelope::{Fingerprint, MessageKey, RejectReason};
+use crate::envelope::{Fingerprint, MessageKey, RejectReason};
 
 /// See [`Store::ping`](super::Store::ping).
 pub(super) async fn ping(sql: &dyn Sql) -> StoreResult<()> {

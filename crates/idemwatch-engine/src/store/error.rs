@@ -47,7 +47,7 @@ pub enum StoreError {
     Internal(&'static str),
     /// The seen-set outside the database (Redis) could not answer: an outage like any
     /// other, which pauses a fail-closed consumer under its own cause (see
-    /// [`crate::engine::seen_set`]).
+    /// [`crate::seen_set`]).
     #[error("seen-set {seen_set} unavailable: {why}")]
     SeenSetUnavailable { seen_set: String, why: String },
     /// A seen-set URL that cannot be used (unparsable, or not `redis://`): bad

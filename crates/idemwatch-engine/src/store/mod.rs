@@ -17,7 +17,7 @@ mod admin_sql;
 mod batch;
 mod claim_batch;
 mod consumer_sql;
-pub(crate) mod dialect;
+pub mod dialect;
 pub mod edge;
 mod edge_sql;
 mod error;
@@ -30,7 +30,7 @@ mod sqlite_batch;
 pub(crate) mod sqlite_conn;
 pub(crate) mod sqlite_thread;
 mod vehicle_batch;
-pub(crate) mod vehicle_sql;
+pub mod vehicle_sql;
 
 pub use claim_batch::{ClaimFinish, ClaimRequest, ClaimResult};
 pub use error::{Failure, StoreError, StoreResult};
@@ -641,7 +641,7 @@ pub struct StateDigest {
 
 /// What the vehicle-state upsert writes, derived once from an envelope for every
 /// backend: which columns this event type sets, and which it leaves as they are.
-pub(crate) struct VehicleFacts<'a> {
+pub struct VehicleFacts<'a> {
     pub seq: i64,
     pub event_type: &'static str,
     /// `on`/`off` for ignition events, else None (keep the stored value).
@@ -814,11 +814,11 @@ fn is_mysql_url(url: &str) -> bool {
     url.starts_with("mysql://") || url.starts_with("mariadb://")
 }
 
-/// Kept here for the store's callers; the rule lives in [`crate::redact`].
-pub use crate::redact::redact_url;
+/// Kept here for the store's callers; the rule lives in [`idemwatch_base::redact`].
+pub use idemwatch_base::redact::redact_url;
 
 /// A time as stored in TEXT columns (see [`dialect::text_time`]).
-pub(crate) fn ts(t: DateTime<Utc>) -> String {
+pub fn ts(t: DateTime<Utc>) -> String {
     dialect::text_time(t)
 }
 

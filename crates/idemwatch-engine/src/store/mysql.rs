@@ -21,9 +21,9 @@ use super::dialect::{lost_race, retrying};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::Message;
+use crate::envelope::Message;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/mysql");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../assets/migrations/mysql");
 
 #[derive(Debug, Clone)]
 pub struct MysqlStore {

@@ -18,9 +18,9 @@ use super::dialect::lost_race;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
-use crate::engine::envelope::Message;
+use crate::envelope::Message;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/postgres");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../assets/migrations/postgres");
 
 #[derive(Debug, Clone)]
 pub struct PostgresStore {

@@ -235,10 +235,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::engine::envelope::{Fingerprint, MessageKey, RejectReason};
-    use crate::engine::store::{
-        AdminStore, ClaimFinish, ClaimRequest, ClaimResult, Durability, Store,
-    };
+    use crate::envelope::{Fingerprint, MessageKey, RejectReason};
+    use crate::store::{AdminStore, ClaimFinish, ClaimRequest, ClaimResult, Durability, Store};
 
     async fn open(dir: &tempfile::TempDir) -> SqliteStore {
         let url = format!("sqlite://{}", dir.path().join("s.db").display());

@@ -19,9 +19,9 @@ use super::sqlite_batch;
 use super::sqlite_conn::connect_sqlite;
 use super::sqlite_thread::SqliteThread;
 use super::*;
-use crate::engine::envelope::Message;
+use crate::envelope::Message;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./assets/migrations/sqlite");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../assets/migrations/sqlite");
 
 /// The embedded SQLite store.
 #[derive(Debug, Clone)]
@@ -115,8 +115,8 @@ mod tests {
     use sqlx::ConnectOptions;
 
     use super::*;
-    use crate::engine::store::repair::{ClaimFilter, StrandedClaim};
-    use crate::engine::store::vehicle_batch::tests::event;
+    use crate::store::repair::{ClaimFilter, StrandedClaim};
+    use crate::store::vehicle_batch::tests::event;
 
     fn item(key: &str, device: &str) -> Recordable {
         Recordable {

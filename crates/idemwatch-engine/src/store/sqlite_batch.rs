@@ -24,7 +24,7 @@ use super::{
     parse_ts, ts, Claim, ClaimOutcome, ClaimState, DedupBatch, DedupOutcome, Recordable,
     StoreResult, VehicleOutcome,
 };
-use crate::engine::envelope::{Fingerprint, Message, MessageKey};
+use crate::envelope::{Fingerprint, Message, MessageKey};
 
 const STORED_KEY: &str =
     "SELECT payload_hash FROM processed_messages WHERE consumer = ?1 AND message_key = ?2";

@@ -484,7 +484,7 @@ impl sqlx::error::DatabaseError for SqliteThreadError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::store::Failure;
+    use crate::store::Failure;
 
     fn options(busy_timeout: Duration) -> ThreadOptions {
         ThreadOptions {

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use super::{vehicle_duplicate_or_conflict, StoreResult, VehicleFacts, VehicleOutcome};
-use crate::engine::envelope::{Envelope, Fingerprint, Message};
+use crate::envelope::{Envelope, Fingerprint, Message};
 
 /// A history row's identity: `(device_id, seq, event_type)`.
 pub(crate) type HistoryKey<'a> = (&'a str, i64, &'static str);
@@ -160,7 +160,7 @@ pub(super) mod tests {
     use super::*;
 
     /// A vehicle event as it arrives (also for the SQLite store's tests).
-    pub(in crate::engine::store) fn event(
+    pub(in crate::store) fn event(
         device: &str,
         seq: u64,
         event_type: &str,

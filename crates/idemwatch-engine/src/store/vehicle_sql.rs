@@ -10,10 +10,10 @@ use chrono::Utc;
 
 use super::dialect::{binds, retrying, Sql};
 use super::{Backend, StoreResult, VehicleFacts, VehicleOutcome};
-use crate::engine::envelope::Message;
+use crate::envelope::Message;
 
 /// `INSERT … (9 columns)`; a backend adds its `VALUES` or `SELECT` and the tail.
-pub(crate) const VEHICLE_UPSERT_HEAD: &str = "INSERT INTO vehicle_state
+pub const VEHICLE_UPSERT_HEAD: &str = "INSERT INTO vehicle_state
     (device_id, last_seq, last_event_type, ignition, zone, lat, lon, occurred_at, updated_at)";
 
 /// What an event changes in the state row: the columns its type does not carry
@@ -37,7 +37,7 @@ macro_rules! vehicle_upsert_set {
 
 /// SQLite and PostgreSQL: the upsert's conflict clause, with the seq guard in its
 /// WHERE when `guarded` (the row is then left alone and 0 rows are reported).
-pub(crate) fn vehicle_upsert_tail(guarded: bool) -> &'static str {
+pub fn vehicle_upsert_tail(guarded: bool) -> &'static str {
     if guarded {
         concat!(
             vehicle_upsert_set!(),

@@ -22,22 +22,22 @@ use sqlx::{Database, Executor, IntoArguments, Pool};
 
 use super::Backend;
 
-pub(crate) mod mysql;
-pub(crate) mod postgres;
-pub(crate) mod sqlite;
+pub mod mysql;
+pub mod postgres;
+pub mod sqlite;
 
 /// The stored timestamp format of TEXT time columns (SQLite): fixed-width UTC with
 /// microseconds, so that text order is time order. Written here only.
 const TEXT_TIME_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
 
 /// A time as the engine stores it in a TEXT column.
-pub(crate) fn text_time(t: DateTime<Utc>) -> String {
+pub fn text_time(t: DateTime<Utc>) -> String {
     t.format(TEXT_TIME_FORMAT).to_string()
 }
 
 /// A TEXT time column read back: the engine's form (any RFC 3339), or SQLite's
 /// `YYYY-MM-DD HH:MM:SS[.fff]` (a user's own table written with `datetime()`).
-pub(crate) fn parse_text_time(s: &str) -> Option<DateTime<Utc>> {
+pub fn parse_text_time(s: &str) -> Option<DateTime<Utc>> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Some(t.with_timezone(&Utc));
     }
@@ -115,16 +115,17 @@ impl<T: Into<BindValue> + NullKind> From<Option<T>> for BindValue {
 }
 
 /// The values of one statement, in placeholder order.
+#[macro_export]
 macro_rules! binds {
     ($($v:expr),* $(,)?) => {
-        [$($crate::engine::store::dialect::BindValue::from($v)),*]
+        [$($crate::store::dialect::BindValue::from($v)),*]
     };
 }
-pub(crate) use binds;
+pub use crate::binds;
 
 /// One decoded column.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Cell {
+pub enum Cell {
     Null,
     Int(i64),
     Float(f64),
@@ -136,14 +137,14 @@ pub(crate) enum Cell {
 }
 
 impl Cell {
-    pub(crate) fn of<T>(v: Option<T>, f: impl FnOnce(T) -> Cell) -> Cell {
+    pub fn of<T>(v: Option<T>, f: impl FnOnce(T) -> Cell) -> Cell {
         v.map_or(Cell::Null, f)
     }
 }
 
 /// One row, its columns decoded as the statement's [`Kind`]s asked.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Row(pub Vec<Cell>);
+pub struct Row(pub Vec<Cell>);
 
 fn not_as(index: usize, what: &str) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
@@ -156,7 +157,7 @@ fn not_as(index: usize, what: &str) -> sqlx::Error {
 macro_rules! readers {
     ($($(#[$doc:meta])* $name:ident: $variant:ident -> $t:ty;)*) => {$(
         $(#[$doc])*
-        pub(crate) fn $name(&self, i: usize) -> Option<$t> {
+        pub fn $name(&self, i: usize) -> Option<$t> {
             match self.cell(i) {
                 Cell::$variant(v) => Some(v),
                 _ => None,
@@ -180,24 +181,24 @@ impl Row {
         opt_bool: Bool -> bool;
         json: Json -> serde_json::Value;
     }
-    pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
+    pub fn text(&self, i: usize) -> Result<String, sqlx::Error> {
         self.opt_text(i).ok_or_else(|| not_as(i, "text"))
     }
-    pub(crate) fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
+    pub fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
         self.opt_int(i).ok_or_else(|| not_as(i, "an integer"))
     }
-    pub(crate) fn bool(&self, i: usize) -> Result<bool, sqlx::Error> {
+    pub fn bool(&self, i: usize) -> Result<bool, sqlx::Error> {
         self.opt_bool(i).ok_or_else(|| not_as(i, "a boolean"))
     }
     /// A NOT NULL time; unreadable stored text reads as the epoch.
-    pub(crate) fn at(&self, i: usize) -> DateTime<Utc> {
+    pub fn at(&self, i: usize) -> DateTime<Utc> {
         self.time(i).unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
     }
 }
 
 /// What a statement changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Done {
+pub struct Done {
     pub rows_affected: u64,
     /// The id an auto-increment insert produced (SQLite, MySQL; PostgreSQL says it
     /// with `RETURNING`).
@@ -212,7 +213,7 @@ pub(crate) struct Done {
 /// the next try reads what the other writer did. Other errors
 /// pass straight through, and after 8 tries these do too (an infrastructure failure:
 /// the delivery is retried later).
-pub(crate) async fn retrying<T, F, Fut>(mut attempt: F) -> super::StoreResult<T>
+pub async fn retrying<T, F, Fut>(mut attempt: F) -> super::StoreResult<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = super::StoreResult<T>>,
@@ -234,7 +235,7 @@ where
 /// Roll a batch's transaction back as a lost race
 /// ([`StoreError::LostRace`](super::StoreError::LostRace)): one of its writes took fewer
 /// rows than it decided, another writer got in between; [`retrying`] runs it again.
-pub(crate) async fn lost_race<D: Database, T>(
+pub async fn lost_race<D: Database, T>(
     tx: sqlx::Transaction<'_, D>,
     what: &'static str,
 ) -> super::StoreResult<T> {
@@ -243,7 +244,7 @@ pub(crate) async fn lost_race<D: Database, T>(
 }
 
 /// The engine's pool on a server (PostgreSQL, MariaDB).
-pub(crate) fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
+pub fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
     sqlx::pool::PoolOptions::new()
         .max_connections(16)
         .acquire_timeout(std::time::Duration::from_secs(30))
@@ -255,7 +256,7 @@ pub(crate) fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
 
 /// The dashboard's pool (its read-only sessions are set per backend in `monitor/db`):
 /// two connections, and a poll that waits 3 s for one fails rather than queue.
-pub(crate) fn dashboard_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
+pub fn dashboard_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
     sqlx::pool::PoolOptions::new()
         .max_connections(2)
         .acquire_timeout(std::time::Duration::from_secs(3))
@@ -273,7 +274,7 @@ fn retried_whole(e: &super::StoreError) -> bool {
 /// What a backend's catalog and planner offer the dashboard: a row estimate that
 /// needs no scan, and `EXPLAIN` in JSON.
 #[derive(Debug)]
-pub(crate) struct Catalog {
+pub struct Catalog {
     /// One row: the estimate of the table bound as [`Catalog::estimate_name`].
     pub estimate_sql: &'static str,
     pub estimate_kinds: &'static [Kind],
@@ -291,7 +292,7 @@ pub(crate) struct Catalog {
 
 /// One backend's differences. Implemented for `sqlx::Sqlite`, `Postgres` and `MySql`
 /// in this module's backend files; everything generic goes through [`Pooled`].
-pub(crate) trait Dialect: Database {
+pub trait Dialect: Database {
     const BACKEND: Backend;
     /// The statement that opens a write transaction.
     const BEGIN: &'static str;
@@ -327,7 +328,7 @@ pub(crate) trait Dialect: Database {
 /// A backend's connections behind one interface: the generic SQL of the engine
 /// store, the edge store and the monitor runs here.
 #[async_trait]
-pub(crate) trait Sql: Send + Sync {
+pub trait Sql: Send + Sync {
     fn backend(&self) -> Backend;
     /// See [`Dialect::quote`].
     fn quote(&self, identifier: &str) -> String;
@@ -374,26 +375,26 @@ pub(crate) trait Sql: Send + Sync {
 /// `url` and (unless it has a durability of its own) `durability` fields.
 macro_rules! pooled_store {
     () => {
-        $crate::engine::store::dialect::pooled_store!(pool_and_url);
+        $crate::store::dialect::pooled_store!(pool_and_url);
 
-        fn durability(&self) -> $crate::engine::store::Durability {
+        fn durability(&self) -> $crate::store::Durability {
             self.durability
         }
     };
     (pool_and_url) => {
-        fn sql(&self) -> $crate::engine::store::SqlHandle {
-            $crate::engine::store::SqlHandle::of(self.pool.clone())
+        fn sql(&self) -> $crate::store::SqlHandle {
+            $crate::store::SqlHandle::of(self.pool.clone())
         }
 
         fn redacted_url(&self) -> String {
-            $crate::redact::redact_url(&self.url)
+            $crate::store::redact_url(&self.url)
         }
     };
 }
 pub(crate) use pooled_store;
 
 /// See [`Sql::in_list`].
-pub(crate) fn in_list(backend: Backend, column: &str, n: usize) -> String {
+pub fn in_list(backend: Backend, column: &str, n: usize) -> String {
     match backend {
         Backend::Postgres => format!("{column} = ANY(?)"),
         _ => format!("{column} IN ({})", vec!["?"; n.max(1)].join(", ")),
@@ -401,7 +402,7 @@ pub(crate) fn in_list(backend: Backend, column: &str, n: usize) -> String {
 }
 
 /// The first row, if any.
-pub(crate) async fn first(
+pub async fn first(
     sql: &(impl Sql + ?Sized),
     query: &str,
     binds: &[BindValue],
@@ -411,7 +412,7 @@ pub(crate) async fn first(
 }
 
 /// Each row of `query`, read by `row`.
-pub(crate) async fn each<T, E: From<sqlx::Error>>(
+pub async fn each<T, E: From<sqlx::Error>>(
     sql: &(impl Sql + ?Sized),
     query: &str,
     binds: &[BindValue],
@@ -438,7 +439,7 @@ fn new_id(done: Done) -> Result<i64, sqlx::Error> {
 
 /// An open write transaction; dropped without [`SqlTx::commit`], it rolls back.
 #[async_trait]
-pub(crate) trait SqlTx: Send {
+pub trait SqlTx: Send {
     fn backend(&self) -> Backend;
     async fn rows(
         &mut self,
@@ -474,7 +475,7 @@ pub(crate) trait SqlTx: Send {
 
 /// A pool of one backend, seen as [`Sql`].
 #[derive(Debug, Clone)]
-pub(crate) struct Pooled<D: Database>(pub Pool<D>);
+pub struct Pooled<D: Database>(pub Pool<D>);
 
 struct Tx<D: Database>(sqlx::Transaction<'static, D>);
 
@@ -484,7 +485,7 @@ fn bound<'q, D: Dialect>(sql: &'q str, binds: &'q [BindValue]) -> Query<'q, D, D
 
 /// Generic SQL read on `executor`, each row decoded as `kinds`: a pool, a
 /// [`SqlTx`]'s transaction, or a batch path's own native transaction.
-pub(crate) async fn fetch<'c, D, E>(
+pub async fn fetch<'c, D, E>(
     executor: E,
     sql: &str,
     binds: &[BindValue],

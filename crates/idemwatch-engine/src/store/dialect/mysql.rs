@@ -10,13 +10,13 @@ use super::{BindValue, Catalog, Cell, Done, Kind};
 
 /// A `mysql://` or `mariadb://` URL as the driver's options (it knows only the
 /// former).
-pub(crate) fn options(url: &str) -> Result<sqlx::mysql::MySqlConnectOptions, sqlx::Error> {
+pub fn options(url: &str) -> Result<sqlx::mysql::MySqlConnectOptions, sqlx::Error> {
     url.replacen("mariadb://", "mysql://", 1).parse()
 }
 
 /// Run first on every connection, the engine's and the dashboard's: DATETIME
 /// columns hold UTC, written and read as such whatever the server's zone.
-pub(crate) async fn utc_session(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+pub async fn utc_session(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
     sqlx::query("SET time_zone = '+00:00'")
         .execute(conn)
         .await

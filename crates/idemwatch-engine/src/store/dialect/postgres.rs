@@ -153,7 +153,7 @@ impl super::Dialect for Postgres {
 mod tests {
     use super::super::tests::assert_classes;
     use super::*;
-    use crate::engine::store::dialect::Dialect;
+    use crate::store::dialect::Dialect;
 
     #[test]
     fn sqlstates_are_infrastructure_content_or_neither() {
