@@ -12,11 +12,11 @@
 pub mod bench;
 pub mod config;
 pub mod demo;
-pub mod drills;
 pub mod monitor;
 pub mod report;
-pub mod sim;
 pub mod tui;
 
 pub use idemwatch_base::{clock, exposition, redact};
+pub use idemwatch_drills as drills;
+pub use idemwatch_drills::sim;
 pub use idemwatch_engine as engine;

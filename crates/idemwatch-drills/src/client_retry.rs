@@ -12,13 +12,13 @@ use serde_json::json;
 
 use super::rig::Rig;
 use super::{DrillError, Findings};
-use crate::engine::api_keys::ApiKeys;
-use crate::engine::consumers::ConsumerMode;
-use crate::engine::http_api::{self, ApiConfig, ApiState};
-use crate::engine::http_server::{self, ConnectionLimits};
-use crate::engine::idempotency_key::{self, IdempotencyKey};
-use crate::engine::metrics::Metrics;
-use crate::engine::store;
+use idemwatch_engine::api_keys::ApiKeys;
+use idemwatch_engine::consumers::ConsumerMode;
+use idemwatch_engine::http_api::{self, ApiConfig, ApiState};
+use idemwatch_engine::http_server::{self, ConnectionLimits};
+use idemwatch_engine::idempotency_key::{self, IdempotencyKey};
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::store;
 
 /// How long the API holds a key in progress before another request may take it over.
 const LEASE: Duration = Duration::from_secs(5);

@@ -5,10 +5,10 @@ use serde_json::json;
 
 use super::rig::Rig;
 use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
-use crate::engine::consumers::{zone_exit_sms, ConsumerMode};
-use crate::engine::crash::CrashPoint;
-use crate::engine::envelope::EventType;
-use crate::engine::store::ClaimState;
+use idemwatch_engine::consumers::{zone_exit_sms, ConsumerMode};
+use idemwatch_engine::crash::CrashPoint;
+use idemwatch_engine::envelope::EventType;
+use idemwatch_engine::store::ClaimState;
 
 pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     let consumers = [zone_exit_sms::NAME];

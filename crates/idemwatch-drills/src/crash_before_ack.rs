@@ -3,9 +3,9 @@
 
 use super::rig::Rig;
 use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
-use crate::engine::consumers::{trip_counter, zone_exit_sms};
-use crate::engine::crash::CrashPoint;
-use crate::engine::envelope::EventType;
+use idemwatch_engine::consumers::{trip_counter, zone_exit_sms};
+use idemwatch_engine::crash::CrashPoint;
+use idemwatch_engine::envelope::EventType;
 
 pub(crate) async fn run(rig: &Rig, times: u32) -> Result<Findings, DrillError> {
     let consumers = [zone_exit_sms::NAME, trip_counter::NAME];

@@ -20,12 +20,12 @@ use tokio::sync::watch;
 
 use super::rig::Rig;
 use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
-use crate::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
-use crate::engine::envelope::EventType;
-use crate::engine::ingress::{self, IngressStats, MqttIngressConfig};
-use crate::engine::metrics::Metrics;
-use crate::engine::queue_name;
 use crate::sim::mqtt_device::publish_fleet;
+use idemwatch_engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
+use idemwatch_engine::envelope::EventType;
+use idemwatch_engine::ingress::{self, IngressStats, MqttIngressConfig};
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::queue_name;
 
 /// Copies a device sends at most in this drill: the broker keeps them for the
 /// ingress's session, and a shared broker's queue per session is bounded
@@ -179,7 +179,7 @@ async fn through_broker(
     f.extra.insert(
         "mqtt".into(),
         json!({
-            "broker": crate::redact::redact_url(broker),
+            "broker": idemwatch_base::redact::redact_url(broker),
             "topic": topic,
             "device_published": device.published,
             "device_retransmitted_with_dup": device.retransmitted,

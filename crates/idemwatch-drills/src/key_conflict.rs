@@ -3,8 +3,8 @@
 
 use super::rig::Rig;
 use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
-use crate::engine::consumers::{trip_counter, vehicle_state, zone_exit_sms};
-use crate::engine::envelope::EventType;
+use idemwatch_engine::consumers::{trip_counter, vehicle_state, zone_exit_sms};
+use idemwatch_engine::envelope::EventType;
 
 pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     let consumers = [zone_exit_sms::NAME, trip_counter::NAME, vehicle_state::NAME];

@@ -16,10 +16,10 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::engine::consumers::ConsumerMode;
-use crate::engine::runner::{DeliveryEvent, DeliveryOutcome};
-use crate::engine::seen_set::SeenSetConfig;
-use crate::engine::store::{MarkerKind, StoreError};
+use idemwatch_engine::consumers::ConsumerMode;
+use idemwatch_engine::runner::{DeliveryEvent, DeliveryOutcome};
+use idemwatch_engine::seen_set::SeenSetConfig;
+use idemwatch_engine::store::{MarkerKind, StoreError};
 
 pub mod chaos;
 mod client_retry;
@@ -33,6 +33,7 @@ pub mod live_redelivery;
 mod out_of_order;
 pub(crate) mod rig;
 mod seen_set_window;
+pub mod sim;
 pub mod target;
 pub mod twice;
 
@@ -376,8 +377,8 @@ pub async fn run(opts: DrillOptions) -> Result<DrillReport, DrillError> {
                 .into(),
         ));
     }
-    let store = crate::engine::store::open(&opts.db_url).await?;
-    let queue = crate::engine::queue::open(&opts.queue_url)
+    let store = idemwatch_engine::store::open(&opts.db_url).await?;
+    let queue = idemwatch_engine::queue::open(&opts.queue_url)
         .await
         .map_err(|e| DrillError::Setup(e.to_string()))?;
     let run_id = store
@@ -466,8 +467,8 @@ mod tests {
 
     /// One delivery event per way a delivery ends, as the runner fills them in.
     fn events() -> Vec<DeliveryEvent> {
-        use crate::engine::envelope::MessageKey;
-        use crate::engine::metrics::EffectResult;
+        use idemwatch_engine::envelope::MessageKey;
+        use idemwatch_engine::metrics::EffectResult;
         use DeliveryOutcome::*;
         let event = |consumer: &str, key: Option<&str>, outcome| DeliveryEvent {
             consumer: consumer.into(),

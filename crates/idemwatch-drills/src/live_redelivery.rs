@@ -19,7 +19,7 @@
 //! dashboard). The copies are tagged as drill traffic by their `message_id`
 //! (`drill-live-<run>-<n>`), which the fingerprint ignores.
 //!
-//! The watched endpoint is read with `crate::exposition`, the Prometheus text parser
+//! The watched endpoint is read with `idemwatch_base::exposition`, the Prometheus text parser
 //! that sits below both drills and monitor, so no layer arrow runs backwards.
 
 use std::collections::BTreeMap;
@@ -30,15 +30,15 @@ use serde_json::{json, Value};
 
 use super::rig::Rig;
 use super::{DrillError, Findings};
-use crate::engine::consumers::zone_exit_sms::sms_text;
-use crate::engine::consumers::{risk_class, trip_counter, zone_exit_sms, RiskClass};
-use crate::engine::envelope::{Envelope, EventType};
-use crate::engine::metrics::names;
-use crate::engine::metrics::Metrics;
-use crate::engine::store::{Claim, ClaimState, HistoryRow};
-use crate::engine::{Engine, EngineConfig};
-use crate::exposition::{ScrapeLimits, Scraper};
-use crate::redact::redact_url;
+use idemwatch_base::exposition::{ScrapeLimits, Scraper};
+use idemwatch_base::redact::redact_url;
+use idemwatch_engine::consumers::zone_exit_sms::sms_text;
+use idemwatch_engine::consumers::{risk_class, trip_counter, zone_exit_sms, RiskClass};
+use idemwatch_engine::envelope::{Envelope, EventType};
+use idemwatch_engine::metrics::names;
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::store::{Claim, ClaimState, HistoryRow};
+use idemwatch_engine::{Engine, EngineConfig};
 
 /// What the operator set for a live drill.
 #[derive(Debug, Clone)]

@@ -5,8 +5,8 @@ use serde_json::json;
 
 use super::rig::Rig;
 use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
-use crate::engine::consumers::vehicle_state;
-use crate::engine::envelope::EventType;
+use idemwatch_engine::consumers::vehicle_state;
+use idemwatch_engine::envelope::EventType;
 
 pub(crate) async fn run(rig: &Rig) -> Result<Findings, DrillError> {
     let consumers = [vehicle_state::NAME];

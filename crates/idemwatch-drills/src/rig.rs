@@ -12,16 +12,16 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 use super::{DrillError, DrillOptions};
-use crate::engine::consumers::ConsumerMode;
-use crate::engine::crash::{CrashPlan, CrashPoint, CrashStyle};
-use crate::engine::envelope::{Envelope, EventType};
-use crate::engine::metrics::Metrics;
-use crate::engine::queue::Queue;
-use crate::engine::runner::{DeliveryEvent, EventSink, RunnerSettings};
-use crate::engine::seen_set::SeenSetConfig;
-use crate::engine::store::Store;
-use crate::engine::{Engine, EngineConfig};
 use crate::sim::sandbox_provider::{self, SandboxClient, SandboxHandle};
+use idemwatch_engine::consumers::ConsumerMode;
+use idemwatch_engine::crash::{CrashPlan, CrashPoint, CrashStyle};
+use idemwatch_engine::envelope::{Envelope, EventType};
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::queue::Queue;
+use idemwatch_engine::runner::{DeliveryEvent, EventSink, RunnerSettings};
+use idemwatch_engine::seen_set::SeenSetConfig;
+use idemwatch_engine::store::Store;
+use idemwatch_engine::{Engine, EngineConfig};
 
 /// Timings that keep a drill to a few seconds while exercising the real paths:
 /// redelivery after a visibility timeout, in doubt after a claim lease.

@@ -14,11 +14,11 @@ use serde_json::json;
 
 use super::rig::Rig;
 use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
-use crate::engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
-use crate::engine::crash::CrashPoint;
-use crate::engine::envelope::EventType;
-use crate::engine::metrics::Metrics;
-use crate::engine::seen_set::GuardedSeenSet;
+use idemwatch_engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
+use idemwatch_engine::crash::CrashPoint;
+use idemwatch_engine::envelope::EventType;
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::seen_set::GuardedSeenSet;
 
 /// The verdict's explanation, the report's own words: where the window is and when
 /// it matters.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{DrillError, DrillOptions, Scenario};
-use crate::engine::consumers::ConsumerMode;
+use idemwatch_engine::consumers::ConsumerMode;
 
 /// The database and queue drills run against (in their own corner), the provider,
 /// and what `live-redelivery` watches.

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::{DrillError, Verdict};
-use crate::engine::consumers::{self, ConsumerMode, RiskClass};
-use crate::engine::crash::CrashPlan;
-use crate::engine::store::StateDigest;
-use crate::engine::{Engine, EngineConfig};
 use crate::sim::fleet::{FleetConfig, FleetSim};
 use crate::sim::sandbox_provider::{self, SandboxClient};
+use idemwatch_engine::consumers::{self, ConsumerMode, RiskClass};
+use idemwatch_engine::crash::CrashPlan;
+use idemwatch_engine::store::StateDigest;
+use idemwatch_engine::{Engine, EngineConfig};
 
 /// Everything observable after a run, minus wall-clock columns.
 #[derive(Debug, Clone, PartialEq)]

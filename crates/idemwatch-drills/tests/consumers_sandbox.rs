@@ -5,19 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemwatch::engine::consumers::{
+use idemwatch_engine::consumers::{
     build, erp_webhook, zone_exit_sms, Consumer, ConsumerMode, Deps, Outcome,
 };
-use idemwatch::engine::crash::CrashPlan;
-use idemwatch::engine::envelope::Message;
-use idemwatch::engine::metrics::{EffectResult, Metrics};
-use idemwatch::engine::provider::ProviderClient;
-use idemwatch::engine::seen_set::{GuardedSeenSet, SeenSetConfig};
+use idemwatch_engine::crash::CrashPlan;
+use idemwatch_engine::envelope::Message;
+use idemwatch_engine::metrics::{EffectResult, Metrics};
+use idemwatch_engine::provider::ProviderClient;
+use idemwatch_engine::seen_set::{GuardedSeenSet, SeenSetConfig};
 
 /// Deps over a real SQLite store in `dir`, both providers (SMS and webhook) at `provider`.
 async fn deps_on(dir: &tempfile::TempDir, provider: &str) -> Deps {
     let url = format!("sqlite://{}", dir.path().join("consumers.db").display());
-    let store = idemwatch::engine::store::open(&url).await.unwrap();
+    let store = idemwatch_engine::store::open(&url).await.unwrap();
     let metrics = Arc::new(Metrics::new());
     Deps {
         seen_set: GuardedSeenSet::open(&SeenSetConfig::default(), store.clone(), metrics.clone())
@@ -75,7 +75,7 @@ async fn three_deliveries(consumer: &dyn Consumer, env: &Message, first: Outcome
 /// batch is one by one, never the claiming batch.
 #[tokio::test]
 async fn a_side_effect_goes_out_once_unless_naive() {
-    let sandbox = idemwatch::sim::sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+    let sandbox = idemwatch_drills::sim::sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

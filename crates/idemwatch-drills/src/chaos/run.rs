@@ -14,9 +14,9 @@ use super::{
     say, setup_failed, ChaosOptions, KillSchedule, CHAOS_CLAIM_LEASE, CHAOS_MAX_DELIVERIES,
     PROGRESS_POLL,
 };
-use crate::drills::DrillError;
-use crate::engine::crash::CrashPlan;
-use crate::engine::runner::RunnerSettings;
+use crate::DrillError;
+use idemwatch_engine::crash::CrashPlan;
+use idemwatch_engine::runner::RunnerSettings;
 
 /// What the killing phase did.
 pub(super) struct Storm {
@@ -52,7 +52,7 @@ pub(super) async fn kill_while_publishing(
                 queue.publish(&queues, chunk).await?;
                 published.fetch_add((chunk.len() * queues.len()) as u64, Ordering::SeqCst);
             }
-            Ok::<f64, crate::engine::queue::QueueError>(publish_started.elapsed().as_secs_f64())
+            Ok::<f64, idemwatch_engine::queue::QueueError>(publish_started.elapsed().as_secs_f64())
         })
     };
 

@@ -15,15 +15,15 @@ use super::{
     say, setup_failed, ChaosOptions, ChaosReport, CHAOS_ACK_WAIT, CHAOS_CLAIM_LEASE,
     CHAOS_MAX_DELIVERIES,
 };
-use crate::drills::DrillError;
-use crate::engine::consumers;
-use crate::engine::envelope::EventType;
-use crate::engine::metrics::Metrics;
-use crate::engine::queue::Queue;
-use crate::engine::store::{MarkerKind, Store};
-use crate::engine::{Engine, EngineConfig};
 use crate::sim::fleet::{FleetConfig, FleetSim, SimMessage};
 use crate::sim::sandbox_provider::{self, SandboxHandle};
+use crate::DrillError;
+use idemwatch_engine::consumers;
+use idemwatch_engine::envelope::EventType;
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::queue::Queue;
+use idemwatch_engine::store::{MarkerKind, Store};
+use idemwatch_engine::{Engine, EngineConfig};
 
 /// The ground truth of what was published.
 pub(super) struct Truth {
@@ -86,7 +86,7 @@ pub(super) fn generate(opts: &ChaosOptions, prefix: &str) -> Truth {
 pub(super) struct Instance {
     child: Option<Child>,
     args: Vec<String>,
-    /// The connection URLs (see [`crate::engine::url_env`]).
+    /// The connection URLs (see [`idemwatch_engine::url_env`]).
     env: Vec<(&'static str, String)>,
     exe: PathBuf,
 }
@@ -141,8 +141,8 @@ impl Arena {
     /// Open the store and queue, start the drill run, the SMS sandbox and the truth,
     /// and declare the namespaced queues before anyone consumes or publishes.
     pub async fn prepare(opts: &ChaosOptions) -> Result<Arena, DrillError> {
-        let store = crate::engine::store::open(&opts.db_url).await?;
-        let queue = crate::engine::queue::open(&opts.queue_url)
+        let store = idemwatch_engine::store::open(&opts.db_url).await?;
+        let queue = idemwatch_engine::queue::open(&opts.queue_url)
             .await
             .map_err(setup_failed)?;
         let run_id = store.start_drill_run("chaos", "idempotent").await?;
@@ -173,7 +173,7 @@ impl Arena {
         cfg.namespace = Some(namespace.clone());
         let queue_names: Vec<String> = consumers::FLEET_CONSUMERS
             .iter()
-            .map(|c| crate::engine::replay::queue_name(Some(&namespace), c))
+            .map(|c| idemwatch_engine::replay::queue_name(Some(&namespace), c))
             .collect();
         for q in &queue_names {
             queue.depth(q).await.map_err(setup_failed)?;
@@ -227,7 +227,7 @@ impl Arena {
             ]);
         }
         let env: Vec<(&'static str, String)> =
-            crate::engine::url_env(&opts.db_url, &opts.queue_url, &self.sms_url, &self.sms_url)
+            idemwatch_engine::url_env(&opts.db_url, &opts.queue_url, &self.sms_url, &self.sms_url)
                 .map(|(k, v)| (k, v.to_string()))
                 .to_vec();
         let mut instances: Vec<Instance> = (0..opts.instances)

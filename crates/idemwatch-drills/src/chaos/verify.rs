@@ -9,14 +9,14 @@ use serde_json::{json, Value};
 
 use super::setup::{Arena, Truth};
 use super::{ChaosOptions, ChaosReport, ConsumerTally, CHAOS_CLAIM_LEASE, CHAOS_MAX_DELIVERIES};
-use crate::drills::{Check, DrillError, Verdict};
-use crate::engine::consumers;
-use crate::engine::envelope::EventType;
-use crate::engine::queue::Queue;
-use crate::engine::store::Store;
-use crate::exposition::{ScrapeLimits, Scraper};
 use crate::sim::fleet::SimKind;
 use crate::sim::sandbox_provider::SandboxState;
+use crate::{Check, DrillError, Verdict};
+use idemwatch_base::exposition::{ScrapeLimits, Scraper};
+use idemwatch_engine::consumers;
+use idemwatch_engine::envelope::EventType;
+use idemwatch_engine::queue::Queue;
+use idemwatch_engine::store::Store;
 
 /// What the run measured on the way, for the report.
 pub(super) struct VerifyExtras {
@@ -76,8 +76,8 @@ pub(super) async fn verify(
         instances: opts.instances,
         claim_lease_ms: u64::try_from(CHAOS_CLAIM_LEASE.as_millis()).unwrap_or(u64::MAX),
         max_deliveries: CHAOS_MAX_DELIVERIES,
-        db: crate::engine::store::redact_url(&opts.db_url),
-        queue: crate::engine::store::redact_url(&opts.queue_url),
+        db: idemwatch_engine::store::redact_url(&opts.db_url),
+        queue: idemwatch_engine::store::redact_url(&opts.queue_url),
         messages_published: truth.messages.len(),
         distinct_events: truth.history_per_device.values().sum(),
         duplicates_published: count(SimKind::Redelivery),
@@ -120,7 +120,7 @@ async fn dead_letters_of_the_run(
         .collect();
     let mut keys: DeadKeys = HashMap::new();
     for d in &dead {
-        if let Ok(env) = crate::engine::envelope::Envelope::parse(&d.raw) {
+        if let Ok(env) = idemwatch_engine::envelope::Envelope::parse(&d.raw) {
             keys.entry(d.consumer.clone())
                 .or_default()
                 .insert(env.key().to_string());

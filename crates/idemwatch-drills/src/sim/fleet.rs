@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Map, Value};
 
-use crate::engine::envelope::{Envelope, EventType};
+use idemwatch_engine::envelope::{Envelope, EventType};
 
 /// How many recently emitted messages a redelivery may copy: redeliveries happen
 /// within minutes, not days.

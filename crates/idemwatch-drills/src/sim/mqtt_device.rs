@@ -74,7 +74,7 @@ pub async fn publish_fleet(
     extra: u32,
     seed: u64,
 ) -> Result<DevicePublishStats, DeviceError> {
-    let (host, port) = crate::engine::ingress::broker_address(broker)
+    let (host, port) = idemwatch_engine::ingress::broker_address(broker)
         .map_err(|e| DeviceError::Broker(e.to_string()))?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut stats = DevicePublishStats::default();

@@ -40,7 +40,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::engine::idempotency_key::{IdempotencyKey, InvalidKey, REPLAYED_HEADER};
+use idemwatch_engine::idempotency_key::{IdempotencyKey, InvalidKey, REPLAYED_HEADER};
 
 /// One SMS the sandbox actually "sent": the thing a customer would have received.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -760,7 +760,7 @@ mod tests {
             .header(CONTENT_TYPE, "application/json")
             .body(body.to_owned());
         if let Some(key) = key {
-            req = req.header(crate::engine::idempotency_key::HEADER, key);
+            req = req.header(idemwatch_engine::idempotency_key::HEADER, key);
         }
         let resp = req.send().await.expect("request");
         let status = resp.status().as_u16();
