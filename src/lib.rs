@@ -10,13 +10,12 @@
 //! engine's writes and the monitor's queries; `config` is the dashboard's config file.
 
 pub mod bench;
-pub mod config;
-pub mod demo;
-pub mod monitor;
-pub mod report;
-pub mod tui;
 
 pub use idemwatch_base::{clock, exposition, redact};
 pub use idemwatch_drills as drills;
 pub use idemwatch_drills::sim;
 pub use idemwatch_engine as engine;
+pub use idemwatch_monitor as monitor;
+pub use idemwatch_monitor::{config, report};
+pub use idemwatch_tui as tui;
+pub use idemwatch_tui::demo;

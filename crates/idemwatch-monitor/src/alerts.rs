@@ -21,7 +21,7 @@ use super::markers::TimelineMarker;
 use super::targets::{ConsumerStatus, Flow, TargetStatus, WindowCounts};
 use super::vehicles::VehicleAnomaly;
 use crate::config::AlertRules;
-use crate::engine::store::Durability;
+use idemwatch_engine::store::Durability;
 
 /// Above this duplicate rate (1%) over a minute something is redelivering far more
 /// than the 0.01% of a normal day or the 0.4% of a deploy day.

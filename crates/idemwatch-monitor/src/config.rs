@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::engine::metrics::names;
-use crate::exposition::ScrapeLimits;
+use idemwatch_base::exposition::ScrapeLimits;
+use idemwatch_engine::metrics::names;
 
 /// `idemwatch serve`'s default `/metrics` address.
 pub const LOCAL_METRICS_URL: &str = "http://127.0.0.1:9464/metrics";
@@ -452,7 +452,7 @@ impl Config {
             });
         }
         if self.database.is_none() {
-            self.database = Some(DatabaseConfig::with_url(&crate::engine::default_db_url()));
+            self.database = Some(DatabaseConfig::with_url(&idemwatch_engine::default_db_url()));
         }
         self
     }
@@ -513,7 +513,7 @@ impl Config {
             check_http_url(&j.url).map_err(|m| bad(format!("jetstream[{i}].url"), m))?;
         }
         if let Some(broker) = &self.drills.mqtt_broker {
-            crate::engine::ingress::broker_address(broker)
+            idemwatch_engine::ingress::broker_address(broker)
                 .map_err(|e| bad("drills.mqtt_broker".into(), e.to_string()))?;
         }
         if let Some(db) = &self.database {
@@ -525,7 +525,7 @@ impl Config {
                     "database.url".into(),
                     format!(
                         "unsupported URL {} (expected sqlite://, postgres:// or mysql://)",
-                        crate::engine::store::redact_url(&db.url)
+                        idemwatch_engine::store::redact_url(&db.url)
                     ),
                 ));
             }

@@ -26,7 +26,7 @@ use super::markers::{MarkerSource, TimelineMarker};
 use super::promql;
 use super::series::Point;
 use crate::config::{MetricNames, ScrapeTarget};
-use crate::redact::redact_url;
+use idemwatch_base::redact::redact_url;
 
 /// How long one history request may take (the queries of one fetch run together).
 pub const HISTORY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -341,14 +341,22 @@ impl HistoryClient {
             ])
             .send()
             .await
-            .map_err(|e| format!("{}: {}", self.shown, crate::exposition::error_chain(&e)))?;
+            .map_err(|e| {
+                format!(
+                    "{}: {}",
+                    self.shown,
+                    idemwatch_base::exposition::error_chain(&e)
+                )
+            })?;
         let status = response.status();
         let mut body = Vec::new();
-        while let Some(piece) = response
-            .chunk()
-            .await
-            .map_err(|e| format!("{}: {}", self.shown, crate::exposition::error_chain(&e)))?
-        {
+        while let Some(piece) = response.chunk().await.map_err(|e| {
+            format!(
+                "{}: {}",
+                self.shown,
+                idemwatch_base::exposition::error_chain(&e)
+            )
+        })? {
             if body.len() + piece.len() > MAX_ANSWER_BYTES {
                 return Err(format!(
                     "{}: an answer larger than {} MiB",

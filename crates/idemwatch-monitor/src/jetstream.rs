@@ -154,7 +154,7 @@ pub async fn fetch(
         .get(&url)
         .send()
         .await
-        .map_err(|e| crate::exposition::error_chain(&e))?;
+        .map_err(|e| idemwatch_base::exposition::error_chain(&e))?;
     if !response.status().is_success() {
         return Err(format!("HTTP {}", response.status()));
     }
@@ -162,12 +162,12 @@ pub async fn fetch(
     while let Some(piece) = response
         .chunk()
         .await
-        .map_err(|e| crate::exposition::error_chain(&e))?
+        .map_err(|e| idemwatch_base::exposition::error_chain(&e))?
     {
         if (body.len() + piece.len()) as u64 > max_bytes {
             return Err(format!(
                 "{}: more than {max_bytes} bytes",
-                crate::exposition::TOO_LARGE
+                idemwatch_base::exposition::TOO_LARGE
             ));
         }
         body.extend_from_slice(&piece);

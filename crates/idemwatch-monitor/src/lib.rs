@@ -6,6 +6,9 @@
 //! series); each [`Monitor::poll`] yields one [`Snapshot`]. The TUI runs it on its
 //! own task with [`Monitor::spawn`] and receives snapshots over a `watch` channel,
 //! so a slow source never blocks a frame.
+//!
+//! Beside it: [`config`], the dashboard's config file, and [`report`], a snapshot
+//! turned into the post-mortem's HTML/JSON/CSV.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use crate::config::Config;
 
 pub mod alerts;
 pub mod bytes;
+pub mod config;
 pub mod db;
 pub mod history;
 pub mod jetstream;
@@ -27,9 +31,10 @@ pub mod markers;
 pub mod promql;
 /// The Prometheus text parser and scraper live below every layer that reads an
 /// exposition (the monitor here, the live drill): one parser, no backwards arrow.
-pub use crate::exposition as prometheus;
+pub use idemwatch_base::exposition as prometheus;
 pub mod rates;
 pub mod replay;
+pub mod report;
 pub mod series;
 pub mod targets;
 pub mod vehicles;

@@ -153,7 +153,7 @@ pub fn merge(
             m.detail = Some(format!(
                 "{}; the last at {}",
                 m.detail.unwrap_or_default(),
-                crate::clock::clock(last)
+                idemwatch_base::clock::clock(last)
             ));
         }
         m

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::config::{AlertRules, MetricNames};
-use crate::engine::metrics::names;
+use idemwatch_engine::metrics::names;
 
 use super::alerts::{DEPLOY_DAY_RATIO, DEPLOY_WINDOW, DUPLICATE_RATIO_ALERT};
 use super::rates::{WINDOW_1M, WINDOW_5M};

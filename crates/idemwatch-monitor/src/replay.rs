@@ -233,7 +233,7 @@ pub fn replay(input: &ReplayInputs<'_>) -> Vec<AlertRecord> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::alerts::AlertKind;
+    use crate::alerts::AlertKind;
 
     fn t(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()

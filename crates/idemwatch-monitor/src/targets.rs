@@ -16,7 +16,7 @@ use super::rates::{
 };
 use super::series::Series;
 use crate::config::MetricNames;
-use crate::engine::store::Durability;
+use idemwatch_engine::store::Durability;
 
 /// How long the duplicate counter may stay flat under traffic before the parachute
 /// alert ("the dedup path is never exercised").
@@ -66,7 +66,7 @@ struct BrokerTrack {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TargetStatus {
     pub name: String,
-    /// Redacted (see [`crate::redact::redact_url`]).
+    /// Redacted (see [`idemwatch_base::redact::redact_url`]).
     pub url: String,
     #[serde(flatten)]
     pub status: SourceStatus,
@@ -396,7 +396,7 @@ impl TargetTracker {
         TargetTracker {
             status: TargetStatus {
                 name: name.to_string(),
-                url: crate::redact::redact_url(url),
+                url: idemwatch_base::redact::redact_url(url),
                 status: SourceStatus::Down {
                     error: "not scraped yet".into(),
                 },
@@ -801,7 +801,7 @@ impl ConsumerWindows {
 }
 
 /// Counter readings kept between scrapes: metric → label set
-/// ([`Labels::as_key`](crate::exposition::Labels::as_key)) → rate. Looked up for
+/// ([`Labels::as_key`](idemwatch_base::exposition::Labels::as_key)) → rate. Looked up for
 /// every counter sample of every scrape, hence foldhash rather than SipHash (the
 /// keys come from the targets this dashboard was configured to watch).
 type Counters = FastMap<String, FastMap<Box<str>, CounterRate>>;
@@ -998,7 +998,7 @@ fn update_series(track: &mut ConsumerTrack, at: DateTime<Utc>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exposition::{parse, Format};
+    use idemwatch_base::exposition::{parse, Format};
 
     fn scrape(seconds: i64, text: &str) -> ScrapeResult {
         ScrapeResult {

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use crate::drills::{DrillReport, Scenario};
-use crate::engine::consumers::ConsumerMode;
-use crate::monitor::Snapshot;
+use idemwatch_drills::{DrillReport, Scenario};
+use idemwatch_engine::consumers::ConsumerMode;
+use idemwatch_monitor::Snapshot;
 
 use super::tab::Tab;
 
@@ -107,7 +107,7 @@ pub enum Action {
     Snapshot(Arc<Snapshot>),
     DrillProgress(String),
     DrillFinished(Result<Box<DrillReport>, String>),
-    TwiceChecked(Vec<crate::drills::twice::TwiceCheck>),
+    TwiceChecked(Vec<idemwatch_drills::twice::TwiceCheck>),
     /// One line of feedback from an effect (report written, marker not saved…).
     Status(String),
     /// Slow clock: relative times on screen move on.
@@ -118,7 +118,7 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Ask the monitor for a poll now / a zoom / a vehicle's detail / a dead letter.
-    Monitor(crate::monitor::MonitorCommand),
+    Monitor(idemwatch_monitor::MonitorCommand),
     StartDrill {
         scenario: Scenario,
         mode: ConsumerMode,

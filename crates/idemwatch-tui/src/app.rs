@@ -9,12 +9,12 @@ use chrono::{DateTime, Utc};
 use super::action::{Action, Effect, Prompt, PromptKind};
 use super::lists::{self, ListId, ListState};
 use super::tab::{tab_spans, Tab, COMPACT_WIDTH};
-use crate::drills::twice::TwiceCheck;
-use crate::drills::{DrillReport, Scenario};
-use crate::engine::consumers::ConsumerMode;
-use crate::monitor::alerts::AlertObject;
-use crate::monitor::markers::{MarkerSource, TimelineMarker};
-use crate::monitor::{MonitorCommand, Snapshot};
+use idemwatch_drills::twice::TwiceCheck;
+use idemwatch_drills::{DrillReport, Scenario};
+use idemwatch_engine::consumers::ConsumerMode;
+use idemwatch_monitor::alerts::AlertObject;
+use idemwatch_monitor::markers::{MarkerSource, TimelineMarker};
+use idemwatch_monitor::{MonitorCommand, Snapshot};
 
 /// Rows PgUp/PgDn move (render is pure and does not report its heights).
 pub const PAGE: isize = 10;
@@ -43,7 +43,7 @@ impl RateWindow {
 
     /// A consumer's duplicate ratio over this window: one reading for the Overview's
     /// `dup %` column and the chart's legend, so the two never disagree.
-    pub fn duplicate_ratio(self, c: &crate::monitor::targets::ConsumerStatus) -> Option<f64> {
+    pub fn duplicate_ratio(self, c: &idemwatch_monitor::targets::ConsumerStatus) -> Option<f64> {
         match self {
             RateWindow::OneMinute => c.window_1m.duplicate_ratio,
             RateWindow::FiveMinutes => c.window_5m.duplicate_ratio,
@@ -147,7 +147,7 @@ pub struct App {
     /// Per tab: the list that keys act on.
     pub focus: BTreeMap<Tab, ListId>,
     /// Alerts acknowledged (kept, dimmed, out of the badge) and silenced (hidden)
-    /// for this session, by [`crate::monitor::alerts::Alert::key`].
+    /// for this session, by [`idemwatch_monitor::alerts::Alert::key`].
     pub acked: BTreeSet<String>,
     pub silenced: BTreeSet<String>,
     /// One line of feedback (marker added, drill refused…).
@@ -266,8 +266,8 @@ impl App {
                     && !self.silenced.contains(&a.key())
             })
             .fold((0, 0), |(c, w), a| match a.severity {
-                crate::monitor::alerts::Severity::Critical => (c + 1, w),
-                crate::monitor::alerts::Severity::Warning => (c, w + 1),
+                idemwatch_monitor::alerts::Severity::Critical => (c + 1, w),
+                idemwatch_monitor::alerts::Severity::Warning => (c, w + 1),
             })
     }
 
@@ -944,8 +944,8 @@ impl lists::Source for App {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::db::DeadLetterRow;
-    use crate::tui::fixtures;
+    use crate::fixtures;
+    use idemwatch_monitor::db::DeadLetterRow;
 
     fn app() -> App {
         App::new(DateTime::UNIX_EPOCH, true, None)

@@ -19,17 +19,17 @@ use chrono::Utc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, DatabaseConfig, ScrapeTarget};
-use crate::engine::consumers::ConsumerMode;
-use crate::engine::crash::{CrashPlan, CrashPoint};
-use crate::engine::exporter;
-use crate::engine::metrics::Metrics;
-use crate::engine::queue::{self, Queue};
-use crate::engine::runner::RunnerSettings;
-use crate::engine::store::{self, MarkerKind, Store};
-use crate::engine::{Engine, EngineConfig, EngineError};
-use crate::sim::fleet::{FleetConfig, FleetSim};
-use crate::sim::sandbox_provider::{self, SandboxHandle};
+use idemwatch_drills::sim::fleet::{FleetConfig, FleetSim};
+use idemwatch_drills::sim::sandbox_provider::{self, SandboxHandle};
+use idemwatch_engine::consumers::ConsumerMode;
+use idemwatch_engine::crash::{CrashPlan, CrashPoint};
+use idemwatch_engine::exporter;
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::queue::{self, Queue};
+use idemwatch_engine::runner::RunnerSettings;
+use idemwatch_engine::store::{self, MarkerKind, Store};
+use idemwatch_engine::{Engine, EngineConfig, EngineError};
+use idemwatch_monitor::config::{Config, DatabaseConfig, ScrapeTarget};
 
 /// How the demo world behaves.
 #[derive(Debug, Clone)]
@@ -246,7 +246,7 @@ async fn produce(world: Arc<World>, settings: DemoSettings, mut stop: watch::Rec
         late_rate: 0.004,
         ..FleetConfig::default()
     });
-    let queues: Vec<String> = crate::engine::consumers::FLEET_CONSUMERS
+    let queues: Vec<String> = idemwatch_engine::consumers::FLEET_CONSUMERS
         .iter()
         .map(|c| c.to_string())
         .collect();

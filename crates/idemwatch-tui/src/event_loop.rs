@@ -15,9 +15,9 @@ use super::app::App;
 use super::keymap;
 use super::render::render;
 use super::{TuiError, TuiOptions};
-use crate::drills;
-use crate::engine::consumers::ConsumerMode;
-use crate::monitor::Monitor;
+use idemwatch_drills as drills;
+use idemwatch_engine::consumers::ConsumerMode;
+use idemwatch_monitor::Monitor;
 
 pub const FRAME_BUDGET: Duration = Duration::from_millis(50);
 const TICK: Duration = Duration::from_secs(1);
@@ -25,7 +25,7 @@ const TICK: Duration = Duration::from_secs(1);
 pub async fn run(terminal: &mut DefaultTerminal, opts: TuiOptions) -> Result<(), TuiError> {
     let mut monitor = Monitor::new(&opts.config).map_err(|e| TuiError::Setup(e.to_string()))?;
     if let Ok(size) = terminal.size() {
-        monitor.set_chart_columns(crate::tui::app::chart_columns(size.width));
+        monitor.set_chart_columns(crate::app::chart_columns(size.width));
     }
     let mut handle = monitor.spawn();
     let (tx, mut rx) = mpsc::unbounded_channel::<Action>();
@@ -111,7 +111,7 @@ fn perform(
     effect: Effect,
     app: &App,
     opts: &TuiOptions,
-    monitor: &mpsc::Sender<crate::monitor::MonitorCommand>,
+    monitor: &mpsc::Sender<idemwatch_monitor::MonitorCommand>,
     tx: &mpsc::UnboundedSender<Action>,
 ) {
     match effect {
@@ -141,7 +141,7 @@ fn copy(text: &str) {
 }
 
 /// `e`: the window on screen as an HTML report in the report directory (named by
-/// the report, [`crate::report::Report::export_into`]); the path on the status line.
+/// the report, [`idemwatch_monitor::report::Report::export_into`]); the path on the status line.
 fn export(app: &App, opts: &TuiOptions, tx: &mpsc::UnboundedSender<Action>) {
     let Some(snapshot) = app.snapshot.clone() else {
         let _ = tx.send(Action::Status(
@@ -152,8 +152,8 @@ fn export(app: &App, opts: &TuiOptions, tx: &mpsc::UnboundedSender<Action>) {
     let dir = opts.report_dir.clone();
     let tx = tx.clone();
     tokio::task::spawn_blocking(move || {
-        let report = crate::report::Report::from_snapshot(&snapshot);
-        let line = match report.export_into(crate::report::Format::Html, &dir) {
+        let report = idemwatch_monitor::report::Report::from_snapshot(&snapshot);
+        let line = match report.export_into(idemwatch_monitor::report::Format::Html, &dir) {
             (path, Ok(())) => format!("report written to {}", path.display()),
             (path, Err(e)) => format!("report not written to {}: {e}", path.display()),
         };
@@ -185,7 +185,7 @@ fn replay_dead_letter(id: i64, opts: &TuiOptions, tx: &mpsc::UnboundedSender<Act
     let tx = tx.clone();
     tokio::spawn(async move {
         let replayed =
-            crate::engine::replay::replay_by_id(&target.db_url, &target.queue_url, id).await;
+            idemwatch_engine::replay::replay_by_id(&target.db_url, &target.queue_url, id).await;
         let line = match replayed {
             Ok(r) => match r.letters.first() {
                 Some(l) if r.replayed == 1 => format!(

@@ -5,22 +5,22 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
-use crate::engine::store::Durability;
-use crate::monitor::alerts::{Alert, AlertKind, AlertObject, AlertRecord, Cause, Severity};
-use crate::monitor::db::{
+use idemwatch_engine::store::Durability;
+use idemwatch_monitor::alerts::{Alert, AlertKind, AlertObject, AlertRecord, Cause, Severity};
+use idemwatch_monitor::db::{
     ConsumerInserts, CountMethod, DbStats, DeadLetterDetail, DeadLetterGroup, DeadLetterRow,
     DedupStats, DrillRunSummary, InDoubtClaim, RowEstimate, SourceStatus,
 };
-use crate::monitor::markers::{MarkerSource, TimelineMarker};
-use crate::monitor::series::Point;
-use crate::monitor::targets::{
+use idemwatch_monitor::markers::{MarkerSource, TimelineMarker};
+use idemwatch_monitor::series::Point;
+use idemwatch_monitor::targets::{
     BrokerKind, BrokerStatus, ConsumerStatus, CounterReading, Flow, IngressReading, TargetStatus,
     Totals, WindowCounts,
 };
-use crate::monitor::vehicles::{
+use idemwatch_monitor::vehicles::{
     DetailEvent, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
 };
-use crate::monitor::{BrokerChart, ConsumerChart, Snapshot};
+use idemwatch_monitor::{BrokerChart, ConsumerChart, Snapshot};
 
 /// The fixed "now" of every fixture: the field report's 04:12.
 pub fn now() -> DateTime<Utc> {
@@ -114,7 +114,7 @@ fn window(seconds: f64, rate: f64, dup_rate: f64, burst: f64) -> WindowCounts {
         },
         processed_per_second: Some(processed / seconds),
         duplicate_dropped_per_second: Some(dups / seconds),
-        duplicate_ratio: crate::monitor::rates::duplicate_ratio(processed, dups),
+        duplicate_ratio: idemwatch_monitor::rates::duplicate_ratio(processed, dups),
     }
 }
 
@@ -356,7 +356,7 @@ fn recent_dead_letters() -> Vec<DeadLetterRow> {
             received_at: now() - Duration::seconds(50),
             detail: Some("same key 34-SIM-0003:311:zone_exit, different payload".into()),
             size: conflict_raw().len() as i64,
-            preview: crate::monitor::bytes::escaped(&conflict_raw())
+            preview: idemwatch_monitor::bytes::escaped(&conflict_raw())
                 .chars()
                 .take(80)
                 .collect(),

@@ -51,7 +51,7 @@ pub fn ago(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
     }
 }
 
-pub use crate::clock::clock;
+pub use idemwatch_base::clock::clock;
 
 /// `text` in lines of at most `width` characters, broken between words, at most
 /// `max_lines` of them; the last ends in `…` when text was left out. A long alert

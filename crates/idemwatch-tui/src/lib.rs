@@ -3,6 +3,7 @@
 
 pub mod action;
 pub mod app;
+pub mod demo;
 pub mod event_loop;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -21,9 +22,9 @@ pub mod widgets;
 use std::io::IsTerminal;
 use std::sync::Arc;
 
-use crate::config::Config;
 use crate::demo::Demo;
-use crate::drills::DrillTarget;
+use idemwatch_drills::DrillTarget;
+use idemwatch_monitor::config::Config;
 use theme::Theme;
 
 #[derive(Debug, thiserror::Error)]

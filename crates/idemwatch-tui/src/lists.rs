@@ -6,15 +6,15 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
-use crate::drills::Scenario;
-use crate::monitor::alerts::Alert;
-use crate::monitor::db::{
+use idemwatch_drills::Scenario;
+use idemwatch_monitor::alerts::Alert;
+use idemwatch_monitor::db::{
     ConsumerInserts, DeadLetterGroup, DeadLetterRow, DrillRunSummary, InDoubtClaim,
 };
-use crate::monitor::markers::TimelineMarker;
-use crate::monitor::targets::ConsumerStatus;
-use crate::monitor::vehicles::{DetailEvent, VehicleAnomaly};
-use crate::monitor::Snapshot;
+use idemwatch_monitor::markers::TimelineMarker;
+use idemwatch_monitor::targets::ConsumerStatus;
+use idemwatch_monitor::vehicles::{DetailEvent, VehicleAnomaly};
+use idemwatch_monitor::Snapshot;
 
 use super::tab::Tab;
 

@@ -14,11 +14,11 @@ use super::lists::ListId;
 use super::render::render;
 use super::tab::Tab;
 use super::theme::Theme;
-use crate::drills::twice::TwiceCheck;
-use crate::drills::{DrillReport, Scenario, Verdict};
-use crate::engine::consumers::{self, ConsumerMode};
-use crate::engine::store::Durability;
-use crate::monitor::{alerts, Snapshot};
+use idemwatch_drills::twice::TwiceCheck;
+use idemwatch_drills::{DrillReport, Scenario, Verdict};
+use idemwatch_engine::consumers::{self, ConsumerMode};
+use idemwatch_engine::store::Durability;
+use idemwatch_monitor::{alerts, Snapshot};
 
 fn app() -> App {
     app_with(fixtures::snapshot(fixtures::now()))

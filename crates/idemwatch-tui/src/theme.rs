@@ -3,7 +3,7 @@
 
 use ratatui::style::{Color, Modifier, Style};
 
-use crate::config::Theme as ThemeName;
+use idemwatch_monitor::config::Theme as ThemeName;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Theme {

@@ -22,8 +22,8 @@ use serde::Serialize;
 use sqlx::Connection;
 
 use crate::config::{DatabaseConfig, MarkersTable};
-use crate::engine::store::dialect::text_time;
-use crate::engine::store::redact_url;
+use idemwatch_engine::store::dialect::text_time;
+use idemwatch_engine::store::redact_url;
 
 /// The longest label: the `markers.label` column of the MySQL schema is 255
 /// characters, and a chart label longer than a line helps nobody.

@@ -24,7 +24,7 @@ use super::vehicles::{
     self, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
 };
 use crate::config::DatabaseConfig;
-use crate::engine::store::redact_url;
+use idemwatch_engine::store::redact_url;
 
 pub mod explain;
 pub mod mark;
@@ -207,7 +207,7 @@ pub(crate) fn dead_letter_row(
 
 /// The key of an envelope, else the device id of any JSON naming one.
 fn identity(raw: &[u8]) -> (Option<String>, Option<String>) {
-    if let Ok(envelope) = crate::engine::envelope::Envelope::parse(raw) {
+    if let Ok(envelope) = idemwatch_engine::envelope::Envelope::parse(raw) {
         return (
             Some(envelope.key().as_str().to_string()),
             Some(envelope.device_id.clone()),
@@ -294,7 +294,7 @@ const GAP_CONFIRM_SPAN: i64 = 10_000;
 /// A recent window for the vehicle anomaly scan.
 pub const VEHICLE_WINDOW: Duration = Duration::from_secs(3600);
 
-pub use crate::engine::store::dialect::BindValue;
+pub use idemwatch_engine::store::dialect::BindValue;
 
 /// One dashboard query: its name in reports, its SQL and its bound values.
 #[derive(Debug, Clone, PartialEq, Serialize)]

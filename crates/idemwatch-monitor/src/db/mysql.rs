@@ -4,7 +4,7 @@
 
 use super::DbError;
 use crate::config::DatabaseConfig;
-use crate::engine::store::dialect::{dashboard_pool, mysql, Pooled, Sql};
+use idemwatch_engine::store::dialect::{dashboard_pool, mysql, Pooled, Sql};
 
 pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError> {
     let options = mysql::options(&settings.url)?;

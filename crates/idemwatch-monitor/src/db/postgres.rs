@@ -7,7 +7,7 @@ use sqlx::ConnectOptions;
 
 use super::DbError;
 use crate::config::DatabaseConfig;
-use crate::engine::store::dialect::{dashboard_pool, Pooled, Sql};
+use idemwatch_engine::store::dialect::{dashboard_pool, Pooled, Sql};
 
 /// A poll query that runs longer than this is cancelled by the server.
 const STATEMENT_TIMEOUT_MS: u64 = 5_000;

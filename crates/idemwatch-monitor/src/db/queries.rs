@@ -1,5 +1,5 @@
 //! The dashboard's queries, written once for every backend over the dialect layer
-//! ([`crate::engine::store::dialect`]): the backend quotes and casts the mapped
+//! ([`idemwatch_engine::store::dialect`]): the backend quotes and casts the mapped
 //! identifiers, binds the values and reads the columns; the SQL is the same.
 //!
 //! Table and column names come from the config mapping; they were validated as plain
@@ -26,9 +26,9 @@ use chrono::{DateTime, Utc};
 
 use super::*;
 use crate::config::TableMapping;
-use crate::engine::store::dialect::{binds, each, first, Catalog, Kind, Row, Sql};
-use crate::engine::store::Backend;
-use crate::monitor::markers::MarkerSource;
+use crate::markers::MarkerSource;
+use idemwatch_engine::store::dialect::{binds, each, first, Catalog, Kind, Row, Sql};
+use idemwatch_engine::store::Backend;
 
 use Kind::{Bool, Bytes, Int, Text, Time};
 

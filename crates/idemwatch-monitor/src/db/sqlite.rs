@@ -8,7 +8,7 @@ use sqlx::sqlite::SqliteConnectOptions;
 
 use super::DbError;
 use crate::config::DatabaseConfig;
-use crate::engine::store::dialect::{dashboard_pool, Pooled, Sql};
+use idemwatch_engine::store::dialect::{dashboard_pool, Pooled, Sql};
 
 pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError> {
     let options = SqliteConnectOptions::from_str(&settings.url)?

@@ -5,8 +5,8 @@
 use std::fmt::Write;
 
 use super::{ConsumerReport, Report};
-use crate::clock::{clock, date_time};
-use crate::monitor::alerts::{Cause, DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
+use crate::alerts::{Cause, DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
+use idemwatch_base::clock::{clock, date_time};
 
 /// Text as HTML (also inside attributes).
 fn esc(s: &str) -> String {
@@ -214,7 +214,7 @@ fn marker_lane(svg: &mut String, p: &Plot, report: &Report) {
         let mx = p.x(m.at.timestamp() as f64);
         let color = marker_color(&m.kind);
         let row = (i % 2) as f64 * (p.lane / 2.0);
-        let letter = crate::monitor::markers::glyph(&m.kind);
+        let letter = crate::markers::glyph(&m.kind);
         let _ = write!(
             svg,
             r##"<line x1="{mx:.1}" x2="{mx:.1}" y1="{top}" y2="{}" stroke="{color}" stroke-width="0.6" stroke-dasharray="2 3" opacity="0.6"/><g class="marker" data-kind="{kind}"><rect x="{:.1}" y="{:.1}" width="12" height="13" fill="{color}"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#fff" text-anchor="middle">{letter}</text><text class="marker-label" x="{:.1}" y="{:.1}" font-size="11" fill="{color}">{label}</text></g>"##,

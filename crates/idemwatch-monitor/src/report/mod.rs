@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::monitor::alerts::AlertRecord;
-use crate::monitor::db::{DeadLetterGroup, DrillRunSummary, InDoubtClaim};
-use crate::monitor::markers::TimelineMarker;
-use crate::monitor::Snapshot;
+use crate::alerts::AlertRecord;
+use crate::db::{DeadLetterGroup, DrillRunSummary, InDoubtClaim};
+use crate::markers::TimelineMarker;
+use crate::Snapshot;
 
 mod csv;
 mod html;
@@ -105,7 +105,7 @@ impl ConsumerReport {
         let processed = mean(points.iter().filter_map(|p| p.processed_per_second));
         let dups = mean(points.iter().filter_map(|p| p.duplicate_dropped_per_second));
         let ratio = match (processed, dups) {
-            (Some(p), Some(d)) => crate::monitor::rates::duplicate_ratio(p, d),
+            (Some(p), Some(d)) => crate::rates::duplicate_ratio(p, d),
             _ => None,
         };
         ConsumerReport {
@@ -222,7 +222,7 @@ impl Report {
     }
 
     /// The alerts of a past window: those replayed over it
-    /// ([`crate::monitor::Monitor::past_alerts`]), and of the poll's own alerts those
+    /// ([`crate::Monitor::past_alerts`]), and of the poll's own alerts those
     /// the replay cannot see (a database down, claims in doubt…) when the window
     /// reaches the poll (they are about now).
     pub fn set_past_alerts(&mut self, replayed: Vec<AlertRecord>, snapshot: &Snapshot) {
@@ -233,7 +233,7 @@ impl Report {
                 snapshot
                     .alerts
                     .iter()
-                    .filter(|a| !crate::monitor::replay::REPLAYED_KINDS.contains(&a.kind.name()))
+                    .filter(|a| !crate::replay::REPLAYED_KINDS.contains(&a.kind.name()))
                     .map(|a| AlertRecord {
                         alert: a.clone(),
                         started: a.since.unwrap_or(snapshot.taken_at),

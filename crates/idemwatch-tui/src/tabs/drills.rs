@@ -16,12 +16,12 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 
-use crate::drills::{DrillReport, Scenario, Verdict};
-use crate::tui::app::{App, RunningDrill};
-use crate::tui::format;
-use crate::tui::lists::{self, ListId};
-use crate::tui::theme::Theme;
-use crate::tui::widgets::{centered, focus_title, panel};
+use crate::app::{App, RunningDrill};
+use crate::format;
+use crate::lists::{self, ListId};
+use crate::theme::Theme;
+use crate::widgets::{centered, focus_title, panel};
+use idemwatch_drills::{DrillReport, Scenario, Verdict};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let history_rows = if app.compact() { 6 } else { 8 };
@@ -177,7 +177,7 @@ fn verdict_lines(r: &DrillReport, theme: &Theme) -> Vec<Line<'static>> {
             ]));
         }
     }
-    if r.mode == crate::engine::consumers::ConsumerMode::Naive && r.verdict == Verdict::Fail {
+    if r.mode == idemwatch_engine::consumers::ConsumerMode::Naive && r.verdict == Verdict::Fail {
         l.push(Line::styled(
             "naive mode: this failure is the harm the pattern prevents",
             theme.dim,

@@ -17,12 +17,12 @@ use ratatui::text::Line;
 use ratatui::widgets::{Cell, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
-use crate::drills::Verdict;
-use crate::engine::consumers::{self, RiskClass};
-use crate::tui::app::App;
-use crate::tui::format;
-use crate::tui::theme::Theme;
-use crate::tui::widgets::panel;
+use crate::app::App;
+use crate::format;
+use crate::theme::Theme;
+use crate::widgets::panel;
+use idemwatch_drills::Verdict;
+use idemwatch_engine::consumers::{self, RiskClass};
 
 fn mechanism(risk: RiskClass) -> &'static str {
     match risk {
@@ -45,7 +45,7 @@ fn wrapped(text: &str, width: u16) -> Vec<Line<'static>> {
 
 /// The header and column widths inside the panel. Wide: consumer, risk class, mode,
 /// mechanism, twice?, detail (the rest). Under
-/// [`COMPACT_WIDTH`](crate::tui::tab::COMPACT_WIDTH): consumer, risk class,
+/// [`COMPACT_WIDTH`](crate::tab::COMPACT_WIDTH): consumer, risk class,
 /// mechanism, and the verdict followed by its detail (the rest); the risk
 /// class and the mechanism wrap instead of being cut.
 fn columns<'a>(inner: u16, compact: bool) -> (Vec<&'a str>, Vec<u16>) {

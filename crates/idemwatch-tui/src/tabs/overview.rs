@@ -16,16 +16,16 @@ use ratatui::text::{Line, Span, Text};
 use ratatui::widgets::{Cell, Paragraph, Row, Wrap};
 use ratatui::Frame;
 
-use crate::engine::store::Durability;
-use crate::monitor::alerts::Alert;
-use crate::monitor::db::{DbStats, SourceStatus};
-use crate::monitor::history::{HistoryState, HistoryStatus};
-use crate::monitor::targets::{ConsumerStatus, Flow, TargetStatus, WindowCounts};
-use crate::tui::app::{App, RateWindow};
-use crate::tui::format;
-use crate::tui::lists::{self, ListId};
-use crate::tui::theme::Theme;
-use crate::tui::widgets::{focus_title, list_table, panel, waiting, ListTable};
+use crate::app::{App, RateWindow};
+use crate::format;
+use crate::lists::{self, ListId};
+use crate::theme::Theme;
+use crate::widgets::{focus_title, list_table, panel, waiting, ListTable};
+use idemwatch_engine::store::Durability;
+use idemwatch_monitor::alerts::Alert;
+use idemwatch_monitor::db::{DbStats, SourceStatus};
+use idemwatch_monitor::history::{HistoryState, HistoryStatus};
+use idemwatch_monitor::targets::{ConsumerStatus, Flow, TargetStatus, WindowCounts};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
@@ -213,8 +213,8 @@ impl ConsumerColumns {
     fn row(&self, c: &ConsumerStatus, app: &App, theme: &Theme) -> Row<'static> {
         let [msgs, dups, pct, redeliv, late, dead] = figures(c, self.window);
         let dup_style = match self.window.duplicate_ratio(c) {
-            Some(r) if r >= crate::monitor::alerts::DUPLICATE_RATIO_ALERT => theme.crit,
-            Some(r) if r > crate::monitor::alerts::DEPLOY_DAY_RATIO => theme.warn,
+            Some(r) if r >= idemwatch_monitor::alerts::DUPLICATE_RATIO_ALERT => theme.crit,
+            Some(r) if r > idemwatch_monitor::alerts::DEPLOY_DAY_RATIO => theme.warn,
             _ => theme.base,
         };
         let mut cells = Vec::new();
@@ -385,8 +385,8 @@ fn alert_row(
         (false, false) => (
             a.severity.tag().to_string(),
             match a.severity {
-                crate::monitor::alerts::Severity::Critical => theme.crit,
-                crate::monitor::alerts::Severity::Warning => theme.warn,
+                idemwatch_monitor::alerts::Severity::Critical => theme.crit,
+                idemwatch_monitor::alerts::Severity::Warning => theme.warn,
             },
         ),
     };
@@ -421,7 +421,7 @@ fn alert_lines(
     theme: &Theme,
 ) -> Vec<Line<'static>> {
     let mut message = a.message.clone();
-    if let crate::monitor::alerts::Cause::Drill { what } = &a.cause {
+    if let idemwatch_monitor::alerts::Cause::Drill { what } = &a.cause {
         message = format!("{message} — caused by {what}, not an incident");
     }
     // More lines when the alert does not fit in one: its end (the numbers, the
@@ -608,7 +608,7 @@ fn history_line(h: &HistoryStatus, theme: &Theme) -> Line<'static> {
             format!(
                 "up: {} – {} at {step_seconds} s, {series} series in {fetch_ms} ms",
                 from.format("%m-%d %H:%M"),
-                crate::clock::clock(*to)
+                idemwatch_base::clock::clock(*to)
             ),
             theme.ok,
         ),

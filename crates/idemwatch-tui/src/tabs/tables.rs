@@ -21,12 +21,12 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Wrap};
 use ratatui::Frame;
 
-use crate::monitor::db::{CountMethod, DbStats, SourceStatus};
-use crate::tui::app::App;
-use crate::tui::format;
-use crate::tui::lists::{self, ListId, ListState};
-use crate::tui::theme::Theme;
-use crate::tui::widgets::{fit_title, list_table, panel, waiting, ListTable};
+use crate::app::App;
+use crate::format;
+use crate::lists::{self, ListId, ListState};
+use crate::theme::Theme;
+use crate::widgets::{fit_title, list_table, panel, waiting, ListTable};
+use idemwatch_monitor::db::{CountMethod, DbStats, SourceStatus};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {
@@ -358,8 +358,8 @@ fn raw_view(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             .block(panel(title, theme)),
         detail_area,
     );
-    let hex = crate::monitor::bytes::hex_dump(&d.raw);
-    let text = crate::monitor::bytes::escaped_lines(&d.raw, 64);
+    let hex = idemwatch_monitor::bytes::hex_dump(&d.raw);
+    let text = idemwatch_monitor::bytes::escaped_lines(&d.raw, 64);
     let rows = hex.len().max(text.len()) as u16;
     let scroll = raw.scroll.min(rows.saturating_sub(1));
     let (text_area, hex_area) = if app.compact() {

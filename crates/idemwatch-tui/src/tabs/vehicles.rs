@@ -18,12 +18,12 @@ use ratatui::text::Line;
 use ratatui::widgets::{Cell, Paragraph, Row, Wrap};
 use ratatui::Frame;
 
-use crate::monitor::vehicles::{DetailEvent, VehicleAnomaly, VehicleDetail};
-use crate::tui::app::App;
-use crate::tui::format;
-use crate::tui::lists::{self, ListId};
-use crate::tui::theme::Theme;
-use crate::tui::widgets::{focus_title, list_table, panel, waiting, ListTable};
+use crate::app::App;
+use crate::format;
+use crate::lists::{self, ListId};
+use crate::theme::Theme;
+use crate::widgets::{focus_title, list_table, panel, waiting, ListTable};
+use idemwatch_monitor::vehicles::{DetailEvent, VehicleAnomaly, VehicleDetail};
 
 fn describe(a: &VehicleAnomaly) -> (&'static str, String) {
     match a {
@@ -138,7 +138,7 @@ fn anomaly_row(a: &VehicleAnomaly, theme: &Theme) -> Row<'static> {
     };
     let drill = a
         .device_id()
-        .starts_with(crate::monitor::alerts::DRILL_DEVICE_PREFIX);
+        .starts_with(idemwatch_monitor::alerts::DRILL_DEVICE_PREFIX);
     Row::new([
         Cell::from(a.device_id().to_string()),
         Cell::from(kind).style(if drill { theme.dim } else { style }),

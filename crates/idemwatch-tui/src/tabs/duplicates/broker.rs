@@ -8,11 +8,11 @@ use ratatui::widgets::{Axis, Chart, Dataset, GraphType};
 use ratatui::Frame;
 
 use super::plot::{segments, Segments};
-use crate::monitor::targets::BrokerStatus;
-use crate::monitor::{BrokerChart, ConsumerChart};
-use crate::tui::app::App;
-use crate::tui::theme::Theme;
-use crate::tui::widgets::panel;
+use crate::app::App;
+use crate::theme::Theme;
+use crate::widgets::panel;
+use idemwatch_monitor::targets::BrokerStatus;
+use idemwatch_monitor::{BrokerChart, ConsumerChart};
 
 /// The broker's own redelivery rate (RabbitMQ's exporter) beside the consumers'
 /// duplicate_dropped rate, in messages per second: every broker redelivery should

@@ -13,12 +13,12 @@ use ratatui::Frame;
 
 use super::plot::{axis_time, ratio_label, span_label, Plot, Segments};
 use super::scale::Scale;
-use crate::monitor::alerts::{DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
-use crate::monitor::markers::{glyph, TimelineMarker};
-use crate::tui::app::{App, CURSOR_STEPS};
-use crate::tui::format;
-use crate::tui::theme::Theme;
-use crate::tui::widgets::{panel, Y_LABELS};
+use crate::app::{App, CURSOR_STEPS};
+use crate::format;
+use crate::theme::Theme;
+use crate::widgets::{panel, Y_LABELS};
+use idemwatch_monitor::alerts::{DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
+use idemwatch_monitor::markers::{glyph, TimelineMarker};
 
 /// The chart with its axes, baselines, marker lane, legend and cursor line:
 ///

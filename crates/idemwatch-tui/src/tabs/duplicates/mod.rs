@@ -28,12 +28,12 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 use ratatui::Frame;
 
-use crate::monitor::markers::glyph;
-use crate::monitor::ConsumerChart;
-use crate::tui::app::App;
-use crate::tui::format;
-use crate::tui::theme::Theme;
-use crate::tui::widgets::{panel, waiting};
+use crate::app::App;
+use crate::format;
+use crate::theme::Theme;
+use crate::widgets::{panel, waiting};
+use idemwatch_monitor::markers::glyph;
+use idemwatch_monitor::ConsumerChart;
 
 mod broker;
 mod chart;

@@ -5,11 +5,11 @@
 use chrono::{DateTime, Utc};
 
 use super::scale::{linear_scale, Scale};
-use crate::monitor::alerts::DEPLOY_DAY_RATIO;
-use crate::monitor::markers::TimelineMarker;
-use crate::monitor::series::Point;
-use crate::monitor::ConsumerChart;
-use crate::tui::app::{App, RateWindow};
+use crate::app::{App, RateWindow};
+use idemwatch_monitor::alerts::DEPLOY_DAY_RATIO;
+use idemwatch_monitor::markers::TimelineMarker;
+use idemwatch_monitor::series::Point;
+use idemwatch_monitor::ConsumerChart;
 
 /// Runs of chart points, one line each.
 pub type Segments = Vec<Vec<(f64, f64)>>;
@@ -47,7 +47,7 @@ pub fn span_label(seconds: u64) -> String {
 /// A time on the x axis, as precise as the span needs.
 pub fn axis_time(t: DateTime<Utc>, span_seconds: u64) -> String {
     match span_seconds {
-        s if s <= 600 => crate::clock::clock(t),
+        s if s <= 600 => idemwatch_base::clock::clock(t),
         s if s <= 86_400 => t.format("%H:%M").to_string(),
         _ => t.format("%m-%d %H:%M").to_string(),
     }
@@ -154,7 +154,7 @@ mod tests {
 
     #[test]
     fn axis_labels_read_as_clock_times_at_every_zoom() {
-        let t = crate::tui::fixtures::now();
+        let t = crate::fixtures::now();
         assert_eq!(axis_time(t, 60), "04:12:03");
         assert_eq!(axis_time(t, 3600), "04:12");
         assert_eq!(axis_time(t, 7 * 86_400), "11-30 04:12");

@@ -1,7 +1,7 @@
 //! The chart's y axis: a linear scale clamped so one spike does not flatten the
 //! baselines, or a log one.
 
-use crate::monitor::alerts::DEPLOY_DAY_RATIO;
+use idemwatch_monitor::alerts::DEPLOY_DAY_RATIO;
 
 /// The floor of the log scale, in percent (0.001 %): zero sits there.
 pub(super) const LOG_FLOOR_PCT: f64 = 0.001;
