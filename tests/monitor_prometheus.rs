@@ -1,6 +1,7 @@
 //! The exposition parser on our own engine's output (OpenMetrics from
 //! prometheus-client) and on classic Prometheus text.
 
+use idemwatch::engine::consumers::risk_class;
 use idemwatch::engine::envelope::RejectReason;
 use idemwatch::engine::exporter;
 use idemwatch::engine::metrics::{EffectResult, Metrics};
@@ -9,7 +10,7 @@ use idemwatch::monitor::prometheus::{parse, Format, MetricType, Parser, ScrapeLi
 #[test]
 fn reads_the_engines_own_exposition() {
     let m = Metrics::new();
-    m.register_consumer("zone-exit-sms");
+    m.register_consumer("zone-exit-sms", risk_class("zone-exit-sms"));
     for _ in 0..3 {
         m.processed("zone-exit-sms");
     }
@@ -158,7 +159,7 @@ fn ten_thousand_samples_are_all_read() {
 fn texts_to_split() -> Vec<Vec<u8>> {
     let m = Metrics::new();
     for c in ["zone-exit-sms", "state-upsert"] {
-        m.register_consumer(c);
+        m.register_consumer(c, risk_class(c));
         m.processed(c);
         m.dead_lettered(c, RejectReason::MalformedJson);
         m.observe_handler(c, 0.004);
@@ -224,7 +225,7 @@ async fn a_big_exposition_is_streamed_in_pieces_and_read_whole() {
     let metrics = std::sync::Arc::new(Metrics::new());
     for i in 0..200 {
         let c = format!("consumer-{i:03}");
-        metrics.register_consumer(&c);
+        metrics.register_consumer(&c, None);
         metrics.processed(&c);
         metrics.observe_handler(&c, 0.002);
     }

@@ -21,76 +21,8 @@ use serde::Serialize;
 
 use super::metrics::Metrics;
 
-/// What is unhealthy: the `cause` label of `idem_consumer_paused`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PauseCause {
-    Store,
-    Provider,
-    /// The seen-set outside the database (Redis) of a fail-closed `seen-set` consumer.
-    SeenSet,
-}
-
-impl PauseCause {
-    pub const ALL: [PauseCause; 3] = [PauseCause::Store, PauseCause::Provider, PauseCause::SeenSet];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PauseCause::Store => "store",
-            PauseCause::Provider => "provider",
-            PauseCause::SeenSet => "seen_set",
-        }
-    }
-}
-
-/// One infrastructure failure: the `kind` label of `idem_infra_errors_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InfraKind {
-    /// The database, or the way to it: unreachable, reset, timed out, locked, full.
-    Store,
-    /// No answer from the provider (connect refused, reset, timeout): the request may
-    /// or may not have reached it.
-    ProviderUnreachable,
-    /// The provider answered 5xx.
-    ProviderUnavailable,
-    /// The provider answered 408, 425 or 429: slow down.
-    ProviderThrottled,
-    /// A fail-closed seen-set (Redis) could not answer: unreachable, reset, timed out.
-    SeenSet,
-}
-
-impl InfraKind {
-    pub const ALL: [InfraKind; 5] = [
-        InfraKind::Store,
-        InfraKind::ProviderUnreachable,
-        InfraKind::ProviderUnavailable,
-        InfraKind::ProviderThrottled,
-        InfraKind::SeenSet,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InfraKind::Store => "store",
-            InfraKind::ProviderUnreachable => "provider_unreachable",
-            InfraKind::ProviderUnavailable => "provider_unavailable",
-            InfraKind::ProviderThrottled => "provider_throttled",
-            InfraKind::SeenSet => "seen_set",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<InfraKind> {
-        InfraKind::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-
-    pub fn cause(self) -> PauseCause {
-        match self {
-            InfraKind::Store => PauseCause::Store,
-            InfraKind::SeenSet => PauseCause::SeenSet,
-            _ => PauseCause::Provider,
-        }
-    }
-}
+/// Kept here for the breaker's callers; the words live in [`idemwatch_base::vocab`].
+pub use idemwatch_base::vocab::{InfraKind, PauseCause};
 
 /// The pause after consecutive infrastructure failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

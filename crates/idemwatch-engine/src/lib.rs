@@ -253,7 +253,7 @@ impl Engine {
             })
             .collect::<Result<Vec<_>, _>>()?;
         for c in &consumers {
-            metrics.register_consumer(c.name());
+            metrics.register_consumer(c.name(), consumers::risk_class(c.name()));
         }
         metrics.set_durability(store.durability());
         let health = consumers

@@ -17,12 +17,14 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use super::consumers::RiskClass;
 use chrono::{DateTime, Utc};
+use idemwatch_base::vocab::{InfraKind, PauseCause, RiskClass};
 
 use super::envelope::RejectReason;
-use super::health::{InfraKind, PauseCause};
 use super::store::Durability;
+
+/// Kept here for the metrics' callers; the words live in [`idemwatch_base::vocab`].
+pub use idemwatch_base::vocab::EffectResult;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConsumerLabel {
@@ -68,37 +70,6 @@ struct EngineInfoLabel {
 struct EffectLabel {
     consumer: String,
     result: String,
-}
-
-/// What happened to one side-effect attempt, the `result` label of
-/// `idem_side_effects_total`, and the `effect` of a delivery event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EffectResult {
-    /// The provider accepted a new send.
-    Sent,
-    /// Nothing went out: our claim said `sent` already, or the provider recognised the
-    /// Idempotency-Key and replayed its first answer.
-    Suppressed,
-    /// The provider refused it for good (4xx); recorded as `failed`.
-    Failed,
-}
-
-impl EffectResult {
-    /// Every result, for the series exported at zero from the start.
-    pub const ALL: [EffectResult; 3] = [
-        EffectResult::Sent,
-        EffectResult::Suppressed,
-        EffectResult::Failed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EffectResult::Sent => "sent",
-            EffectResult::Suppressed => "suppressed",
-            EffectResult::Failed => "failed",
-        }
-    }
 }
 
 /// Counts for one consumer, read back from the metric families.
@@ -386,8 +357,9 @@ impl Metrics {
     /// effects (Prometheus' instrumentation guidance for known label values). Without
     /// the zero, the first dead letter creates its series at 1 and `rate()` or
     /// `increase()` over it stays 0: the one event that matters is invisible to a
-    /// Prometheus alert.
-    pub fn register_consumer(&self, consumer: &str) {
+    /// Prometheus alert. `risk` is the consumer's ([`consumers::risk_class`](crate::consumers::risk_class)
+    /// for the fleet's).
+    pub fn register_consumer(&self, consumer: &str, risk: Option<RiskClass>) {
         let l = label(consumer);
         drop(self.processed.get_or_create(&l));
         drop(self.duplicate_dropped.get_or_create(&l));
@@ -416,7 +388,7 @@ impl Metrics {
                 reason: reason.as_str().to_string(),
             }));
         }
-        if super::consumers::risk_class(consumer) == Some(RiskClass::ExternalSideEffect) {
+        if risk == Some(RiskClass::ExternalSideEffect) {
             for result in EffectResult::ALL {
                 drop(self.side_effects.get_or_create(&EffectLabel {
                     consumer: consumer.to_string(),
@@ -743,7 +715,7 @@ mod tests {
     #[test]
     fn every_named_family_is_exported_under_its_names() {
         let m = Metrics::new();
-        m.register_consumer("trip-counter");
+        m.register_consumer("trip-counter", Some(RiskClass::Accumulation));
         // Families without a series are not written: give each one.
         m.side_effect("zone-exit-sms", EffectResult::Sent);
         m.register_http_route("/v1/notes", &["executed"]);
@@ -765,7 +737,7 @@ mod tests {
     #[test]
     fn exposition_has_spec_names() {
         let m = Metrics::new();
-        m.register_consumer("trip-counter");
+        m.register_consumer("trip-counter", Some(RiskClass::Accumulation));
         m.processed("trip-counter");
         m.duplicate_dropped("trip-counter");
         m.dead_lettered("trip-counter", RejectReason::MalformedJson);

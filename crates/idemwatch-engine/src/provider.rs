@@ -3,9 +3,9 @@
 
 use std::time::{Duration, SystemTime};
 
+use idemwatch_base::vocab::InfraKind;
 use serde_json::Value;
 
-use super::health::InfraKind;
 use super::idempotency_key::{self, IdempotencyKey};
 
 /// The provider's answer to one request.

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idemwatch_base::vocab::{EffectResult, InfraKind};
 use serde::{Deserialize, Serialize};
 
 use super::crash::{CrashPlan, Crashed};
 use super::envelope::{EventType, Message, RejectReason, Rejection};
-use super::health::InfraKind;
-use super::metrics::{EffectResult, Metrics};
+use super::metrics::Metrics;
 use super::provider::ProviderClient;
 use super::seen_set::GuardedSeenSet;
 use super::store::{Failure, Store, StoreError};
@@ -26,27 +26,8 @@ pub mod zone_exit_sms;
 
 pub use side_effect::{claim_request, provider_key};
 
-/// How dangerous a second call of the handler is, from the field report's inventory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RiskClass {
-    /// Writes "set state": naturally idempotent with a seq guard.
-    Natural,
-    /// Counters, balances, appends: needs the dedup table.
-    Accumulation,
-    /// Cannot be rolled back: SMS, e-mail, webhooks.
-    ExternalSideEffect,
-}
-
-impl RiskClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RiskClass::Natural => "natural",
-            RiskClass::Accumulation => "accumulation",
-            RiskClass::ExternalSideEffect => "external side effect",
-        }
-    }
-}
+/// Kept here for the consumers' callers; the words live in [`idemwatch_base::vocab`].
+pub use idemwatch_base::vocab::RiskClass;
 
 /// Which idempotency mechanism a consumer runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, Default)]
