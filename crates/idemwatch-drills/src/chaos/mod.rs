@@ -273,8 +273,7 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport, DrillError> {
 
 #[cfg(test)]
 mod tests {
-    use super::setup::generate;
-    use super::verify::broker_metrics_url;
+    use super::setup::{broker_metrics_url, generate};
     use super::*;
     use crate::sim::fleet::SimKind;
 

@@ -6,11 +6,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
-use super::verify::{broker_metrics_url, broker_redeliveries};
 use super::{
     say, setup_failed, ChaosOptions, ChaosReport, CHAOS_ACK_WAIT, CHAOS_CLAIM_LEASE,
     CHAOS_MAX_DELIVERIES,
@@ -18,6 +18,7 @@ use super::{
 use crate::sim::fleet::{FleetConfig, FleetSim, SimMessage};
 use crate::sim::sandbox_provider::{self, SandboxHandle};
 use crate::DrillError;
+use idemwatch_base::exposition::{ScrapeLimits, Scraper};
 use idemwatch_engine::consumers;
 use idemwatch_engine::envelope::EventType;
 use idemwatch_engine::metrics::Metrics;
@@ -272,4 +273,31 @@ impl Arena {
         let _ = self.sandbox.shutdown().await;
         Ok(())
     }
+}
+
+/// Where a RabbitMQ broker serves Prometheus metrics: its host, port 15692
+/// (`IDEMWATCH_BROKER_METRICS_URL` overrides). Only for `amqp://` queues.
+pub(super) fn broker_metrics_url(queue_url: &str) -> Option<String> {
+    if let Ok(u) = std::env::var("IDEMWATCH_BROKER_METRICS_URL") {
+        return Some(u);
+    }
+    let u = url::Url::parse(queue_url).ok()?;
+    if !u.scheme().starts_with("amqp") {
+        return None;
+    }
+    Some(format!("http://{}:15692/metrics", u.host_str()?))
+}
+
+/// `rabbitmq_global_messages_redelivered_total`, summed over protocols and queue types.
+pub(super) async fn broker_redeliveries(url: &str) -> Option<f64> {
+    let exposition = Scraper::new(Duration::from_secs(3), ScrapeLimits::default())
+        .ok()?
+        .exposition(url)
+        .await
+        .ok()?;
+    let mut sum = None;
+    for s in exposition.named("rabbitmq_global_messages_redelivered_total") {
+        *sum.get_or_insert(0.0) += s.value;
+    }
+    sum
 }

@@ -1,6 +1,7 @@
 //! Chaos verification: the business tables, the dead letters and the sandbox
 //! provider against the ground truth, as if every distinct event had been handled
-//! exactly once; and the broker's own redelivery count where it has one.
+//! exactly once; and the broker's own redelivery count where it has one (read by
+//! the arena, [`super::setup`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -12,7 +13,6 @@ use super::{ChaosOptions, ChaosReport, ConsumerTally, CHAOS_CLAIM_LEASE, CHAOS_M
 use crate::sim::fleet::SimKind;
 use crate::sim::sandbox_provider::SandboxState;
 use crate::{Check, DrillError, Verdict};
-use idemwatch_base::exposition::{ScrapeLimits, Scraper};
 use idemwatch_engine::consumers;
 use idemwatch_engine::envelope::EventType;
 use idemwatch_engine::queue::Queue;
@@ -320,31 +320,4 @@ fn checks(
         json!(left_on_queues),
     );
     checks
-}
-
-/// Where a RabbitMQ broker serves Prometheus metrics: its host, port 15692
-/// (`IDEMWATCH_BROKER_METRICS_URL` overrides). Only for `amqp://` queues.
-pub(super) fn broker_metrics_url(queue_url: &str) -> Option<String> {
-    if let Ok(u) = std::env::var("IDEMWATCH_BROKER_METRICS_URL") {
-        return Some(u);
-    }
-    let u = url::Url::parse(queue_url).ok()?;
-    if !u.scheme().starts_with("amqp") {
-        return None;
-    }
-    Some(format!("http://{}:15692/metrics", u.host_str()?))
-}
-
-/// `rabbitmq_global_messages_redelivered_total`, summed over protocols and queue types.
-pub(super) async fn broker_redeliveries(url: &str) -> Option<f64> {
-    let exposition = Scraper::new(Duration::from_secs(3), ScrapeLimits::default())
-        .ok()?
-        .exposition(url)
-        .await
-        .ok()?;
-    let mut sum = None;
-    for s in exposition.named("rabbitmq_global_messages_redelivered_total") {
-        *sum.get_or_insert(0.0) += s.value;
-    }
-    sum
 }
