@@ -20,6 +20,7 @@ use idemwatch::engine::replay::{self, ReplayPlan, ReplayStatus};
 use idemwatch::engine::store::{self, ClaimState, DeadLetterFilter};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::sandbox_provider;
+use idemwatch_testkit::on_every_backend;
 
 on_every_backend!(
     replayed_dead_letters_are_processed_once_and_recorded,

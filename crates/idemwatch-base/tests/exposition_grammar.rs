@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use idemwatch::monitor::prometheus::{parse, Exposition, Format, MetricType, Parser};
+use idemwatch_base::exposition::{parse, Exposition, Format, MetricType, Parser};
 
 use Format::{OpenMetrics as Om, PrometheusText as Text};
 

@@ -4,17 +4,15 @@
 //! concurrency limit answered 503, a body that never arrives cut off, a device id
 //! held to the envelope's rule. Every answer is counted in `idem_http_requests_total`.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::backends::{Kind, TestDb};
-use idemwatch::engine::api_keys::ApiKeys;
-use idemwatch::engine::http_api::{self, ApiConfig, ApiState, ROUTE_NOTES};
-use idemwatch::engine::http_server::{self, ConnectionLimits};
-use idemwatch::engine::metrics::Metrics;
-use idemwatch::engine::store::{self, Stores};
+use idemwatch_engine::api_keys::ApiKeys;
+use idemwatch_engine::http_api::{self, ApiConfig, ApiState, ROUTE_NOTES};
+use idemwatch_engine::http_server::{self, ConnectionLimits};
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::store::{self, Stores};
+use idemwatch_testkit::backends::{Kind, TestDb};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -2,13 +2,12 @@
 //! lock or a deadlock is infrastructure (retry, never dead-letter); a row the
 //! database refuses for its content is content (`store_rejected`).
 
-mod common;
-
 use std::time::Duration;
 
-use common::backends::{Kind, TestDb};
-use idemwatch::engine::envelope::{Envelope, Message, RejectReason};
-use idemwatch::engine::store::{self, Failure, StoreError};
+use idemwatch_engine::envelope::{Envelope, Message, RejectReason};
+use idemwatch_engine::store::{self, Failure, StoreError};
+use idemwatch_testkit::backends::{Kind, TestDb};
+use idemwatch_testkit::on_every_backend;
 use sqlx::{ConnectOptions, Connection};
 
 on_every_backend!(

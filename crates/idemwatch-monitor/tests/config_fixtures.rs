@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use idemwatch::config::Config;
+use idemwatch_monitor::config::Config;
 
 fn fixtures(dir: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -59,7 +59,7 @@ fn every_invalid_config_fails_with_a_useful_message() {
 
 #[test]
 fn the_shipped_example_loads() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/config.example.toml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/config.example.toml");
     let config = Config::load(&path).expect("the example config loads");
     assert_eq!(config.targets.len(), 2);
     assert!(!config.drills.allow_live);

@@ -7,13 +7,11 @@
 //! Also here: a PostgreSQL role with nothing but SELECT grants is enough for the
 //! dashboard (the README's grants, tested).
 
-mod common;
-
 use chrono::Utc;
-use common::backends::{Kind, TestDb};
-use idemwatch::config::DatabaseConfig;
-use idemwatch::engine::store;
-use idemwatch::monitor::db::{CountMethod, DbPoller, SourceStatus};
+use idemwatch_engine::store;
+use idemwatch_monitor::config::DatabaseConfig;
+use idemwatch_monitor::db::{CountMethod, DbPoller, SourceStatus};
+use idemwatch_testkit::backends::{Kind, TestDb};
 use sqlx::Connection;
 
 const ROWS: i64 = 200_000;
@@ -174,7 +172,7 @@ async fn a_select_only_postgres_role_is_enough_for_the_dashboard() {
         return;
     };
     let store = store::open(&db.url).await.unwrap();
-    let env = idemwatch::engine::envelope::Envelope::parse(
+    let env = idemwatch_engine::envelope::Envelope::parse(
         br#"{"device_id":"34-RO-1","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X"}}"#,
     )
     .unwrap();
@@ -206,5 +204,5 @@ async fn a_select_only_postgres_role_is_enough_for_the_dashboard() {
     ro.close().await.unwrap();
     drop(poller);
     db.cleanup().await;
-    common::backends::drop_pg_role(&role).await;
+    idemwatch_testkit::backends::drop_pg_role(&role).await;
 }

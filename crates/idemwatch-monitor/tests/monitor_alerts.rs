@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use idemwatch::config::MetricNames;
-use idemwatch::monitor::alerts::{evaluate, AlertKind};
-use idemwatch::monitor::prometheus::{parse, Format, ScrapeResult};
-use idemwatch::monitor::targets::TargetTracker;
+use idemwatch_monitor::alerts::{evaluate, AlertKind};
+use idemwatch_monitor::config::MetricNames;
+use idemwatch_monitor::prometheus::{parse, Format, ScrapeResult};
+use idemwatch_monitor::targets::TargetTracker;
 
 fn t(s: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
@@ -118,7 +118,7 @@ fn the_charted_duplicate_rate_is_the_tables_windowed_rate() {
     }
     let c = tracker.consumers().next().unwrap().clone();
     let series = tracker.series("trip-counter").unwrap();
-    let newest = |s: &idemwatch::monitor::series::Series| {
+    let newest = |s: &idemwatch_monitor::series::Series| {
         s.window(t(120), Duration::from_secs(900))
             .last()
             .and_then(|p| p.value)
@@ -302,8 +302,8 @@ fn a_deploy_spike_below_the_deploy_day_baseline_is_not_a_warning() {
     }
     let consumers: Vec<_> = tracker.consumers().cloned().collect();
     let targets = [tracker.status().clone()];
-    let rules = idemwatch::config::AlertRules::default();
-    let input = |markers| idemwatch::monitor::alerts::AlertInputs {
+    let rules = idemwatch_monitor::config::AlertRules::default();
+    let input = |markers| idemwatch_monitor::alerts::AlertInputs {
         now: t(360),
         targets: &targets,
         consumers: &consumers,
@@ -311,23 +311,23 @@ fn a_deploy_spike_below_the_deploy_day_baseline_is_not_a_warning() {
         markers,
         rules: &rules,
     };
-    let high = |a: &Vec<idemwatch::monitor::alerts::Alert>| {
+    let high = |a: &Vec<idemwatch_monitor::alerts::Alert>| {
         a.iter()
             .any(|a| matches!(a.kind, AlertKind::DuplicateRateHigh { .. }))
     };
     assert!(
-        high(&idemwatch::monitor::alerts::evaluate_at(&input(&[]))),
+        high(&idemwatch_monitor::alerts::evaluate_at(&input(&[]))),
         "without a deploy, 1.2 % over a minute is a warning"
     );
-    let deploy = [idemwatch::monitor::markers::TimelineMarker {
+    let deploy = [idemwatch_monitor::markers::TimelineMarker {
         at: t(290),
         kind: "deploy".into(),
         label: "v42".into(),
         detail: None,
-        source: idemwatch::monitor::markers::MarkerSource::Database,
+        source: idemwatch_monitor::markers::MarkerSource::Database,
     }];
     assert!(
-        !high(&idemwatch::monitor::alerts::evaluate_at(&input(&deploy))),
+        !high(&idemwatch_monitor::alerts::evaluate_at(&input(&deploy))),
         "the deploy's expected spike is below 0.4 % over its five minutes"
     );
 }
@@ -365,7 +365,7 @@ fn a_target_is_an_incident_only_once_down_past_the_threshold() {
 /// Five minutes of a low-rate consumer (one message every 10 s) through a deploy at
 /// 04:00 + 240 s: its restart hands back what was in flight. `redelivered` of the 3
 /// duplicates come back flagged by the queue; the others were sent again by someone.
-fn low_rate_deploy(redelivered: u64) -> Vec<idemwatch::monitor::alerts::Alert> {
+fn low_rate_deploy(redelivered: u64) -> Vec<idemwatch_monitor::alerts::Alert> {
     let names = MetricNames::default();
     let mut tracker = TargetTracker::new("fleet", "u");
     let (mut processed, mut dups, mut redeliv) = (0u64, 0u64, 0u64);
@@ -391,20 +391,20 @@ fn low_rate_deploy(redelivered: u64) -> Vec<idemwatch::monitor::alerts::Alert> {
         );
     }
     let consumers: Vec<_> = tracker.consumers().cloned().collect();
-    let deploy = [idemwatch::monitor::markers::TimelineMarker {
+    let deploy = [idemwatch_monitor::markers::TimelineMarker {
         at: t(240),
         kind: "deploy".into(),
         label: "v43".into(),
         detail: None,
-        source: idemwatch::monitor::markers::MarkerSource::Database,
+        source: idemwatch_monitor::markers::MarkerSource::Database,
     }];
-    idemwatch::monitor::alerts::evaluate_at(&idemwatch::monitor::alerts::AlertInputs {
+    idemwatch_monitor::alerts::evaluate_at(&idemwatch_monitor::alerts::AlertInputs {
         now: t(300),
         targets: &[tracker.status().clone()],
         consumers: &consumers,
         database: None,
         markers: &deploy,
-        rules: &idemwatch::config::AlertRules::default(),
+        rules: &idemwatch_monitor::config::AlertRules::default(),
     })
     .into_iter()
     .filter(|a| matches!(a.kind, AlertKind::DuplicateRateHigh { .. }))

@@ -3,11 +3,11 @@
 //! `monitor_db_backends.rs`.
 
 use chrono::Utc;
-use idemwatch::config::DatabaseConfig;
-use idemwatch::engine::envelope::{Envelope, Message};
-use idemwatch::engine::store::{self, Store};
-use idemwatch::monitor::db::{DbPoller, SourceStatus};
-use idemwatch::monitor::vehicles::VehicleAnomaly;
+use idemwatch_engine::envelope::{Envelope, Message};
+use idemwatch_engine::store::{self, Store};
+use idemwatch_monitor::config::DatabaseConfig;
+use idemwatch_monitor::db::{DbPoller, SourceStatus};
+use idemwatch_monitor::vehicles::VehicleAnomaly;
 
 fn envelope(device: &str, seq: u64, event_type: &str) -> Envelope {
     let line = format!(
@@ -95,7 +95,8 @@ async fn a_users_own_dedup_table_is_watched_through_the_mapping() {
         "[database]\nurl = \"{url}\"\n[database.tables.processed_messages]\ntable = \"inbox\"\nconsumer = \"handler\"\nmessage_key = \"msg_id\"\nprocessed_at = \"done_at\"\n"
     );
     let config =
-        idemwatch::config::Config::from_toml(&toml, std::path::Path::new("inline.toml")).unwrap();
+        idemwatch_monitor::config::Config::from_toml(&toml, std::path::Path::new("inline.toml"))
+            .unwrap();
     let poller = DbPoller::new(config.database.as_ref().unwrap()).unwrap();
     let stats = poller.poll(Utc::now()).await;
     let dedup = stats.dedup.expect("dedup from the mapped table");

@@ -1,11 +1,11 @@
 //! The exposition parser on our own engine's output (OpenMetrics from
 //! prometheus-client) and on classic Prometheus text.
 
-use idemwatch::engine::consumers::risk_class;
-use idemwatch::engine::envelope::RejectReason;
-use idemwatch::engine::exporter;
-use idemwatch::engine::metrics::{EffectResult, Metrics};
-use idemwatch::monitor::prometheus::{parse, Format, MetricType, Parser, ScrapeLimits, Scraper};
+use idemwatch_engine::consumers::risk_class;
+use idemwatch_engine::envelope::RejectReason;
+use idemwatch_engine::exporter;
+use idemwatch_engine::metrics::{EffectResult, Metrics};
+use idemwatch_monitor::prometheus::{parse, Format, MetricType, Parser, ScrapeLimits, Scraper};
 
 #[test]
 fn reads_the_engines_own_exposition() {
@@ -183,7 +183,7 @@ fn fed(
     format: Format,
     text: &[u8],
     cuts: &[usize],
-) -> Result<idemwatch::monitor::prometheus::Exposition, String> {
+) -> Result<idemwatch_monitor::prometheus::Exposition, String> {
     let mut parser = Parser::new(format, ScrapeLimits::default());
     let mut from = 0;
     let mut fed = Ok(());

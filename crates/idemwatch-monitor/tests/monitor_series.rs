@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use idemwatch::monitor::rates::{duplicate_ratio, CounterRate, RestartCause, RestartDetector};
-use idemwatch::monitor::series::{Series, RAW_RETENTION};
-use idemwatch::monitor::zoom::Zoom;
+use idemwatch_monitor::rates::{duplicate_ratio, CounterRate, RestartCause, RestartDetector};
+use idemwatch_monitor::series::{Series, RAW_RETENTION};
+use idemwatch_monitor::zoom::Zoom;
 
 fn t(seconds: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()

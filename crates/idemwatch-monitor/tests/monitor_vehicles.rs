@@ -1,7 +1,7 @@
 //! Ordering anomalies on crafted histories.
 
 use chrono::{DateTime, Utc};
-use idemwatch::monitor::vehicles::{
+use idemwatch_monitor::vehicles::{
     arrival_order, detect_anomalies, sequence_gaps, HistoryEvent, StateRow, VehicleAnomaly,
 };
 

@@ -6,14 +6,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use idemwatch::monitor::promql;
+use idemwatch_monitor::promql;
 
 const DIR: &str = "assets/prometheus";
 const RULES: &str = "idemwatch.rules.yml";
 const RULE_TESTS: &str = "idemwatch.rules.test.yml";
 
+/// A file of the repository (the rules ship in its `assets/`, the README beside them).
 fn asset(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
 }
 
 fn required() -> bool {

@@ -90,7 +90,7 @@ impl TestDb {
             if required() {
                 panic!(
                     "{kind:?} server at {} is required (IDEMWATCH_REQUIRE_SERVICES=1): {e}",
-                    idemwatch::engine::store::redact_url(&admin)
+                    idemwatch_base::redact::redact_url(&admin)
                 );
             }
             eprintln!("SKIP: {kind:?} server unreachable ({e}); set {admin_var} or start it");
@@ -195,7 +195,7 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $test() {
-                    if let Some(db) = $crate::common::backends::TestDb::new($crate::common::backends::Kind::Sqlite).await {
+                    if let Some(db) = $crate::backends::TestDb::new($crate::backends::Kind::Sqlite).await {
                         super::$test(&db).await;
                         db.cleanup().await;
                     }
@@ -206,7 +206,7 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $test() {
-                    if let Some(db) = $crate::common::backends::TestDb::new($crate::common::backends::Kind::Postgres).await {
+                    if let Some(db) = $crate::backends::TestDb::new($crate::backends::Kind::Postgres).await {
                         super::$test(&db).await;
                         db.cleanup().await;
                     }
@@ -217,7 +217,7 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $test() {
-                    if let Some(db) = $crate::common::backends::TestDb::new($crate::common::backends::Kind::Mysql).await {
+                    if let Some(db) = $crate::backends::TestDb::new($crate::backends::Kind::Mysql).await {
                         super::$test(&db).await;
                         db.cleanup().await;
                     }
