@@ -9,6 +9,9 @@
 #    reference from module x to module y counts as an edge between the two children of
 #    their closest common ancestor (so a parent using its child, or a child its parent,
 #    is no edge). A strongly connected group of two or more siblings is a circle.
+#    Test modules (`#[cfg(test)] mod …`) are left out: they are not part of the
+#    library's module graph, and a unit test may use what sits above the code it
+#    checks, as an integration test does (between crates, cargo forbids even that).
 #
 # Exit status 1 and each offence on stderr when a rule is broken.
 set -euo pipefail
@@ -98,21 +101,32 @@ def module_of(src, path):
         rel = rel[:-1]
     return tuple(rel)
 
-PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)|\bmod\s+([a-z_][a-z0-9_]*)\s*\{|[{}]")
+PATH = re.compile(
+    r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)"
+    r"|(#\[cfg\(test\)\]\s*)?(?:pub(?:\([^)]*\))?\s+)?\bmod\s+([a-z_][a-z0-9_]*)\s*([{;])"
+    r"|[{}]"
+)
 
 def walk(src, path):
-    """(module, path named) for every crate::/super::/self:: path in one file, and
-    the inline modules (`mod tests { … }`) it opens."""
+    """(module, path named) for every crate::/super::/self:: path in one file outside
+    test modules, the inline modules (`mod tests { … }`) it opens, and the modules it
+    declares as test-only (`#[cfg(test)] mod fixtures;`)."""
     here = module_of(src, path)
     code = strip(open(path, encoding="utf-8").read())
-    stack = []  # inline modules: (name, brace depth at which it closes)
+    stack = []  # inline modules: (name, brace depth at which it closes, test-only)
     depth = 0
     for m in PATH.finditer(code):
         tok = m.group(0)
-        if m.group(3):
-            stack.append((m.group(3), depth))
+        if m.group(4):
+            test = bool(m.group(3)) or any(t for _, _, t in stack)
+            inner = here + tuple(n for n, _, _ in stack) + (m.group(4),)
+            if m.group(5) == ";":
+                if test:
+                    yield "test", inner, None
+                continue
+            stack.append((m.group(4), depth, test))
             depth += 1
-            yield "mod", here + tuple(n for n, _ in stack), None
+            yield "mod", inner, None
             continue
         if tok == "{":
             depth += 1
@@ -122,7 +136,9 @@ def walk(src, path):
             if stack and stack[-1][1] == depth:
                 stack.pop()
             continue
-        current = here + tuple(n for n, _ in stack)
+        if any(t for _, _, t in stack):
+            continue
+        current = here + tuple(n for n, _, _ in stack)
         head, segs = m.group(1), m.group(2).split("::")[1:]
         if head == "crate":
             base = ()
@@ -136,14 +152,18 @@ def walk(src, path):
 
 def references(src, files):
     """(from, to) module pairs: each path resolved to the deepest module it names."""
-    modules, refs = {module_of(src, f) for f in files}, []
+    modules, refs, tests = {module_of(src, f) for f in files}, [], set()
     for f in files:
         for kind, current, named in walk(src, f):
             if kind == "mod":
                 modules.add(current)
+            elif kind == "test":
+                tests.add(current)
             else:
                 refs.append((f, current, named))
     for f, current, (base, segs) in refs:
+        if any(current[: len(t)] == t for t in tests):
+            continue
         for s in segs:
             if base + (s,) not in modules:
                 break

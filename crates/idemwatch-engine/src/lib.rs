@@ -27,6 +27,7 @@ pub mod replay;
 pub mod retention;
 pub mod runner;
 pub mod seen_set;
+mod sqlite;
 pub mod store;
 pub mod sweeper;
 

@@ -14,7 +14,9 @@ const RULE_TESTS: &str = "idemwatch.rules.test.yml";
 
 /// A file of the repository (the rules ship in its `assets/`, the README beside them).
 fn asset(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
 }
 
 fn required() -> bool {

@@ -14,11 +14,11 @@ use sqlx::sqlite::SqliteSynchronous;
 use sqlx::SqlitePool;
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
+use crate::sqlite::conn::connect_sqlite;
+use crate::sqlite::thread::{db, SqliteThread};
 use crate::store::redact_url;
-use crate::store::sqlite_conn::connect_sqlite;
-use crate::store::sqlite_thread::{db, SqliteThread};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../assets/migrations/queue-sqlite");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("src/queue/migrations");
 
 /// The queue's file: sqlx for the migrations and the reads (depth) and the purge,
 /// and the file's [`SqliteThread`] for everything on the engine's hot path —
@@ -170,9 +170,12 @@ fn millis(d: Duration) -> i64 {
 
 impl EmbeddedQueue {
     pub async fn open(url: &str) -> QueueResult<Self> {
-        let pool = connect_sqlite(url, 4, SqliteSynchronous::Full).await?;
+        let pool = connect_sqlite(url, 4, SqliteSynchronous::Full)
+            .await
+            .map_err(crate::store::StoreError::from)?;
         MIGRATOR.run(&pool).await?;
-        let thread = SqliteThread::for_url(url, SqliteSynchronous::Normal)?;
+        let thread = SqliteThread::for_url(url, SqliteSynchronous::Normal)
+            .map_err(crate::store::StoreError::Db)?;
         Ok(EmbeddedQueue {
             pool,
             thread,

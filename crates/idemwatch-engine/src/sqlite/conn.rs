@@ -1,7 +1,7 @@
 //! SQLite's connection plumbing for sqlx, apart from the store's statements: the
 //! pool options the store and the embedded queue share. Their hot paths (the
 //! store's batch writes, the queue's publish, leases and acks) do not go through
-//! sqlx but through the file's own thread (`sqlite_thread.rs`), with the same
+//! sqlx but through the file's own thread ([`super::thread`]), with the same
 //! pragmas.
 
 use std::str::FromStr;
@@ -10,7 +10,19 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
 
-use super::{StoreError, StoreResult};
+/// Why a SQLite file could not be opened: its directory, or the database itself. The
+/// store and the queue take it as their own error (`StoreError::CreateDir`, `Db`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpenError {
+    /// The directory of the file could not be created.
+    #[error("cannot create {path}: {source}")]
+    CreateDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
 
 /// How long a statement waits for another writer's lock before it fails busy: writers
 /// wait for each other instead of failing (sqlx's pools and the file's thread alike).
@@ -23,7 +35,7 @@ pub(crate) async fn connect_sqlite(
     url: &str,
     max_connections: u32,
     synchronous: SqliteSynchronous,
-) -> StoreResult<SqlitePool> {
+) -> Result<SqlitePool, OpenError> {
     let opts = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
@@ -32,7 +44,7 @@ pub(crate) async fn connect_sqlite(
         .foreign_keys(true);
     if let Some(parent) = opts.get_filename().parent() {
         if !parent.as_os_str().is_empty() {
-            std::fs::create_dir_all(parent).map_err(|source| StoreError::CreateDir {
+            std::fs::create_dir_all(parent).map_err(|source| OpenError::CreateDir {
                 path: parent.to_path_buf(),
                 source,
             })?;

@@ -38,8 +38,8 @@
 //!   the answer (the busy timeout on top): a stuck thread is an outage error, not a
 //!   hang.
 //! - **Errors keep their meaning.** A rusqlite error becomes a `sqlx::Error` whose
-//!   classification ([`super::Failure`]) reads the same SQLite result codes as sqlx's
-//!   own errors do (`dialect/sqlite.rs`): busy, locked, I/O are an outage, never a
+//!   classification (the store's `Failure`) reads the same SQLite result codes as sqlx's
+//!   own errors do (`store/sqlite/dialect.rs`): busy, locked, I/O are an outage, never a
 //!   dead letter; a constraint is the content's fault only where it is for sqlx.
 
 use std::borrow::Cow;
@@ -53,8 +53,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use tokio::sync::{mpsc, oneshot};
 
-use super::sqlite_conn::BUSY_TIMEOUT;
-use super::{StoreError, StoreResult};
+use super::conn::BUSY_TIMEOUT;
 
 /// What the thread runs: a write job ([`SqliteThread::write`]); `durable`: its group
 /// commits with `synchronous = FULL` whatever the connection's policy.
@@ -126,7 +125,7 @@ static THREADS: Mutex<Option<HashMap<PathBuf, Weak<Inner>>>> = Mutex::new(None);
 impl SqliteThread {
     /// The thread of a `sqlite://` URL's file (the URL read as sqlx reads it), with
     /// the fsync policy `synchronous` and the pools' busy timeout.
-    pub(crate) fn for_url(url: &str, synchronous: SqliteSynchronous) -> StoreResult<Self> {
+    pub(crate) fn for_url(url: &str, synchronous: SqliteSynchronous) -> Result<Self, sqlx::Error> {
         let path = SqliteConnectOptions::from_str(url)?
             .get_filename()
             .to_path_buf();
@@ -141,7 +140,7 @@ impl SqliteThread {
             busy_timeout: BUSY_TIMEOUT,
         };
         // No thread to be had (out of threads or memory): an outage.
-        Self::for_file(&path, options).map_err(|e| StoreError::Db(sqlx::Error::Io(e)))
+        Self::for_file(&path, options).map_err(sqlx::Error::Io)
     }
 
     /// The thread of `path` (the file must exist and be migrated: sqlx opens it
@@ -389,7 +388,7 @@ fn sync(conn: &Connection, needed: bool, level: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// A connection with the store's pragmas (as `sqlite_conn::connect_sqlite` sets them
+/// A connection with the store's pragmas (as `conn::connect_sqlite` sets them
 /// for sqlx): WAL, the fsync policy, the busy timeout, foreign keys on.
 fn open(path: &Path, options: ThreadOptions) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
@@ -415,7 +414,7 @@ fn back_in_autocommit(conn: &Connection) -> bool {
 
 /// A rusqlite error as a `sqlx::Error` that means the same to the engine: SQLite's
 /// answers as a database error with their extended result code (read by
-/// `dialect::sqlite::failure`, as for sqlx's own), a value that cannot be read back
+/// `store::sqlite::dialect::failure`, as for sqlx's own), a value that cannot be read back
 /// as a decode error (a bug or a schema mismatch, not an outage).
 pub(crate) fn db(e: rusqlite::Error) -> sqlx::Error {
     match e {
@@ -484,7 +483,7 @@ impl sqlx::error::DatabaseError for SqliteThreadError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Failure;
+    use crate::store::{Failure, StoreError, StoreResult};
 
     fn options(busy_timeout: Duration) -> ThreadOptions {
         ThreadOptions {

@@ -1,5 +1,6 @@
-//! What really differs between the SQL backends, in one place per backend
-//! ([`sqlite`], [`postgres`], [`mysql`]): placeholders, how a time is bound and read
+//! What really differs between the SQL backends, in one place per backend (each
+//! backend folder's `dialect.rs`: [`sqlite`](super::sqlite::dialect),
+//! [`postgres`](super::postgres::dialect), [`mysql`](super::mysql::dialect)): placeholders, how a time is bound and read
 //! back, the casts a user's table may need, how a write transaction opens, how rows
 //! affected and new ids are reported, and how error codes are read (infrastructure or
 //! content, see [`super::Failure`]). Everything else — the SQL the engine store, the
@@ -21,10 +22,6 @@ use sqlx::query::Query;
 use sqlx::{Database, Executor, IntoArguments, Pool};
 
 use super::Backend;
-
-pub mod mysql;
-pub mod postgres;
-pub mod sqlite;
 
 /// The stored timestamp format of TEXT time columns (SQLite): fixed-width UTC with
 /// microseconds, so that text order is time order. Written here only.
@@ -207,7 +204,7 @@ pub struct Done {
 
 /// Run a whole transaction again when the database rolled it back as a deadlock
 /// victim (InnoDB, when several transactions insert the same new key at once; see
-/// [`mysql::is_deadlock`]) or it rolled itself back as a lost race
+/// [`is_deadlock`]) or it rolled itself back as a lost race
 /// ([`StoreError::LostRace`](super::StoreError::LostRace), or a row a purge took
 /// between two statements, [`StoreError::RowVanished`](super::StoreError::RowVanished)):
 /// the next try reads what the other writer did. Other errors
@@ -254,7 +251,7 @@ pub fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
         .test_before_acquire(false)
 }
 
-/// The dashboard's pool (its read-only sessions are set per backend in `monitor/db`):
+/// The dashboard's pool (its read-only sessions are set in each backend's `readonly.rs`):
 /// two connections, and a poll that waits 3 s for one fails rather than queue.
 pub fn dashboard_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
     sqlx::pool::PoolOptions::new()
@@ -262,10 +259,24 @@ pub fn dashboard_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
         .acquire_timeout(std::time::Duration::from_secs(3))
 }
 
-/// A deadlock victim or a lost race: see [`retrying`].
+/// InnoDB deadlock (1213) or lock wait timeout (1205): the transaction was rolled
+/// back whole and can simply run again. (MySQL's answer, read here beside the retry
+/// that needs it, so the shared SQL does not import a backend.)
+pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("40001") | Some("HY000"))
+                && (db.message().contains("Deadlock") || db.message().contains("Lock wait"))
+        }
+        _ => false,
+    }
+}
+
+/// A deadlock victim or a lost race: see [`retrying`]. The deadlock is InnoDB's (MySQL,
+/// MariaDB), read from its code and message by [`is_deadlock`].
 fn retried_whole(e: &super::StoreError) -> bool {
     match e {
-        super::StoreError::Db(db) => mysql::is_deadlock(db),
+        super::StoreError::Db(db) => is_deadlock(db),
         super::StoreError::RowVanished { .. } | super::StoreError::LostRace { .. } => true,
         _ => false,
     }
@@ -593,7 +604,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::{StoreError, StoreResult};
     use super::*;
 
@@ -617,7 +628,7 @@ mod tests {
     /// A database's answer as the driver hands it over, with the code and message a
     /// test chooses (the real ones need a server in that state).
     #[derive(Debug)]
-    pub(super) struct Answer {
+    pub(crate) struct Answer {
         pub code: &'static str,
         pub message: &'static str,
     }
@@ -654,14 +665,14 @@ mod tests {
     }
 
     /// A backend's error classes, each code of `table` against what `failure` says.
-    pub(super) fn assert_classes<C: Copy + std::fmt::Debug + PartialEq, const N: usize>(
+    pub(crate) fn assert_classes<C: Copy + std::fmt::Debug + PartialEq, const N: usize>(
         table: [(C, super::super::Failure); N],
         failure: impl Fn(C) -> super::super::Failure,
     ) {
         assert_eq!(table.map(|(code, _)| (code, failure(code))), table);
     }
 
-    pub(super) fn answer(code: &'static str, message: &'static str) -> sqlx::Error {
+    pub(crate) fn answer(code: &'static str, message: &'static str) -> sqlx::Error {
         sqlx::Error::Database(Box::new(Answer { code, message }))
     }
 

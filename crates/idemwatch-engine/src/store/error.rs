@@ -106,25 +106,21 @@ impl StoreError {
     }
 }
 
+impl From<crate::sqlite::conn::OpenError> for StoreError {
+    fn from(e: crate::sqlite::conn::OpenError) -> Self {
+        use crate::sqlite::conn::OpenError;
+        match e {
+            OpenError::CreateDir { path, source } => StoreError::CreateDir { path, source },
+            OpenError::Db(e) => StoreError::Db(e),
+        }
+    }
+}
+
 /// A driver error: the connection-level ones here, a database's answer by the
 /// codes of the backend that gave it.
 fn classify(e: &sqlx::Error) -> Failure {
-    use super::dialect::{mysql, postgres, sqlite};
     match e {
-        sqlx::Error::Database(db) => {
-            if let Some(e) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
-                sqlite::failure(e)
-            } else if let Some(e) = db.try_downcast_ref::<super::sqlite_thread::SqliteThreadError>()
-            {
-                sqlite::failure(e)
-            } else if let Some(e) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                postgres::failure(e.code())
-            } else if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                mysql::failure(e.number(), e.code())
-            } else {
-                Failure::Other
-            }
-        }
+        sqlx::Error::Database(db) => super::database_failure(db.as_ref()),
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)

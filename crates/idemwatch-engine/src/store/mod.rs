@@ -26,9 +26,6 @@ pub mod postgres;
 pub mod repair;
 mod repair_sql;
 pub mod sqlite;
-mod sqlite_batch;
-pub(crate) mod sqlite_conn;
-pub(crate) mod sqlite_thread;
 mod vehicle_batch;
 pub mod vehicle_sql;
 
@@ -297,13 +294,59 @@ impl Durability {
     }
 }
 
-/// Which database a [`Store`] talks to.
+/// Which database a [`Store`] talks to. Each has a folder of its own under `store/`
+/// (its `Store`, its dialect, the dashboard's read-only connection, its migrations);
+/// this enum and the functions below that match on it are their registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     Sqlite,
     Postgres,
     Mysql,
+}
+
+impl Backend {
+    /// The backend a database URL names by its scheme, if it is one of ours.
+    pub fn of_url(url: &str) -> Option<Backend> {
+        if url.starts_with("sqlite:") {
+            Some(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Backend::Postgres)
+        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            Some(Backend::Mysql)
+        } else {
+            None
+        }
+    }
+}
+
+/// The dashboard's read-only connections to the database a URL names (each backend's
+/// `readonly.rs`: never writing, every statement time-limited), opened lazily, so a
+/// database that is down now is picked up when it comes back.
+pub fn dashboard(url: &str) -> StoreResult<Box<dyn dialect::Sql>> {
+    let sql = match Backend::of_url(url) {
+        Some(Backend::Sqlite) => sqlite::readonly::connect(url)?,
+        Some(Backend::Postgres) => postgres::readonly::connect(url)?,
+        Some(Backend::Mysql) => mysql::readonly::connect(url)?,
+        None => return Err(StoreError::UnsupportedUrl(redact_url(url))),
+    };
+    Ok(sql)
+}
+
+/// A database's answer by the codes of the backend that gave it (each backend's
+/// `dialect.rs` reads its own), for [`StoreError::failure`].
+fn database_failure(db: &dyn sqlx::error::DatabaseError) -> Failure {
+    if let Some(e) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
+        sqlite::dialect::failure(e)
+    } else if let Some(e) = db.try_downcast_ref::<crate::sqlite::thread::SqliteThreadError>() {
+        sqlite::dialect::failure(e)
+    } else if let Some(e) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        postgres::dialect::failure(e.code())
+    } else if let Some(e) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        mysql::dialect::failure(e.number(), e.code())
+    } else {
+        Failure::Other
+    }
 }
 
 /// One claim's result in a statement of its own: [`Store::finish_side_effect`] for a
@@ -793,25 +836,28 @@ pub async fn open_with_edge(url: &str) -> StoreResult<Stores> {
 /// refuses fails before any connection is made.
 pub async fn open_with_edge_durability(url: &str, durability: Durability) -> StoreResult<Stores> {
     durability.check_url(url)?;
-    if url.starts_with("sqlite:") {
-        let s = sqlite::SqliteStore::open(url, durability).await?;
-        let pool = s.pool().clone();
-        Ok(both(s, pool))
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let s = postgres::PostgresStore::open(url, durability).await?;
-        let pool = s.pool().clone();
-        Ok(both(s, pool))
-    } else if is_mysql_url(url) {
-        let s = mysql::MysqlStore::open(url).await?;
-        let pool = s.pool().clone();
-        Ok(both(s, pool))
-    } else {
-        Err(StoreError::UnsupportedUrl(redact_url(url)))
+    match Backend::of_url(url) {
+        Some(Backend::Sqlite) => {
+            let s = sqlite::SqliteStore::open(url, durability).await?;
+            let pool = s.pool().clone();
+            Ok(both(s, pool))
+        }
+        Some(Backend::Postgres) => {
+            let s = postgres::PostgresStore::open(url, durability).await?;
+            let pool = s.pool().clone();
+            Ok(both(s, pool))
+        }
+        Some(Backend::Mysql) => {
+            let s = mysql::MysqlStore::open(url).await?;
+            let pool = s.pool().clone();
+            Ok(both(s, pool))
+        }
+        None => Err(StoreError::UnsupportedUrl(redact_url(url))),
     }
 }
 
 fn is_mysql_url(url: &str) -> bool {
-    url.starts_with("mysql://") || url.starts_with("mariadb://")
+    Backend::of_url(url) == Some(Backend::Mysql)
 }
 
 /// Kept here for the store's callers; the rule lives in [`idemwatch_base::redact`].

@@ -23,7 +23,7 @@ use sqlx::Connection;
 
 use crate::config::{DatabaseConfig, MarkersTable};
 use idemwatch_engine::store::dialect::text_time;
-use idemwatch_engine::store::redact_url;
+use idemwatch_engine::store::{redact_url, Backend};
 
 /// The longest label: the `markers.label` column of the MySQL schema is 255
 /// characters, and a chart label longer than a line helps nobody.
@@ -110,7 +110,8 @@ pub async fn insert_marker(
         url: shown.clone(),
         error,
     };
-    if url.starts_with("sqlite:") {
+    let backend = Backend::of_url(url);
+    if backend == Some(Backend::Sqlite) {
         // Never create the database: a pipeline pointed at a wrong path must fail.
         let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
             .map_err(|e| unreachable(e.to_string()))?
@@ -128,7 +129,7 @@ pub async fn insert_marker(
         let done = within(insert.execute(&mut conn)).await.map_err(refused)?;
         let _ = conn.close().await;
         Ok(Some(done.last_insert_rowid()))
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+    } else if backend == Some(Backend::Postgres) {
         let options = sqlx::postgres::PgConnectOptions::from_str(url)
             .map_err(|e| unreachable(e.to_string()))?
             .options([("statement_timeout", MARK_TIMEOUT.as_millis().to_string())])
@@ -145,7 +146,7 @@ pub async fn insert_marker(
         within(insert.execute(&mut conn)).await.map_err(refused)?;
         let _ = conn.close().await;
         Ok(None)
-    } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+    } else if backend == Some(Backend::Mysql) {
         let url = url.replacen("mariadb:", "mysql:", 1);
         let options = sqlx::mysql::MySqlConnectOptions::from_str(&url)
             .map_err(|e| unreachable(e.to_string()))?;

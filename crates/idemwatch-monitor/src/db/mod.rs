@@ -8,8 +8,9 @@
 //! count or the catalog's estimate) because the dedup table holds ~40 million rows
 //! in production and the dashboard polls every second.
 //!
-//! The queries are written once (`queries.rs`) over the engine's dialect layer; one
-//! file per backend opens its read-only connections; this file holds the plain-data
+//! The queries are written once (`queries.rs`) over the engine's dialect layer; the
+//! engine opens the read-only connections (`store::dashboard`, each backend's
+//! `readonly.rs`); this file holds the plain-data
 //! results and the one poll that assembles them, so every backend yields the same
 //! figures.
 
@@ -24,14 +25,11 @@ use super::vehicles::{
     self, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
 };
 use crate::config::DatabaseConfig;
-use idemwatch_engine::store::redact_url;
+use idemwatch_engine::store::{redact_url, StoreError};
 
 pub mod explain;
 pub mod mark;
-mod mysql;
-mod postgres;
 mod queries;
-mod sqlite;
 
 /// Rows kept per list: enough for a screen, small enough for every poll.
 pub const LIST_LIMIT: i64 = 50;
@@ -324,16 +322,11 @@ impl DbPoller {
     /// A poller for the config's database; fails only on a URL that cannot be read.
     pub fn new(settings: &DatabaseConfig) -> Result<DbPoller, DbError> {
         let redacted_url = redact_url(&settings.url);
-        let url = settings.url.as_str();
-        let sql = if url.starts_with("sqlite:") {
-            sqlite::connect(settings)?
-        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            postgres::connect(settings)?
-        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            mysql::connect(settings)?
-        } else {
-            return Err(DbError::Unsupported(redacted_url));
-        };
+        // The read-only connections are the engine's, one per backend.
+        let sql = idemwatch_engine::store::dashboard(&settings.url).map_err(|e| match e {
+            StoreError::Db(e) => DbError::Sql(e),
+            _ => DbError::Unsupported(redacted_url.clone()),
+        })?;
         Ok(DbPoller {
             sql: queries::Dashboard::new(sql, &settings.tables),
             redacted_url,

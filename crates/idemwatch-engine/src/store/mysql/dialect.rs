@@ -6,17 +6,17 @@ use sqlx::query::Query;
 use sqlx::{MySql, Row};
 
 use super::super::{Backend, Failure};
-use super::{BindValue, Catalog, Cell, Done, Kind};
+use crate::store::dialect::{BindValue, Catalog, Cell, Done, Kind};
 
 /// A `mysql://` or `mariadb://` URL as the driver's options (it knows only the
 /// former).
-pub fn options(url: &str) -> Result<sqlx::mysql::MySqlConnectOptions, sqlx::Error> {
+pub(crate) fn options(url: &str) -> Result<sqlx::mysql::MySqlConnectOptions, sqlx::Error> {
     url.replacen("mariadb://", "mysql://", 1).parse()
 }
 
 /// Run first on every connection, the engine's and the dashboard's: DATETIME
 /// columns hold UTC, written and read as such whatever the server's zone.
-pub async fn utc_session(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+pub(crate) async fn utc_session(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
     sqlx::query("SET time_zone = '+00:00'")
         .execute(conn)
         .await
@@ -81,19 +81,7 @@ pub(crate) fn failure(number: u16, sqlstate: Option<&str>) -> Failure {
     }
 }
 
-/// InnoDB deadlock (1213) or lock wait timeout (1205): the transaction was rolled
-/// back whole and can simply run again.
-pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("40001") | Some("HY000"))
-                && (db.message().contains("Deadlock") || db.message().contains("Lock wait"))
-        }
-        _ => false,
-    }
-}
-
-impl super::Dialect for MySql {
+impl crate::store::dialect::Dialect for MySql {
     const BACKEND: Backend = Backend::Mysql;
     const BEGIN: &'static str = "BEGIN";
     const NULL_SAFE_EQ: &'static str = "<=>";
@@ -186,8 +174,9 @@ fn text(row: &MySqlRow, i: usize) -> Result<Option<String>, sqlx::Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{answer, assert_classes};
     use super::*;
+    use crate::store::dialect::is_deadlock;
+    use crate::store::dialect::tests::{answer, assert_classes};
 
     #[test]
     fn mysql_errors_are_infrastructure_content_or_neither() {

@@ -21,9 +21,12 @@ use super::dialect::{lost_race, retrying};
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
+
+pub mod dialect;
+pub(crate) mod readonly;
 use crate::envelope::Message;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../assets/migrations/mysql");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("src/store/mysql/migrations");
 
 #[derive(Debug, Clone)]
 pub struct MysqlStore {
@@ -58,9 +61,9 @@ fn naive(t: DateTime<Utc>) -> NaiveDateTime {
 
 impl MysqlStore {
     pub async fn open(url: &str) -> StoreResult<Self> {
-        let pool = dialect::server_pool::<MySql>()
-            .after_connect(|conn, _| Box::pin(dialect::mysql::utc_session(conn)))
-            .connect_with(dialect::mysql::options(url)?)
+        let pool = super::dialect::server_pool::<MySql>()
+            .after_connect(|conn, _| Box::pin(dialect::utc_session(conn)))
+            .connect_with(dialect::options(url)?)
             .await?;
         MIGRATOR.run(&pool).await?;
         Ok(MysqlStore {
@@ -76,7 +79,7 @@ impl MysqlStore {
 
 #[async_trait]
 impl Store for MysqlStore {
-    dialect::pooled_store!(pool_and_url);
+    super::dialect::pooled_store!(pool_and_url);
 
     /// Always durable as far as idemwatch goes: the flush policy is the server's
     /// (`innodb_flush_log_at_trx_commit`), see [`Durability::check_url`].

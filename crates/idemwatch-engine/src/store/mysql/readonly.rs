@@ -2,12 +2,11 @@
 //! limit, so SELECT grants are enough; `time_zone = '+00:00'` as the engine's, so
 //! DATETIME columns read as UTC.
 
-use super::DbError;
-use crate::config::DatabaseConfig;
-use idemwatch_engine::store::dialect::{dashboard_pool, mysql, Pooled, Sql};
+use super::dialect as mysql;
+use crate::store::dialect::{dashboard_pool, Pooled, Sql};
 
-pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError> {
-    let options = mysql::options(&settings.url)?;
+pub(crate) fn connect(url: &str) -> Result<Box<dyn Sql>, sqlx::Error> {
+    let options = mysql::options(url)?;
     let pool = dashboard_pool::<sqlx::MySql>()
         .after_connect(|conn, _| {
             Box::pin(async move {

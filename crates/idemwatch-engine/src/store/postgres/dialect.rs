@@ -8,7 +8,7 @@ use sqlx::query::Query;
 use sqlx::{Postgres, Row, TypeInfo, ValueRef};
 
 use super::super::{Backend, Failure};
-use super::{BindValue, Catalog, Cell, Done, Kind};
+use crate::store::dialect::{BindValue, Catalog, Cell, Done, Kind};
 
 /// By SQLSTATE (<https://www.postgresql.org/docs/current/errcodes-appendix.html>).
 pub(crate) fn failure(sqlstate: &str) -> Failure {
@@ -38,7 +38,7 @@ pub(crate) fn failure(sqlstate: &str) -> Failure {
     }
 }
 
-impl super::Dialect for Postgres {
+impl crate::store::dialect::Dialect for Postgres {
     const BACKEND: Backend = Backend::Postgres;
     const BEGIN: &'static str = "BEGIN";
 
@@ -151,8 +151,8 @@ impl super::Dialect for Postgres {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::assert_classes;
     use super::*;
+    use crate::store::dialect::tests::assert_classes;
     use crate::store::dialect::Dialect;
 
     #[test]

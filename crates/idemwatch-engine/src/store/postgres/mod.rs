@@ -18,9 +18,12 @@ use super::dialect::lost_race;
 use super::vehicle_batch::{VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
+
+pub mod dialect;
+pub(crate) mod readonly;
 use crate::envelope::Message;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../assets/migrations/postgres");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("src/store/postgres/migrations");
 
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -37,7 +40,7 @@ impl PostgresStore {
     pub async fn open(url: &str, durability: Durability) -> StoreResult<Self> {
         let opts: PgConnectOptions = url.parse()?;
         let opts = opts.log_statements(tracing::log::LevelFilter::Trace);
-        let mut pool = dialect::server_pool::<sqlx::Postgres>();
+        let mut pool = super::dialect::server_pool::<sqlx::Postgres>();
         if durability == Durability::Relaxed {
             pool = pool.after_connect(|conn, _| {
                 Box::pin(async move {
@@ -64,7 +67,7 @@ impl PostgresStore {
 
 #[async_trait]
 impl Store for PostgresStore {
-    dialect::pooled_store!();
+    super::dialect::pooled_store!();
 
     async fn record_batch(
         &self,

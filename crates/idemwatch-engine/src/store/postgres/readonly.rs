@@ -5,15 +5,13 @@
 use sqlx::postgres::PgConnectOptions;
 use sqlx::ConnectOptions;
 
-use super::DbError;
-use crate::config::DatabaseConfig;
-use idemwatch_engine::store::dialect::{dashboard_pool, Pooled, Sql};
+use crate::store::dialect::{dashboard_pool, Pooled, Sql};
 
 /// A poll query that runs longer than this is cancelled by the server.
 const STATEMENT_TIMEOUT_MS: u64 = 5_000;
 
-pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError> {
-    let options: PgConnectOptions = settings.url.parse()?;
+pub(crate) fn connect(url: &str) -> Result<Box<dyn Sql>, sqlx::Error> {
+    let options: PgConnectOptions = url.parse()?;
     let options = options
         .options([
             ("default_transaction_read_only", "on".to_string()),

@@ -1,8 +1,8 @@
 //! The SQLite store's batch writes as jobs on the store file's
-//! [`SqliteThread`](super::sqlite_thread::SqliteThread): each runs whole inside the
+//! [`SqliteThread`](crate::sqlite::thread::SqliteThread): each runs whole inside the
 //! one `BEGIN IMMEDIATE … COMMIT` the thread gives it, a prepared statement from the
 //! connection's cache per row, so a batch is one hand-off to that thread and back
-//! instead of one or more per statement (see `sqlite_thread.rs` for why).
+//! instead of one or more per statement (see `crate::sqlite::thread` for why).
 //!
 //! The decisions are the backend-neutral ones (`batch.rs`, `vehicle_batch.rs`,
 //! `claim_batch.rs`): the write lock is taken first, so what is read here stays
@@ -16,15 +16,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::claim_batch::{self, ClaimFinish, ClaimRequest, ClaimResult};
-use super::sqlite_thread::db;
-use super::vehicle_batch::VehicleBatch;
-use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
-use super::{
+use crate::envelope::{Fingerprint, Message, MessageKey};
+use crate::sqlite::thread::db;
+use crate::store::claim_batch::{self, ClaimFinish, ClaimRequest, ClaimResult};
+use crate::store::vehicle_batch::VehicleBatch;
+use crate::store::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
+use crate::store::{
     parse_ts, ts, Claim, ClaimOutcome, ClaimState, DedupBatch, DedupOutcome, Recordable,
     StoreResult, VehicleOutcome,
 };
-use crate::envelope::{Fingerprint, Message, MessageKey};
 
 const STORED_KEY: &str =
     "SELECT payload_hash FROM processed_messages WHERE consumer = ?1 AND message_key = ?2";

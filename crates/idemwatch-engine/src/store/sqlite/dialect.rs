@@ -5,10 +5,10 @@ use sqlx::sqlite::{SqliteArguments, SqliteQueryResult, SqliteRow};
 use sqlx::{Row, Sqlite};
 
 use super::super::{Backend, Failure};
-use super::{parse_text_time, text_time, BindValue, Catalog, Cell, Done, Kind};
+use crate::store::dialect::{parse_text_time, text_time, BindValue, Catalog, Cell, Done, Kind};
 
 /// SQLite's extended result codes (<https://www.sqlite.org/rescode.html>), from sqlx's
-/// driver or from the engine's own SQLite thread (`store/sqlite_thread.rs`) alike.
+/// driver or from the engine's own SQLite thread (`crate::sqlite::thread`) alike.
 pub(crate) fn failure<E: sqlx::error::DatabaseError + ?Sized>(e: &E) -> Failure {
     let code: i32 = sqlx::error::DatabaseError::code(e)
         .and_then(|c| c.parse().ok())
@@ -29,7 +29,7 @@ pub(crate) fn failure<E: sqlx::error::DatabaseError + ?Sized>(e: &E) -> Failure 
     }
 }
 
-impl super::Dialect for sqlx::Sqlite {
+impl crate::store::dialect::Dialect for sqlx::Sqlite {
     const BACKEND: Backend = Backend::Sqlite;
     /// Take the write lock up front: a transaction that reads before it writes (a
     /// claim takeover) can then never fail with a busy snapshot under WAL.
@@ -97,8 +97,8 @@ impl super::Dialect for sqlx::Sqlite {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{assert_classes, Answer};
     use super::*;
+    use crate::store::dialect::tests::{assert_classes, Answer};
 
     fn of(code: &'static str) -> Failure {
         failure(&Answer { code, message: "" })
@@ -138,7 +138,7 @@ mod tests {
     /// SQLite has no boolean: an INTEGER, any value but 0 true; NULL is no boolean.
     #[tokio::test]
     async fn an_integer_reads_as_a_boolean_and_null_as_none() {
-        use super::super::{Pooled, Sql};
+        use crate::store::dialect::{Pooled, Sql};
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(1)
             .connect("sqlite::memory:")

@@ -4,9 +4,11 @@
 //! so it takes the write lock up front: a transaction that reads before it writes
 //! (the claim takeover) can then never fail with a busy snapshot under WAL. The
 //! consumers' batch writes (the hot path) run on the file's own thread through
-//! rusqlite (`sqlite_thread.rs`, the jobs in `sqlite_batch.rs`); everything else
-//! through sqlx. The pool options are in `sqlite_conn.rs`; the statements the same
-//! on every backend are in the dialect layer's files.
+//! rusqlite (`crate::sqlite::thread`, the jobs in `batch.rs`); everything else
+//! through sqlx. The pool options are in `crate::sqlite::conn`; the statements the same
+//! on every backend are in the dialect layer's files. Beside it in this folder: the
+//! backend's [`dialect`], the dashboard's read-only connection ([`readonly`]) and
+//! its migrations.
 
 use std::time::Duration;
 
@@ -15,19 +17,22 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::SqlitePool;
 
-use super::sqlite_batch;
-use super::sqlite_conn::connect_sqlite;
-use super::sqlite_thread::SqliteThread;
 use super::*;
 use crate::envelope::Message;
+use crate::sqlite::conn::connect_sqlite;
+use crate::sqlite::thread::SqliteThread;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../assets/migrations/sqlite");
+mod batch;
+pub mod dialect;
+pub(crate) mod readonly;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("src/store/sqlite/migrations");
 
 /// The embedded SQLite store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    /// The file's thread, which the batch writes run on (see `sqlite_thread.rs`).
+    /// The file's thread, which the batch writes run on (see `crate::sqlite::thread`).
     thread: SqliteThread,
     url: String,
     durability: Durability,
@@ -60,7 +65,7 @@ impl SqliteStore {
 
 #[async_trait]
 impl Store for SqliteStore {
-    dialect::pooled_store!();
+    super::dialect::pooled_store!();
 
     async fn record_batch(
         &self,
@@ -69,14 +74,14 @@ impl Store for SqliteStore {
     ) -> StoreResult<Vec<DedupOutcome>> {
         let (consumer, items) = (consumer.to_string(), items.to_vec());
         self.thread
-            .write(move |tx| sqlite_batch::record_batch(tx, &consumer, &items))
+            .write(move |tx| batch::record_batch(tx, &consumer, &items))
             .await
     }
 
     async fn apply_vehicle_batch(&self, envs: &[Message]) -> StoreResult<Vec<VehicleOutcome>> {
         let envs = envs.to_vec();
         self.thread
-            .write(move |tx| sqlite_batch::apply_vehicle_batch(tx, &envs))
+            .write(move |tx| batch::apply_vehicle_batch(tx, &envs))
             .await
     }
 
@@ -88,7 +93,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<Vec<ClaimOutcome>> {
         let (consumer, requests) = (consumer.to_string(), requests.to_vec());
         self.thread
-            .write(move |tx| sqlite_batch::claim_batch(tx, &consumer, &requests, lease))
+            .write(move |tx| batch::claim_batch(tx, &consumer, &requests, lease))
             .await
     }
 
@@ -98,7 +103,7 @@ impl Store for SqliteStore {
         }
         let (consumer, results) = (consumer.to_string(), results.to_vec());
         self.thread
-            .write(move |tx| sqlite_batch::finish_batch(tx, &consumer, &results))
+            .write(move |tx| batch::finish_batch(tx, &consumer, &results))
             .await
     }
 
@@ -244,7 +249,7 @@ mod tests {
         ]
     }
 
-    /// Each batch job on the store's thread (`sqlite_batch.rs`) answers for every
+    /// Each batch job on the store's thread (`batch.rs`) answers for every
     /// item of its batch and reads what the batches before it stored: a key or an
     /// event is a duplicate in the next batch, a vehicle's state makes an older event
     /// late, a claim is busy until finished, then done, or in doubt at once when

@@ -6,12 +6,10 @@ use std::time::Duration;
 
 use sqlx::sqlite::SqliteConnectOptions;
 
-use super::DbError;
-use crate::config::DatabaseConfig;
-use idemwatch_engine::store::dialect::{dashboard_pool, Pooled, Sql};
+use crate::store::dialect::{dashboard_pool, Pooled, Sql};
 
-pub(super) fn connect(settings: &DatabaseConfig) -> Result<Box<dyn Sql>, DbError> {
-    let options = SqliteConnectOptions::from_str(&settings.url)?
+pub(crate) fn connect(url: &str) -> Result<Box<dyn Sql>, sqlx::Error> {
+    let options = SqliteConnectOptions::from_str(url)?
         .create_if_missing(false)
         .pragma("query_only", "ON")
         .busy_timeout(Duration::from_secs(2));
