@@ -34,7 +34,7 @@ pub fn text_time(t: DateTime<Utc>) -> String {
 
 /// A TEXT time column read back: the engine's form (any RFC 3339), or SQLite's
 /// `YYYY-MM-DD HH:MM:SS[.fff]` (a user's own table written with `datetime()`).
-pub fn parse_text_time(s: &str) -> Option<DateTime<Utc>> {
+pub(crate) fn parse_text_time(s: &str) -> Option<DateTime<Utc>> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Some(t.with_timezone(&Utc));
     }
@@ -210,7 +210,7 @@ pub struct Done {
 /// the next try reads what the other writer did. Other errors
 /// pass straight through, and after 8 tries these do too (an infrastructure failure:
 /// the delivery is retried later).
-pub async fn retrying<T, F, Fut>(mut attempt: F) -> super::StoreResult<T>
+pub(crate) async fn retrying<T, F, Fut>(mut attempt: F) -> super::StoreResult<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = super::StoreResult<T>>,
@@ -232,7 +232,7 @@ where
 /// Roll a batch's transaction back as a lost race
 /// ([`StoreError::LostRace`](super::StoreError::LostRace)): one of its writes took fewer
 /// rows than it decided, another writer got in between; [`retrying`] runs it again.
-pub async fn lost_race<D: Database, T>(
+pub(crate) async fn lost_race<D: Database, T>(
     tx: sqlx::Transaction<'_, D>,
     what: &'static str,
 ) -> super::StoreResult<T> {
@@ -241,7 +241,7 @@ pub async fn lost_race<D: Database, T>(
 }
 
 /// The engine's pool on a server (PostgreSQL, MariaDB).
-pub fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
+pub(crate) fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
     sqlx::pool::PoolOptions::new()
         .max_connections(16)
         .acquire_timeout(std::time::Duration::from_secs(30))
@@ -253,7 +253,7 @@ pub fn server_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
 
 /// The dashboard's pool (its read-only sessions are set in each backend's `readonly.rs`):
 /// two connections, and a poll that waits 3 s for one fails rather than queue.
-pub fn dashboard_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
+pub(crate) fn dashboard_pool<D: Database>() -> sqlx::pool::PoolOptions<D> {
     sqlx::pool::PoolOptions::new()
         .max_connections(2)
         .acquire_timeout(std::time::Duration::from_secs(3))
@@ -303,7 +303,7 @@ pub struct Catalog {
 
 /// One backend's differences. Implemented for `sqlx::Sqlite`, `Postgres` and `MySql`
 /// in this module's backend files; everything generic goes through [`Pooled`].
-pub trait Dialect: Database {
+pub(crate) trait Dialect: Database {
     const BACKEND: Backend;
     /// The statement that opens a write transaction.
     const BEGIN: &'static str;
@@ -405,7 +405,7 @@ macro_rules! pooled_store {
 pub(crate) use pooled_store;
 
 /// See [`Sql::in_list`].
-pub fn in_list(backend: Backend, column: &str, n: usize) -> String {
+pub(crate) fn in_list(backend: Backend, column: &str, n: usize) -> String {
     match backend {
         Backend::Postgres => format!("{column} = ANY(?)"),
         _ => format!("{column} IN ({})", vec!["?"; n.max(1)].join(", ")),
@@ -486,7 +486,7 @@ pub trait SqlTx: Send {
 
 /// A pool of one backend, seen as [`Sql`].
 #[derive(Debug, Clone)]
-pub struct Pooled<D: Database>(pub Pool<D>);
+pub(crate) struct Pooled<D: Database>(pub Pool<D>);
 
 struct Tx<D: Database>(sqlx::Transaction<'static, D>);
 
@@ -496,7 +496,7 @@ fn bound<'q, D: Dialect>(sql: &'q str, binds: &'q [BindValue]) -> Query<'q, D, D
 
 /// Generic SQL read on `executor`, each row decoded as `kinds`: a pool, a
 /// [`SqlTx`]'s transaction, or a batch path's own native transaction.
-pub async fn fetch<'c, D, E>(
+pub(crate) async fn fetch<'c, D, E>(
     executor: E,
     sql: &str,
     binds: &[BindValue],
