@@ -120,7 +120,7 @@ impl EngineConfig {
             consumers: Vec::new(),
             namespace: None,
             runner: RunnerSettings::default(),
-            claim_lease: Duration::from_secs(60),
+            claim_lease: consumers::DEFAULT_CLAIM_LEASE,
             durability: store::Durability::Durable,
             seen_set: seen_set::SeenSetConfig::default(),
             provider_concurrency: consumers::DEFAULT_PROVIDER_CONCURRENCY,

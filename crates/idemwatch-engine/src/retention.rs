@@ -19,6 +19,15 @@ use serde::Serialize;
 
 use super::store::{Store, StoreResult};
 
+/// How long dedup rows are kept: `purge --older-than`'s default, the Redis seen-set's
+/// key TTL and the dashboard's `database.retention`. A week outlasts any redelivery a
+/// broker or a device makes (the floor below is minutes to an hour).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Rows deleted per purge transaction by default: short transactions beside the
+/// consumers' writes, few enough round trips for millions of rows.
+pub const DEFAULT_PURGE_BATCH: i64 = 5_000;
+
 /// The least retention a purge may keep without `--force`, whatever the settings.
 pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
 

@@ -21,8 +21,9 @@ use super::queue::{Delivery, Queue, QueueResult};
 use super::seen_set::GuardedSeenSet;
 use super::store::Store;
 
-/// Knobs of the deliver/ack loop.
-#[derive(Debug, Clone)]
+/// Knobs of the deliver/ack loop. [`RunnerSettings::default`] is the one home of their
+/// defaults: the command line's flags and the drills read them from there.
+#[derive(Debug, Clone, PartialEq)]
 pub struct RunnerSettings {
     /// How long a leased delivery stays invisible before it is redelivered.
     pub visibility_timeout: Duration,
@@ -114,10 +115,10 @@ impl Default for RunnerSettings {
         RunnerSettings {
             visibility_timeout: Duration::from_secs(30),
             max_deliveries: 10,
-            lease_batch: 16,
+            lease_batch: DEFAULT_BATCH,
             batch_max_wait: Duration::ZERO,
             retry_delay: Duration::from_secs(1),
-            max_retry_delay: Duration::from_secs(60),
+            max_retry_delay: crate::consumers::DEFAULT_CLAIM_LEASE,
             max_pause: Duration::from_secs(30),
             idle_poll: Duration::from_millis(100),
             pipeline: true,
@@ -126,6 +127,12 @@ impl Default for RunnerSettings {
         }
     }
 }
+
+/// [`RunnerSettings::lease_batch`]'s default: deliveries per transaction. At 100 a
+/// commit's fsync is shared by a hundred messages (BENCHMARKS.md: scaling with the
+/// batch); the latency it adds is bounded by `batch_max_wait` (0 by default: a batch
+/// is what is there).
+pub const DEFAULT_BATCH: usize = 100;
 
 /// [`RunnerSettings::gather`]'s default: ten batches of 100. A fleet's zone exits
 /// (~6 %) then fill ~60 SMS per batch, two rounds of 32 calls in flight.

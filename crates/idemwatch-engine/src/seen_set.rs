@@ -27,7 +27,7 @@ use super::store::{duplicate_or_conflict, DedupOutcome, Store, StoreError, Store
 
 /// The default TTL of a Redis key: the dedup table's default retention (7 days), so
 /// a key lives as long as a SQL row would before `purge`.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const DEFAULT_TTL: Duration = super::retention::DEFAULT_RETENTION;
 
 /// Longest wait for one Redis command (or the dial before it): a consumer must not
 /// hang on a Redis that stopped answering.

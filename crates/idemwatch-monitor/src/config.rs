@@ -192,11 +192,11 @@ pub struct DatabaseConfig {
 }
 
 fn default_retention() -> Duration {
-    Duration::from_secs(7 * 24 * 3600)
+    idemwatch_engine::retention::DEFAULT_RETENTION
 }
 
 fn default_claim_lease() -> Duration {
-    Duration::from_secs(60)
+    idemwatch_engine::consumers::DEFAULT_CLAIM_LEASE
 }
 
 impl DatabaseConfig {

@@ -214,6 +214,11 @@ pub struct Deps {
     pub provider_concurrency: usize,
 }
 
+/// How long a claim may stay without a result before it is in doubt (docs/CONTRACT.md,
+/// "Tables": 60 s): the engine's, `claims`' and `purge`'s `--claim-lease`, the
+/// dashboard's `database.claim_lease` and the cap of the runner's retry back-off.
+pub const DEFAULT_CLAIM_LEASE: Duration = Duration::from_secs(60);
+
 /// `--provider-concurrency`'s default: calls in flight per side-effect consumer.
 /// Enough that a batch of 100 against a provider answering in 80 ms takes a few
 /// round trips, not a hundred (BENCHMARKS.md, "Pipeline", has the measurement);
