@@ -1,4 +1,4 @@
-//! `idemwatch claims list|resolve` (SPEC §8): the side-effect claims, and an
+//! `idemwatch claims list|resolve` (docs/CONTRACT.md §8): the side-effect claims, and an
 //! operator's decision on one left in doubt when only the provider's own records can
 //! say whether it went out (the sweeper, `engine::sweeper`, re-drives the rest).
 

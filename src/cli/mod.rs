@@ -1,4 +1,4 @@
-//! Command-line parsing (SPEC §6). Each subcommand lives in its own file and only
+//! Command-line parsing (docs/CONTRACT.md §6). Each subcommand lives in its own file and only
 //! calls the library layers.
 
 use std::path::PathBuf;
@@ -35,7 +35,7 @@ pub mod serve;
 pub mod simulate;
 pub mod snapshot;
 
-/// Exit codes (SPEC §6, plus 3 for an environment we could not reach). A failed
+/// Exit codes (docs/CONTRACT.md §6, plus 3 for an environment we could not reach). A failed
 /// idempotent drill exits 1 (see `DrillReport::exit_code`).
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_USAGE: i32 = 2;
@@ -159,7 +159,7 @@ pub enum Command {
     Ingest(ingest::IngestArgs),
 }
 
-/// Flags every engine-backed command shares (SPEC §6 "common flags").
+/// Flags every engine-backed command shares (docs/CONTRACT.md §6 "common flags").
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
     /// Database URL: sqlite://PATH, postgres://…, mysql://… (default: SQLite in the data dir).

@@ -5,7 +5,7 @@
 //! (`?password=…`, `?token=…`), and the write API's callers send tokens in headers.
 //! Every surface that shows one of those (the terminal, `--json`, the log file, the
 //! dashboard, error messages that quote a URL) goes through this module, so a new
-//! surface cannot forget a rule the others keep. SPEC §6: `postgres://user:***@host/db`.
+//! surface cannot forget a rule the others keep. docs/CONTRACT.md §6: `postgres://user:***@host/db`.
 //!
 //! The same module strips control characters from text a remote peer chose (label
 //! values, error bodies) before a text output prints it: an escape sequence in a

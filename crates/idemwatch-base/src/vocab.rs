@@ -1,7 +1,7 @@
 //! The words the engine's metrics, its consumers, its health breaker and the dashboard
 //! share: a consumer's risk class, what kind of infrastructure failed, why a consumer
 //! is paused, what a side effect came to. Each is a label value of an exported metric
-//! family (docs/CONTRACT.md, "Metrics") or a field of a delivery event.
+//! family (docs/CONTRACT.md §5) or a field of a delivery event.
 //!
 //! They sit below every module that names them, so the metrics need not import the
 //! consumers or the breaker that import the metrics (that was an import circle).

@@ -1,4 +1,4 @@
-//! Redelivery drills (SPEC §6): reproduce a failure of the field report on demand
+//! Redelivery drills (docs/CONTRACT.md §6.1): reproduce a failure of the field report on demand
 //! and return a verdict.
 //!
 //! A drill runs against the configured store and queue but in its own corner: its
@@ -40,7 +40,7 @@ pub mod twice;
 use rig::Rig;
 pub use target::DrillTarget;
 
-/// The drill scenarios of SPEC §6.
+/// The drill scenarios of docs/CONTRACT.md §6.1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
@@ -149,7 +149,7 @@ pub enum DrillError {
 pub struct DrillOptions {
     pub scenario: Scenario,
     pub times: Option<u32>,
-    /// `Idempotent` or `Naive` (SPEC §6); `SeenSet` also works and shows its window.
+    /// `Idempotent` or `Naive` (docs/CONTRACT.md §6.1); `SeenSet` also works and shows its window.
     pub mode: ConsumerMode,
     /// Run each consumer incarnation as a real child process that aborts.
     pub kill_process: bool,
@@ -270,7 +270,7 @@ fn outcomes_by_consumer(events: &[DeliveryEvent]) -> BTreeMap<String, BTreeMap<S
     per_consumer
 }
 
-/// The drill report (SPEC §6 JSON).
+/// The drill report (docs/CONTRACT.md §6, its `--json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct DrillReport {
     pub run_id: i64,
@@ -307,7 +307,7 @@ impl Verdict {
 }
 
 impl DrillReport {
-    /// Exit code for the CLI (SPEC §6): 1 only when an idempotent drill failed; a
+    /// Exit code for the CLI (docs/CONTRACT.md §6): 1 only when an idempotent drill failed; a
     /// naive or seen-set drill failing is the expected demonstration of harm (or of
     /// the seen-set's window).
     pub fn exit_code(&self) -> i32 {

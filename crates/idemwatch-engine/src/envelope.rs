@@ -1,4 +1,4 @@
-//! The message envelope (SPEC §1): parsing with precise errors, the deterministic
+//! The message envelope (docs/CONTRACT.md §1): parsing with precise errors, the deterministic
 //! [`MessageKey`] and the payload [`Fingerprint`].
 //!
 //! Parsing never panics and never loses input: every rejection carries a
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-/// Largest accepted serialized payload (SPEC §1: "a payload over 64 KiB" is `too_large`).
+/// Largest accepted serialized payload (docs/CONTRACT.md §1: "a payload over 64 KiB" is `too_large`).
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Largest raw message we even try to parse. Anything bigger cannot hold a payload
 /// under [`MAX_PAYLOAD_BYTES`] plus the envelope fields, so it is rejected unread.
@@ -26,7 +26,7 @@ pub const MAX_SEQ: u64 = i64::MAX as u64;
 // everywhere, and what cannot be stored somewhere is refused here, everywhere, with
 // the field named (`invalid_field`), instead of failing in one database's transaction.
 
-/// Longest accepted `device_id`, in bytes (SPEC §1; `VARCHAR(128)` on MySQL).
+/// Longest accepted `device_id`, in bytes (docs/CONTRACT.md §1; `VARCHAR(128)` on MySQL).
 pub const MAX_DEVICE_ID_BYTES: usize = 128;
 /// Longest accepted `payload.zone`, in bytes (`vehicle_state.zone VARCHAR(255)` on
 /// MySQL/MariaDB; counted in bytes so that no character set can make it longer).
@@ -39,7 +39,7 @@ pub const MAX_MESSAGE_ID_BYTES: usize = 255;
 /// (PostgreSQL's and SQLite's text are wider).
 pub const OCCURRED_AT_YEARS: std::ops::RangeInclusive<i32> = 1000..=9999;
 
-/// The rule for a `device_id` (SPEC §1: non-empty, at most 128 bytes, and like every
+/// The rule for a `device_id` (docs/CONTRACT.md §1: non-empty, at most 128 bytes, and like every
 /// named string field no control character), shared with the write API's `{device}`
 /// path segment: one device, one rule on every way in.
 pub fn check_device_id(device_id: &str) -> Result<(), String> {
@@ -628,7 +628,7 @@ struct Wire<'a> {
     payload: Option<Map<String, Value>>,
 }
 
-/// The payload fields each event type needs (SPEC §1).
+/// The payload fields each event type needs (docs/CONTRACT.md §1).
 fn check_payload(event_type: EventType, payload: &Map<String, Value>) -> Result<(), Rejection> {
     match event_type {
         EventType::Position => {
@@ -782,7 +782,7 @@ mod tests {
         assert!(detail.contains("seq"), "{detail}");
     }
 
-    /// The limits are SPEC §1's numbers, not only the constants' names: a payload of
+    /// The limits are docs/CONTRACT.md §1's numbers, not only the constants' names: a payload of
     /// exactly 64 KiB is accepted and one byte more is `too_large`; a message padded
     /// with whitespace to 68 KiB is read, one byte beyond is refused unread.
     #[test]

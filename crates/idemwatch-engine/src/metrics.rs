@@ -1,4 +1,4 @@
-//! Engine metrics (SPEC §5), exposed in the Prometheus text format through the
+//! Engine metrics (docs/CONTRACT.md §5), exposed in the Prometheus text format through the
 //! `prometheus-client` crate.
 //!
 //! The same families are the engine's own source of truth for counts: `consume
@@ -610,7 +610,7 @@ impl Metrics {
 }
 
 /// `consume --until-idle --json`: totals flattened at the top, per consumer under
-/// `"consumers"` (SPEC §6).
+/// `"consumers"` (docs/CONTRACT.md §6).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CountSummary {
     #[serde(flatten)]

@@ -1,5 +1,5 @@
 //! HTTP client for the external side effects: the SMS provider and the customer's
-//! ERP webhook (SPEC §4). Real HTTP through reqwest.
+//! ERP webhook (docs/CONTRACT.md §4). Real HTTP through reqwest.
 
 use std::time::{Duration, SystemTime};
 
@@ -39,7 +39,7 @@ pub enum ProviderError {
     Rejected { status: u16, body: String },
 }
 
-/// The most of a provider's answer we keep (SPEC §8: a `provider_rejected` detail
+/// The most of a provider's answer we keep (docs/CONTRACT.md §8: a `provider_rejected` detail
 /// holds at most 4 KiB of the body). The answer is stored and shown: a provider that
 /// answers with megabytes must not put them in `dead_letters` or the log.
 pub const MAX_PROVIDER_BODY: usize = 4096;

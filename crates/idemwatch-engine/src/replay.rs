@@ -1,4 +1,4 @@
-//! Replaying dead letters (SPEC §8 `dead-letters replay`): the raw bytes of each
+//! Replaying dead letters (docs/CONTRACT.md §8 `dead-letters replay`): the raw bytes of each
 //! chosen dead letter go back, unchanged, to the queue of the consumer that gave up
 //! on them, and the row records the replay (`replayed_at`, `replay_count`).
 //!

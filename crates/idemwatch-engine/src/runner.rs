@@ -1387,7 +1387,7 @@ mod tests {
         assert_eq!(seen, [DeadLettered, Processed, Retry]);
     }
 
-    /// SPEC §8's budget: a counted retry goes back to the queue until the message has
+    /// docs/CONTRACT.md §8's budget: a counted retry goes back to the queue until the message has
     /// used up `max_deliveries`, and the delivery that uses up the last one is
     /// dead-lettered with the cause, not delivered once more. So a message that fails
     /// twice in three is applied, and one that always fails ends as a dead letter on

@@ -137,7 +137,7 @@ impl SeenSet for SqlSeenSet {
 /// Redis as the seen-set: `SET key fingerprint NX PX ttl` after success, `GET` before.
 ///
 /// The value is the payload fingerprint rather than a bare `1`: the same key with
-/// another payload must still be a `key_conflict` (SPEC §1: dead-lettered, never
+/// another payload must still be a `key_conflict` (docs/CONTRACT.md §1: dead-lettered, never
 /// silently dropped), as it is with the SQL table.
 pub struct RedisSeenSet {
     client: redis::Client,

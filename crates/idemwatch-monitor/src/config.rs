@@ -1,7 +1,7 @@
-//! The dashboard's config file (SPEC §7), TOML.
+//! The dashboard's config file (docs/CONTRACT.md §7), TOML.
 //!
-//! Every section has defaults that describe idemwatch's own engine (SPEC §3 table
-//! names, SPEC §5 metric names), so a config only states what differs: a user's own
+//! Every section has defaults that describe idemwatch's own engine (docs/CONTRACT.md §3 table
+//! names, docs/CONTRACT.md §5 metric names), so a config only states what differs: a user's own
 //! dedup table, an exporter whose counters are named otherwise. Unknown keys are
 //! rejected instead of ignored: a typo such as `poll_intervall` must not silently
 //! leave the default in force while the operator believes otherwise.
@@ -184,7 +184,7 @@ pub struct DatabaseConfig {
     /// stopped running.
     #[serde(default = "default_retention", with = "human_duration")]
     pub retention: Duration,
-    /// A claim left `claimed` longer than this is in doubt (SPEC §3).
+    /// A claim left `claimed` longer than this is in doubt (docs/CONTRACT.md §3).
     #[serde(default = "default_claim_lease", with = "human_duration")]
     pub claim_lease: Duration,
     #[serde(default)]
@@ -211,7 +211,7 @@ impl DatabaseConfig {
     }
 }
 
-/// Table and column names of the watched database. Defaults are SPEC §3's.
+/// Table and column names of the watched database. Defaults are docs/CONTRACT.md §3's.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TableMapping {
@@ -224,7 +224,7 @@ pub struct TableMapping {
     pub drill_runs: DrillRunsTable,
 }
 
-/// Declares one table's mapping struct with its SPEC §3 defaults, and lists its
+/// Declares one table's mapping struct with its docs/CONTRACT.md §3 defaults, and lists its
 /// identifiers for validation, so a new column cannot be forgotten there.
 macro_rules! table_mapping {
     ($(#[$doc:meta])* $name:ident, $table:literal { $($field:ident = $default:literal),* $(,)? }) => {
@@ -325,7 +325,7 @@ impl TableMapping {
     }
 }
 
-/// Metric names the dashboard reads (SPEC §5 by default). Counter names are the
+/// Metric names the dashboard reads (docs/CONTRACT.md §5 by default). Counter names are the
 /// sample names, i.e. with `_total`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]

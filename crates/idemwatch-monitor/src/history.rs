@@ -58,7 +58,7 @@ pub struct HistoryPoint {
     pub duplicate_ratio: Option<f64>,
     pub processed_per_second: Option<f64>,
     pub duplicate_dropped_per_second: Option<f64>,
-    /// Not in the JSON document (SPEC §8 fixes its shape): read at the chart's
+    /// Not in the JSON document (docs/CONTRACT.md §6 fixes its shape): read at the chart's
     /// cursor and in a report.
     #[serde(skip)]
     pub redelivered_per_second: Option<f64>,
@@ -89,7 +89,7 @@ impl ConsumerHistory {
     }
 }
 
-/// What one fetch found (SPEC §8 `snapshot --json` `history`).
+/// What one fetch found (docs/CONTRACT.md §6 `snapshot --json` `history`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct History {
     /// Always `"prometheus"`.

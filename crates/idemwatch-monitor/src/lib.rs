@@ -123,7 +123,7 @@ pub struct Snapshot {
     /// history, newest first.
     pub markers: Vec<TimelineMarker>,
     /// The Prometheus server's history of the window before the dashboard's own
-    /// scrapes (SPEC §8); absent without a server or before its first answer.
+    /// scrapes (docs/CONTRACT.md §6); absent without a server or before its first answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<History>,
     /// The history source as Sources shows it (up with its window, or down with

@@ -59,7 +59,7 @@ pub fn rate(names: &MetricNames, counter: &str, range: Duration) -> String {
     )
 }
 
-/// dup / (processed + dup) over `range` (SPEC §5); no sample where nothing flowed
+/// dup / (processed + dup) over `range` (docs/CONTRACT.md §5); no sample where nothing flowed
 /// (0/0 is NaN, which Prometheus keeps and the reader turns into a gap).
 pub fn duplicate_ratio(names: &MetricNames, range: Duration) -> String {
     let dup = rate(names, &names.duplicate_dropped, range);

@@ -1,5 +1,5 @@
 //! Counter readings into rates: the increase per second across resets, restart
-//! detection, and the duplicate ratio of SPEC §5. A counter that goes down was reset
+//! detection, and the duplicate ratio of docs/CONTRACT.md §5. A counter that goes down was reset
 //! by a restart and its new value is the whole increase since (it started at zero):
 //! a burst that straddles a restart is counted, never a negative rate.
 //!
@@ -76,7 +76,7 @@ impl CounterRate {
     }
 }
 
-/// Duplicate rate (SPEC §5): dup / (processed + dup). None without traffic: "no
+/// Duplicate rate (docs/CONTRACT.md §5): dup / (processed + dup). None without traffic: "no
 /// messages" is not "0% duplicates".
 pub fn duplicate_ratio(processed_per_s: f64, duplicates_per_s: f64) -> Option<f64> {
     let total = processed_per_s + duplicates_per_s;

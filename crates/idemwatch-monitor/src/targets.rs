@@ -119,7 +119,7 @@ pub struct ConsumerStatus {
     pub up: bool,
     pub processed: CounterReading,
     pub duplicate_dropped: CounterReading,
-    /// Duplicate rate of the last scrape interval (SPEC §5); None without traffic.
+    /// Duplicate rate of the last scrape interval (docs/CONTRACT.md §5); None without traffic.
     pub duplicate_ratio: Option<f64>,
     /// Duplicate rate over the last minute: what the alert threshold reads.
     pub duplicate_ratio_1m: Option<f64>,

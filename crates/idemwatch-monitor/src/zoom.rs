@@ -23,7 +23,7 @@ pub struct Zoom {
 }
 
 impl Zoom {
-    /// Start at the level nearest `window` (SPEC §7 `chart_window`), allowing levels
+    /// Start at the level nearest `window` (docs/CONTRACT.md §7 `chart_window`), allowing levels
     /// up to `retention`.
     pub fn new(window: Duration, retention: Duration) -> Zoom {
         let max_level = ZOOM_LEVELS

@@ -258,7 +258,7 @@ async fn produce(world: Arc<World>, settings: DemoSettings, mut stop: watch::Rec
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        // The producer redelivers more while consumers restart (SPEC: ~0.4 %).
+        // The producer redelivers more while consumers restart (the field report: ~0.4 %).
         let deploys = world.deploys.load(Ordering::Relaxed);
         if deploys > deploy_windows {
             deploy_windows = deploys;

@@ -1,4 +1,4 @@
-//! A deterministic fleet of simulated telematics devices (SPEC §1 envelopes).
+//! A deterministic fleet of simulated telematics devices (docs/CONTRACT.md §1 envelopes).
 //!
 //! The live demo, the drills and the property tests need traffic that looks like
 //! the field report's fleet *and* is reproducible: the same [`FleetConfig`] yields

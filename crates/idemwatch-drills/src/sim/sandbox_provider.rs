@@ -1,4 +1,4 @@
-//! The SMS / ERP provider of SPEC §4 as a real HTTP server (axum).
+//! The SMS / ERP provider of docs/CONTRACT.md §4 as a real HTTP server (axum).
 //!
 //! idemwatch needs an external side-effect endpoint it can *inspect*: a drill only
 //! proves "a redelivered message is a no-op" if someone outside the engine counts
@@ -7,7 +7,7 @@
 //! sends nothing), records every request it received, and can inject 503s so the
 //! caller's retry logic is exercised too.
 //!
-//! Choices where SPEC §4 is silent:
+//! Choices where docs/CONTRACT.md §4 is silent:
 //! - The body comparison for a reused key is on the parsed JSON value, so key order
 //!   and whitespace do not matter; anything else different is `idempotency_key_reused`.
 //! - Only successful (200) responses are stored under a key. A 422 or an injected

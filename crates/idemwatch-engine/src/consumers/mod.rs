@@ -1,4 +1,4 @@
-//! The four fleet consumers of the field report (SPEC §2), one file each.
+//! The four fleet consumers of the field report (docs/CONTRACT.md §2), one file each.
 //!
 //! The review rule for every consumer: "what happens if I call this handler twice
 //! with the same message?" The answer must be "the same result"; the property tests
@@ -84,7 +84,7 @@ pub struct Retry {
 }
 
 /// Whose fault a retry is. Only [`RetryCause::Message`] counts toward
-/// `max_deliveries` (SPEC §8): an outage or a throttling provider says nothing about
+/// `max_deliveries` (docs/CONTRACT.md §8): an outage or a throttling provider says nothing about
 /// the message, and a budget burnt on them dead-letters good messages by the hundred.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RetryCause {
@@ -208,14 +208,14 @@ pub struct Deps {
     pub seen_set: GuardedSeenSet,
     pub provider: ProviderClient,
     pub metrics: Arc<Metrics>,
-    /// A claim older than this without a result is in doubt (SPEC §3: 60 s).
+    /// A claim older than this without a result is in doubt (docs/CONTRACT.md §3: 60 s).
     pub claim_lease: Duration,
     /// Provider calls of one batch in flight at once (`--provider-concurrency`).
     pub provider_concurrency: usize,
 }
 
-/// How long a claim may stay without a result before it is in doubt (docs/CONTRACT.md,
-/// "Tables": 60 s): the engine's, `claims`' and `purge`'s `--claim-lease`, the
+/// How long a claim may stay without a result before it is in doubt (docs/CONTRACT.md
+/// §3: 60 s): the engine's, `claims`' and `purge`'s `--claim-lease`, the
 /// dashboard's `database.claim_lease` and the cap of the runner's retry back-off.
 pub const DEFAULT_CLAIM_LEASE: Duration = Duration::from_secs(60);
 
@@ -266,7 +266,7 @@ pub(crate) async fn one_by_one<C: Consumer + ?Sized>(
     Ok(outcomes)
 }
 
-/// The names of the fleet consumers, in the order of the SPEC table.
+/// The names of the fleet consumers, in the order of docs/CONTRACT.md §2's table.
 pub const FLEET_CONSUMERS: [&str; 4] = [
     vehicle_state::NAME,
     trip_counter::NAME,
@@ -343,7 +343,7 @@ mod tests {
         ConsumerMode::Naive,
     ];
 
-    /// SPEC §2's table, consumer by consumer: its name, the events it acts on (the
+    /// docs/CONTRACT.md §2's table, consumer by consumer: its name, the events it acts on (the
     /// rest the runner acks as skipped without calling it), its risk class, and the
     /// mode it was built in — which the claim sweeper reads to re-drive the claims of
     /// idempotent consumers only (a naive or seen-set handler must never send for a

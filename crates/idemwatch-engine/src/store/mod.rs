@@ -1,4 +1,4 @@
-//! The business database behind one [`Store`] trait (SPEC §3).
+//! The business database behind one [`Store`] trait (docs/CONTRACT.md §3).
 //!
 //! Each idempotency mode is one method here, and each backend implements it with
 //! its own native atomic form. The invariants every backend must keep are written

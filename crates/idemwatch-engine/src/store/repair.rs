@@ -1,5 +1,5 @@
 //! The operator's side of the store: finding dead letters to replay and recording
-//! that they were replayed (SPEC §8 `dead-letters`), and the claims an operator
+//! that they were replayed (docs/CONTRACT.md §8 `dead-letters`), and the claims an operator
 //! lists and resolves by hand (`claims`).
 //!
 //! A trait of its own, a supertrait of [`super::Store`], so every store has it and

@@ -32,7 +32,7 @@ pub const MAX_LABEL_CHARS: usize = 255;
 /// How long `mark` waits for the database, connecting and inserting each.
 pub const MARK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What a pipeline can mark (SPEC §8 `idemwatch mark deploy|incident|note`).
+/// What a pipeline can mark (docs/CONTRACT.md §8 `idemwatch mark deploy|incident|note`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum MarkKind {

@@ -63,7 +63,7 @@ pub struct ConsumerReport {
     /// Means over the window's points.
     pub processed_per_second: Option<f64>,
     pub duplicate_dropped_per_second: Option<f64>,
-    /// Mean duplicates over mean traffic (SPEC §5), and the highest point.
+    /// Mean duplicates over mean traffic (docs/CONTRACT.md §5), and the highest point.
     pub duplicate_ratio: Option<f64>,
     pub peak_duplicate_ratio: Option<f64>,
     /// Means over the window's points, like the rates above.
