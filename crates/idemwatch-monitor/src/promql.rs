@@ -277,9 +277,9 @@ pub fn rules_yaml() -> String {
     let mut out = String::new();
     out.push_str(
         "# idemwatch recording and alert rules for Prometheus.\n\
-         # Generated from src/monitor/promql.rs with the dashboard's own thresholds\n\
-         # (src/monitor/alerts.rs); do not edit by hand. Regenerate with\n\
-         #   IDEMWATCH_BLESS=1 cargo test --test prometheus_rules\n\
+         # Generated from crates/idemwatch-monitor/src/promql.rs with the dashboard's own thresholds\n\
+         # (crates/idemwatch-monitor/src/alerts.rs); do not edit by hand. Regenerate with\n\
+         #   IDEMWATCH_BLESS=1 cargo test -p idemwatch-monitor --test prometheus_rules\n\
          # Unit tests: promtool test rules assets/prometheus/idemwatch.rules.test.yml\n\
          groups:\n  - name: idemwatch-recording\n    rules:\n",
     );
