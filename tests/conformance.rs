@@ -22,6 +22,7 @@ use idemwatch::engine::store::{self, BusinessWrite, ClaimOutcome, DedupOutcome, 
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::fleet::{FleetConfig, FleetSim};
 use idemwatch::sim::sandbox_provider::{self, SandboxClient};
+use idemwatch_testkit::on_every_backend;
 use proptest::prelude::*;
 
 on_every_backend!(

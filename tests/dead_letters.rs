@@ -1,4 +1,4 @@
-//! Dead letters can be replayed (issue 14, SPEC §8): listing by consumer, reason,
+//! Dead letters can be replayed (issue 14, docs/CONTRACT.md §8): listing by consumer, reason,
 //! time and id; a replay re-publishes the raw bytes to the consumer's own queue and
 //! records it; a replayed message that was in fact processed is a duplicate (one
 //! effect), so a replay is always safe. On every backend, through the library and
@@ -20,6 +20,7 @@ use idemwatch::engine::replay::{self, ReplayPlan, ReplayStatus};
 use idemwatch::engine::store::{self, ClaimState, DeadLetterFilter};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::sandbox_provider;
+use idemwatch_testkit::on_every_backend;
 
 on_every_backend!(
     replayed_dead_letters_are_processed_once_and_recorded,

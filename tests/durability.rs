@@ -9,6 +9,7 @@ use common::{run_cli, TempEnv};
 use idemwatch::engine::store::postgres::PostgresStore;
 use idemwatch::engine::store::sqlite::SqliteStore;
 use idemwatch::engine::store::{self, Durability, StoreError};
+use idemwatch_testkit::on_every_backend;
 use sqlx::Connection;
 
 on_every_backend!(

@@ -21,6 +21,7 @@ use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::store::ClaimState;
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::sandbox_provider;
+use idemwatch_testkit::on_every_backend;
 
 on_every_backend!(
     poison_in_a_batch_of_16_costs_only_itself,

@@ -15,6 +15,7 @@ use idemwatch::engine::http_server::{self, ConnectionLimits};
 use idemwatch::engine::metrics::Metrics;
 use idemwatch::engine::store::edge::{IdemBegin, IdemRequest};
 use idemwatch::engine::store::{self, Stores};
+use idemwatch_testkit::on_every_backend;
 use serde_json::{json, Value};
 
 on_every_backend!(

@@ -13,6 +13,7 @@ use idemwatch::engine::store::{self, BusinessWrite, MarkerKind, Store};
 use idemwatch::monitor::alerts::{self, AlertKind};
 use idemwatch::monitor::db::{CountMethod, DbPoller, SourceStatus};
 use idemwatch::monitor::vehicles::VehicleAnomaly;
+use idemwatch_testkit::on_every_backend;
 
 on_every_backend!(
     dedup_claims_dead_letters_markers_and_drills_are_polled,

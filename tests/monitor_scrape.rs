@@ -12,6 +12,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use idemwatch::config::{Config, ScrapeTarget};
+use idemwatch::engine::consumers::risk_class;
 use idemwatch::engine::metrics::Metrics;
 use idemwatch::engine::store::Durability;
 use idemwatch::monitor::alerts::{AlertKind, Severity};
@@ -81,7 +82,7 @@ fn config_for(addr: SocketAddr) -> Config {
 #[tokio::test]
 async fn target_down_then_back_shows_gap_error_and_restart() {
     let first = Arc::new(Metrics::new());
-    first.register_consumer(CONSUMER);
+    first.register_consumer(CONSUMER, risk_class(CONSUMER));
     for _ in 0..10 {
         first.processed(CONSUMER);
     }
@@ -137,7 +138,7 @@ async fn target_down_then_back_shows_gap_error_and_restart() {
     // from zero.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let second = Arc::new(Metrics::new());
-    second.register_consumer(CONSUMER);
+    second.register_consumer(CONSUMER, risk_class(CONSUMER));
     for _ in 0..2 {
         second.processed(CONSUMER);
     }
@@ -173,7 +174,7 @@ async fn target_down_then_back_shows_gap_error_and_restart() {
 #[tokio::test]
 async fn spawned_monitor_publishes_snapshots_and_obeys_commands() {
     let metrics = Arc::new(Metrics::new());
-    metrics.register_consumer(CONSUMER);
+    metrics.register_consumer(CONSUMER, risk_class(CONSUMER));
     let (addr, server) = serve(metrics, ([127, 0, 0, 1], 0).into()).await;
     let mut config = config_for(addr);
     config.poll_interval = Duration::from_millis(100);
@@ -232,7 +233,7 @@ async fn http_edge_replays_and_conflicts_are_read_per_route() {
 #[tokio::test]
 async fn a_relaxed_engine_is_flagged_per_target_and_in_the_json() {
     let metrics = Arc::new(Metrics::new());
-    metrics.register_consumer(CONSUMER);
+    metrics.register_consumer(CONSUMER, risk_class(CONSUMER));
     let (addr, server) = serve(metrics.clone(), "127.0.0.1:0".parse().unwrap()).await;
     let mut monitor = Monitor::new(&config_for(addr)).unwrap();
     let durable = monitor.poll().await;
@@ -399,7 +400,7 @@ async fn a_serve_process_killed_and_started_again_is_one_restart_marker() {
 async fn a_paused_consumer_shows_since_when_why_and_an_alert() {
     use idemwatch::engine::health::{Backoff, ConsumerHealth, InfraKind};
     let metrics = Arc::new(Metrics::new());
-    metrics.register_consumer(CONSUMER);
+    metrics.register_consumer(CONSUMER, risk_class(CONSUMER));
     let health = ConsumerHealth::new(
         CONSUMER,
         Backoff {

@@ -16,6 +16,7 @@ use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::store::{self, ClaimState};
 use idemwatch::engine::{Engine, EngineConfig};
 use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
+use idemwatch_testkit::on_every_backend;
 
 /// `purge --older-than` below max(claim lease, visibility x max deliveries, 1h) is
 /// refused with exit 2 and the reason, unless --force; huge durations are a clear

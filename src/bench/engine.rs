@@ -35,7 +35,7 @@ use crate::engine::runner::{EventSink, RunnerSettings};
 use crate::engine::store::{self, BusinessWrite, Durability, Recordable};
 use crate::engine::{Engine, EngineConfig};
 
-use super::{cpu_seconds, BenchError};
+use super::{cpu_seconds, durability_words, BenchError};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -701,26 +701,4 @@ pub async fn run(plan: &EngineBenchPlan) -> Result<EngineBenchReport, BenchError
         raw_with_queue,
         ratio_with_queue,
     })
-}
-
-/// `durable: …` or `relaxed: …`, with what it means on the store's backend.
-pub(crate) fn durability_words(store: &dyn store::Store) -> String {
-    let words = match (store.backend(), store.durability()) {
-        (store::Backend::Sqlite, Durability::Durable) => {
-            "SQLite WAL, synchronous=FULL (fsync per commit)"
-        }
-        (store::Backend::Sqlite, Durability::Relaxed) => {
-            "SQLite WAL, synchronous=NORMAL (fsync at checkpoints only)"
-        }
-        (store::Backend::Postgres, Durability::Durable) => {
-            "PostgreSQL server defaults (synchronous_commit as configured)"
-        }
-        (store::Backend::Postgres, Durability::Relaxed) => {
-            "PostgreSQL synchronous_commit=off in the bench's sessions"
-        }
-        (store::Backend::Mysql, _) => {
-            "MariaDB/MySQL server defaults (innodb_flush_log_at_trx_commit as configured)"
-        }
-    };
-    format!("{}: {words}", store.durability().as_str())
 }

@@ -19,7 +19,7 @@ use sqlx::{Executor, PgPool};
 use crate::config::DatabaseConfig;
 use crate::engine::envelope::Envelope;
 use crate::engine::retention::{self, PurgePlan, PurgeProgress, PurgeSummary};
-use crate::engine::store::{self, BusinessWrite, Store};
+use crate::engine::store::{self, BusinessWrite, Durability, Store};
 use crate::monitor::db::{DbError, DbPoller};
 
 pub mod engine;
@@ -489,4 +489,75 @@ fn status_mib(field: &str) -> f64 {
         })
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
+}
+
+/// One consumer's part of a raw run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RawConsumerFigures {
+    pub consumer: String,
+    pub seconds: f64,
+    pub messages_per_second: f64,
+    /// Transactions it committed (claims and results count apart).
+    pub transactions: usize,
+}
+
+/// A raw run: the four consumers' statements at once, no queue, no provider.
+#[derive(Debug, Clone, Serialize)]
+pub struct RawRunFigures {
+    pub seconds: f64,
+    pub messages_per_second: f64,
+    pub cpu_us_per_message: f64,
+    pub consumers: Vec<RawConsumerFigures>,
+}
+
+impl RawRunFigures {
+    /// A raw run's figures: `n` messages in `seconds` wall and `cpu` CPU seconds, and
+    /// each consumer's (name, seconds until it was done, transactions) or its error.
+    pub(crate) fn of<E: std::fmt::Display>(
+        n: usize,
+        seconds: f64,
+        cpu: f64,
+        results: Vec<Result<(&str, f64, usize), E>>,
+    ) -> Result<Self, BenchError> {
+        let consumers = results
+            .into_iter()
+            .map(|r| {
+                let (consumer, s, transactions) = r.map_err(|e| BenchError::Run(e.to_string()))?;
+                Ok(RawConsumerFigures {
+                    consumer: consumer.to_string(),
+                    seconds: s,
+                    messages_per_second: n as f64 / s.max(1e-9),
+                    transactions,
+                })
+            })
+            .collect::<Result<Vec<_>, BenchError>>()?;
+        Ok(RawRunFigures {
+            seconds,
+            messages_per_second: n as f64 / seconds.max(1e-9),
+            cpu_us_per_message: cpu * 1e6 / n.max(1) as f64,
+            consumers,
+        })
+    }
+}
+
+/// `durable: …` or `relaxed: …`, with what it means on the store's backend.
+pub(crate) fn durability_words(store: &dyn store::Store) -> String {
+    let words = match (store.backend(), store.durability()) {
+        (store::Backend::Sqlite, Durability::Durable) => {
+            "SQLite WAL, synchronous=FULL (fsync per commit)"
+        }
+        (store::Backend::Sqlite, Durability::Relaxed) => {
+            "SQLite WAL, synchronous=NORMAL (fsync at checkpoints only)"
+        }
+        (store::Backend::Postgres, Durability::Durable) => {
+            "PostgreSQL server defaults (synchronous_commit as configured)"
+        }
+        (store::Backend::Postgres, Durability::Relaxed) => {
+            "PostgreSQL synchronous_commit=off in the bench's sessions"
+        }
+        (store::Backend::Mysql, _) => {
+            "MariaDB/MySQL server defaults (innodb_flush_log_at_trx_commit as configured)"
+        }
+    };
+    format!("{}: {words}", store.durability().as_str())
 }

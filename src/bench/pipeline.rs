@@ -43,7 +43,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::sim::fleet::{FleetConfig, FleetSim};
 use crate::sim::sandbox_provider::{self, SandboxState};
 
-use super::{cpu_seconds, peak_rss_mib, rss_mib, BenchError};
+use super::{cpu_seconds, peak_rss_mib, rss_mib, BenchError, RawRunFigures};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -141,25 +141,6 @@ pub struct EngineRunFigures {
     pub exactly_once: bool,
     /// The most provider calls (SMS and webhooks) the sandbox answered at once.
     pub provider_peak_in_flight: usize,
-}
-
-/// One consumer's part of a raw run.
-#[derive(Debug, Clone, Serialize)]
-pub struct RawConsumerFigures {
-    pub consumer: String,
-    pub seconds: f64,
-    pub messages_per_second: f64,
-    /// Transactions it committed (claims and results count apart).
-    pub transactions: usize,
-}
-
-/// A raw run: the four consumers' statements at once, no queue, no provider.
-#[derive(Debug, Clone, Serialize)]
-pub struct RawRunFigures {
-    pub seconds: f64,
-    pub messages_per_second: f64,
-    pub cpu_us_per_message: f64,
-    pub consumers: Vec<RawConsumerFigures>,
 }
 
 /// One round: the engine and its baselines on the same trace (fresh device ids each).
@@ -630,36 +611,6 @@ async fn raw_run(
     )
 }
 
-impl RawRunFigures {
-    /// A raw run's figures: `n` messages in `seconds` wall and `cpu` CPU seconds, and
-    /// each consumer's (name, seconds until it was done, transactions) or its error.
-    pub(crate) fn of<E: std::fmt::Display>(
-        n: usize,
-        seconds: f64,
-        cpu: f64,
-        results: Vec<Result<(&str, f64, usize), E>>,
-    ) -> Result<Self, BenchError> {
-        let consumers = results
-            .into_iter()
-            .map(|r| {
-                let (consumer, s, transactions) = r.map_err(err)?;
-                Ok(RawConsumerFigures {
-                    consumer: consumer.to_string(),
-                    seconds: s,
-                    messages_per_second: n as f64 / s.max(1e-9),
-                    transactions,
-                })
-            })
-            .collect::<Result<Vec<_>, BenchError>>()?;
-        Ok(RawRunFigures {
-            seconds,
-            messages_per_second: n as f64 / seconds.max(1e-9),
-            cpu_us_per_message: cpu * 1e6 / n.max(1) as f64,
-            consumers,
-        })
-    }
-}
-
 /// Parsed envelopes of a trace, its raw bodies and its keys.
 fn prepared(
     messages: Vec<crate::sim::fleet::SimMessage>,
@@ -770,7 +721,7 @@ pub async fn run(plan: &PipelineBenchPlan) -> Result<PipelineBenchReport, BenchE
     let (engine, raw, raw_rusqlite) = figures.swap_remove(median);
     let durability = format!(
         "{}{}",
-        super::engine::durability_words(store.as_ref()),
+        super::durability_words(store.as_ref()),
         if plan.queue_url.is_none() {
             "; embedded queue: publishes FULL, leases/acks NORMAL"
         } else {

@@ -20,8 +20,7 @@ use crate::engine::envelope::{Envelope, EventType};
 use crate::engine::store::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use crate::engine::store::{ts, Durability, VehicleFacts};
 
-use super::pipeline::RawRunFigures;
-use super::{cpu_seconds, BenchError};
+use super::{cpu_seconds, BenchError, RawRunFigures};
 
 fn err(e: impl std::fmt::Display) -> BenchError {
     BenchError::Run(format!("rusqlite baseline: {e}"))

@@ -88,7 +88,7 @@ fn exposition_of(consumers: usize) -> Arc<Metrics> {
     let m = Arc::new(Metrics::new());
     for i in 0..consumers {
         let c = format!("consumer-{i:04}");
-        m.register_consumer(&c);
+        m.register_consumer(&c, None);
         m.processed(&c);
         m.dead_lettered(&c, RejectReason::MalformedJson);
         m.observe_handler(&c, 0.003);

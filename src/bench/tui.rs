@@ -51,7 +51,7 @@ pub async fn serve_targets(count: usize) -> BenchResult<()> {
         ));
         let metrics = Arc::new(Metrics::new());
         for c in crate::engine::consumers::FLEET_CONSUMERS {
-            metrics.register_consumer(c);
+            metrics.register_consumer(c, crate::engine::consumers::risk_class(c));
         }
         registries.push(metrics.clone());
         tokio::spawn(async move {

@@ -93,7 +93,7 @@ pub struct EngineArgs {
     pub dup_rate: f64,
     /// Messages per transaction (and per lease / ack). Several sizes (`1,100`) are
     /// measured one after the other, with how throughput scales between them.
-    #[arg(long, default_value = "100", value_delimiter = ',')]
+    #[arg(long, default_value = RunnerSettings::default().lease_batch.to_string(), value_delimiter = ',')]
     pub batch: Vec<usize>,
     /// Concurrent workers (engine) and connections (raw).
     #[arg(long, default_value_t = 1)]
@@ -143,7 +143,7 @@ pub struct PipelineArgs {
     #[arg(long, default_value_t = idemwatch::engine::consumers::DEFAULT_PROVIDER_CONCURRENCY, value_name = "N")]
     pub provider_concurrency: usize,
     /// Deliveries per batch (as `consume --batch`).
-    #[arg(long, default_value_t = super::DEFAULT_BATCH, value_name = "N")]
+    #[arg(long, default_value_t = RunnerSettings::default().lease_batch, value_name = "N")]
     pub batch: usize,
     /// As `consume --prefetch`.
     #[arg(long, default_value_t = RunnerSettings::default().prefetch, value_name = "N")]
@@ -216,9 +216,9 @@ pub struct QueriesArgs {
 pub struct PurgeBenchArgs {
     #[arg(long, env = idemwatch::engine::ENV_DB, hide_env_values = true)]
     pub db: String,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = super::shown(idemwatch::engine::retention::DEFAULT_RETENTION))]
     pub older_than: Duration,
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, default_value_t = idemwatch::engine::retention::DEFAULT_PURGE_BATCH)]
     pub batch: i64,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub pause: Duration,

@@ -1,4 +1,4 @@
-//! `idemwatch claims list|resolve` (SPEC §8): the side-effect claims, and an
+//! `idemwatch claims list|resolve` (docs/CONTRACT.md §8): the side-effect claims, and an
 //! operator's decision on one left in doubt when only the provider's own records can
 //! say whether it went out (the sweeper, `engine::sweeper`, re-drives the rest).
 
@@ -47,7 +47,7 @@ pub struct ListArgs {
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub limit: i64,
     /// The consumers' claim lease: an open claim older than this is in doubt.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", value_name = "DURATION")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = super::shown(idemwatch::engine::consumers::DEFAULT_CLAIM_LEASE), value_name = "DURATION")]
     pub claim_lease: Duration,
 }
 

@@ -1,4 +1,4 @@
-//! `idemwatch dead-letters list|replay` (SPEC §8): find dead letters and send them
+//! `idemwatch dead-letters list|replay` (docs/CONTRACT.md §8): find dead letters and send them
 //! back to their consumer's queue. The replay itself is `engine::replay`.
 
 use chrono::{DateTime, Utc};

@@ -1,4 +1,4 @@
-//! Command-line parsing (SPEC §6). Each subcommand lives in its own file and only
+//! Command-line parsing (docs/CONTRACT.md §6). Each subcommand lives in its own file and only
 //! calls the library layers.
 
 use std::path::PathBuf;
@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use idemwatch::engine::consumers::{ConsumerMode, DEFAULT_PROVIDER_CONCURRENCY};
+use idemwatch::engine::consumers::{
+    ConsumerMode, DEFAULT_CLAIM_LEASE, DEFAULT_PROVIDER_CONCURRENCY,
+};
 use idemwatch::engine::crash::CrashPoint;
 use idemwatch::engine::deadlines::Deadlines;
 use idemwatch::engine::runner::RunnerSettings;
@@ -22,6 +24,8 @@ pub mod completions;
 pub mod consume;
 pub mod dashboard;
 pub mod dead_letters;
+#[cfg(test)]
+mod defaults_test;
 pub mod drill;
 pub mod env_files;
 pub mod ingest;
@@ -35,7 +39,7 @@ pub mod serve;
 pub mod simulate;
 pub mod snapshot;
 
-/// Exit codes (SPEC §6, plus 3 for an environment we could not reach). A failed
+/// Exit codes (docs/CONTRACT.md §6, plus 3 for an environment we could not reach). A failed
 /// idempotent drill exits 1 (see `DrillReport::exit_code`).
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_USAGE: i32 = 2;
@@ -172,7 +176,7 @@ pub enum Command {
     Man(man::ManArgs),
 }
 
-/// Flags every engine-backed command shares (SPEC §6 "common flags").
+/// Flags every engine-backed command shares (docs/CONTRACT.md §6 "common flags").
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
     /// Database URL: sqlite://PATH, postgres://…, mysql://… (default: SQLite in the data dir).
@@ -200,7 +204,7 @@ pub struct EngineArgs {
     #[arg(
         long = "batch",
         alias = "lease-batch",
-        default_value_t = DEFAULT_BATCH,
+        default_value_t = RunnerSettings::default().lease_batch,
         value_name = "N"
     )]
     pub lease_batch: usize,
@@ -210,7 +214,7 @@ pub struct EngineArgs {
     pub provider_concurrency: usize,
     /// Once a batch's first delivery is in, how long to wait for it to fill (0: take
     /// what is there). Bounds the latency batching adds.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s", value_name = "DURATION")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = shown(RunnerSettings::default().batch_max_wait), value_name = "DURATION")]
     pub batch_max_wait: Duration,
     /// Lease the next batch only once the current one is acked (by default the queue
     /// work overlaps the database commit).
@@ -241,7 +245,7 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = Unavailable::FailClosed)]
     pub seen_set_unavailable: Unavailable,
     /// How long a Redis seen-set key lives: the retention (as `purge --older-than`).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d", value_name = "DURATION")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = shown(SeenSetConfig::default().ttl), value_name = "DURATION")]
     pub seen_set_ttl: Duration,
 
     /// The longest one store call (a transaction) may take before the consumer
@@ -265,13 +269,13 @@ pub struct EngineArgs {
     // Tuning and drill plumbing: hidden from --help, used by drills' child processes.
     #[arg(long, hide = true)]
     pub namespace: Option<String>,
-    #[arg(long, hide = true, default_value_t = 30_000)]
+    #[arg(long, hide = true, default_value_t = ms(RunnerSettings::default().visibility_timeout))]
     pub visibility_ms: u64,
-    #[arg(long, hide = true, default_value_t = 60_000)]
+    #[arg(long, hide = true, default_value_t = ms(DEFAULT_CLAIM_LEASE))]
     pub claim_lease_ms: u64,
-    #[arg(long, hide = true, default_value_t = 1_000)]
+    #[arg(long, hide = true, default_value_t = ms(RunnerSettings::default().retry_delay))]
     pub retry_ms: u64,
-    #[arg(long, hide = true, default_value_t = 10)]
+    #[arg(long, hide = true, default_value_t = RunnerSettings::default().max_deliveries)]
     pub max_deliveries: u32,
     #[arg(long, hide = true, value_parser = clap::value_parser!(CrashPoint))]
     pub crash_at: Option<CrashPoint>,
@@ -280,11 +284,18 @@ pub struct EngineArgs {
     pub crash_abort: bool,
 }
 
-/// `--batch`'s default: deliveries per transaction. At 100 a commit's fsync is
-/// shared by a hundred messages (BENCHMARKS.md: scaling with the batch); the
-/// latency it adds is bounded by `--batch-max-wait` (0 by default: a batch is what
-/// is there).
-pub const DEFAULT_BATCH: usize = 100;
+/// A library default duration as a flag's default: what `--help` shows, in the form
+/// `humantime` parses back (`0s`, `30s`, `1m`, `7days`). The defaults themselves live
+/// with the settings they belong to (`RunnerSettings::default()`, the engine's
+/// constants), never here.
+pub fn shown(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// A library default duration in the milliseconds of the hidden tuning flags.
+pub fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 impl EngineArgs {
     pub fn db_url(&self) -> String {

@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use super::{print_json, CliError, CliResult, EXIT_OK};
+use idemwatch::engine::consumers::DEFAULT_CLAIM_LEASE;
 use idemwatch::engine::default_db_url;
-use idemwatch::engine::retention::{self, PurgePlan, RedeliveryWindow};
+use idemwatch::engine::retention::{
+    self, PurgePlan, RedeliveryWindow, DEFAULT_PURGE_BATCH, DEFAULT_RETENTION,
+};
 use idemwatch::engine::runner::RunnerSettings;
 use idemwatch::engine::store;
 
@@ -23,10 +26,10 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 #[derive(Debug, Args)]
 pub struct PurgeArgs {
     /// Delete dedup rows processed longer ago than this (e.g. 7d, 36h).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = super::shown(DEFAULT_RETENTION))]
     pub older_than: Duration,
     /// Rows per batch (per transaction).
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, default_value_t = DEFAULT_PURGE_BATCH)]
     pub batch: i64,
     /// Sleep between batches (e.g. 10ms) to leave I/O to the consumers.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
@@ -43,10 +46,10 @@ pub struct PurgeArgs {
     #[arg(long)]
     pub force: bool,
     /// The consumers' claim lease (as `serve` runs them), for the floor.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", value_name = "DURATION")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = super::shown(DEFAULT_CLAIM_LEASE), value_name = "DURATION")]
     pub claim_lease: Duration,
     /// The queue's visibility timeout (as `serve` runs it), for the floor.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s", value_name = "DURATION")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = super::shown(RunnerSettings::default().visibility_timeout), value_name = "DURATION")]
     pub visibility_timeout: Duration,
     /// Deliveries before a message is dead-lettered (as `serve` runs it), for the floor.
     #[arg(long, default_value_t = RunnerSettings::default().max_deliveries, value_name = "N")]

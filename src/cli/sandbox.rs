@@ -1,4 +1,4 @@
-//! `idemwatch sms-sandbox`: the SMS/ERP provider of SPEC §4, standalone.
+//! `idemwatch sms-sandbox`: the SMS/ERP provider of docs/CONTRACT.md §4, standalone.
 
 use std::net::SocketAddr;
 

@@ -41,7 +41,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = http_api::ApiConfig::default().max_in_flight, value_name = "N")]
     pub api_max_in_flight: usize,
     /// How long the write API remembers an Idempotency-Key.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "24h")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = super::shown(http_api::ApiConfig::default().ttl))]
     pub idempotency_ttl: std::time::Duration,
     #[command(flatten)]
     pub engine: EngineArgs,

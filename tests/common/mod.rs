@@ -1,34 +1,11 @@
-//! Shared test plumbing: a throw-away SQLite database and queue per test.
+//! Shared test plumbing of the end-to-end tests: the binary, its commands, the
+//! engine-level helpers. The scratch directory and the test databases every crate's
+//! tests use live in `idemwatch-testkit`, re-exported here under their old names.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 
-pub struct TempEnv {
-    pub dir: tempfile::TempDir,
-}
-
-impl TempEnv {
-    pub fn new() -> Self {
-        TempEnv {
-            dir: tempfile::tempdir().expect("temp dir"),
-        }
-    }
-
-    pub fn db_url(&self) -> String {
-        format!(
-            "sqlite://{}",
-            self.dir.path().join("idemwatch.db").display()
-        )
-    }
-
-    pub fn queue_url(&self) -> String {
-        format!("sqlite://{}", self.dir.path().join("queue.db").display())
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
+pub use idemwatch_testkit::{backends, TempEnv};
 
 /// The idemwatch binary built for this test run.
 pub fn idemwatch_bin() -> PathBuf {
@@ -96,7 +73,6 @@ pub fn counted_since(
 }
 
 pub mod amqp;
-pub mod backends;
 pub mod flaky_store;
 pub mod mqtt;
 pub mod services;

@@ -1,0 +1,351 @@
+//! The live demo behind `idemwatch` without a config: the embedded engine (SQLite)
+//! consuming the fleet simulator in-process, its `/metrics` served on a loopback port
+//! and scraped over real HTTP like any external consumer, the SMS sandbox running,
+//! and a simulated deploy every couple of minutes.
+//!
+//! A deploy does what a real one does to an at-least-once consumer: the running
+//! incarnation dies mid-flight (a few deliveries committed but not acked), a new one
+//! starts with fresh counters and a new `process_start_time_seconds`, and the
+//! unacked deliveries come back as duplicates after the visibility timeout. The
+//! producer side redelivers more during the deploy window too (the simulator's
+//! ~0.4 %). The duplicate-rate chart spikes at the deploy marker for real reasons.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use idemwatch_drills::sim::fleet::{FleetConfig, FleetSim};
+use idemwatch_drills::sim::sandbox_provider::{self, SandboxHandle};
+use idemwatch_engine::consumers::ConsumerMode;
+use idemwatch_engine::crash::{CrashPlan, CrashPoint};
+use idemwatch_engine::exporter;
+use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::queue::{self, Queue};
+use idemwatch_engine::runner::RunnerSettings;
+use idemwatch_engine::store::{self, MarkerKind, Store};
+use idemwatch_engine::{Engine, EngineConfig, EngineError};
+use idemwatch_monitor::config::{Config, DatabaseConfig, ScrapeTarget};
+
+/// How the demo world behaves.
+#[derive(Debug, Clone)]
+pub struct DemoSettings {
+    /// Where the demo's database, queue and nothing else live (wiped at start).
+    pub dir: PathBuf,
+    pub vehicles: usize,
+    /// Fleet events published per second.
+    pub events_per_second: u32,
+    /// First simulated deploy after this long, then every `deploy_every`.
+    pub first_deploy_after: Duration,
+    pub deploy_every: Duration,
+    /// Deliveries killed between commit and ack by each deploy.
+    pub deploy_kills: u32,
+    /// A malformed message from a "buggy producer" this often (dead letters).
+    pub garbage_every: Duration,
+    pub seed: u64,
+}
+
+impl DemoSettings {
+    pub fn in_dir(dir: &Path) -> Self {
+        DemoSettings {
+            dir: dir.to_path_buf(),
+            vehicles: 24,
+            events_per_second: 8,
+            first_deploy_after: Duration::from_secs(40),
+            deploy_every: Duration::from_secs(120),
+            deploy_kills: 6,
+            garbage_every: Duration::from_secs(75),
+            seed: 2026,
+        }
+    }
+}
+
+/// Where the demo's parts can be reached.
+#[derive(Debug, Clone)]
+pub struct DemoEndpoints {
+    pub metrics_url: String,
+    pub db_url: String,
+    pub queue_url: String,
+    pub sms_url: String,
+    pub dir: PathBuf,
+}
+
+impl DemoEndpoints {
+    /// The dashboard config that watches the demo exactly as it would watch a real
+    /// system: one scrape target and the database.
+    pub fn monitor_config(&self) -> Config {
+        let mut db = DatabaseConfig::with_url(&self.db_url);
+        db.claim_lease = Duration::from_secs(60);
+        Config {
+            targets: vec![ScrapeTarget {
+                name: "demo-engine".into(),
+                url: self.metrics_url.clone(),
+            }],
+            database: Some(db),
+            ..Config::default()
+        }
+    }
+}
+
+/// A running demo. Dropping it stops everything.
+pub struct Demo {
+    pub endpoints: DemoEndpoints,
+    stop: watch::Sender<bool>,
+    deploy_now: tokio::sync::mpsc::UnboundedSender<()>,
+    world: Arc<World>,
+    tasks: Vec<JoinHandle<()>>,
+    _sandbox: SandboxHandle,
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// What the consumer "process" of the demo shares across incarnations.
+struct World {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    cfg: EngineConfig,
+    current: RwLock<Arc<Metrics>>,
+    /// Deploys so far: the producer opens a redelivery window on each.
+    deploys: AtomicU64,
+}
+
+impl World {
+    fn metrics(&self) -> Arc<Metrics> {
+        self.current
+            .read()
+            .map(|m| m.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+}
+
+fn sqlite_url(path: &Path) -> String {
+    format!("sqlite://{}", path.display())
+}
+
+impl Demo {
+    /// Start the demo world in `settings.dir` (its previous demo files are removed).
+    pub async fn start(settings: DemoSettings) -> Result<Demo, EngineError> {
+        std::fs::create_dir_all(&settings.dir).map_err(|e| {
+            EngineError::Other(format!("cannot create {}: {e}", settings.dir.display()))
+        })?;
+        for f in [
+            "demo.db",
+            "demo.db-wal",
+            "demo.db-shm",
+            "demo-queue.db",
+            "demo-queue.db-wal",
+            "demo-queue.db-shm",
+        ] {
+            let _ = std::fs::remove_file(settings.dir.join(f));
+        }
+        let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+            .await
+            .map_err(|e| EngineError::Other(format!("cannot start the SMS sandbox: {e}")))?;
+        let db_url = sqlite_url(&settings.dir.join("demo.db"));
+        let queue_url = sqlite_url(&settings.dir.join("demo-queue.db"));
+        let store = store::open(&db_url).await?;
+        let queue = queue::open(&queue_url).await?;
+        let mut cfg = EngineConfig::new(&db_url, &queue_url, &sandbox.url(), &sandbox.url());
+        cfg.mode = ConsumerMode::Idempotent;
+        cfg.runner = RunnerSettings {
+            visibility_timeout: Duration::from_secs(5),
+            lease_batch: 8,
+            idle_poll: Duration::from_millis(200),
+            ..RunnerSettings::default()
+        };
+        let world = Arc::new(World {
+            store,
+            queue,
+            cfg,
+            current: RwLock::new(Arc::new(Metrics::new())),
+            deploys: AtomicU64::new(0),
+        });
+
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(|e| EngineError::Other(format!("cannot bind the metrics port: {e}")))?;
+        let metrics_addr = listener
+            .local_addr()
+            .map_err(|e| EngineError::Other(e.to_string()))?;
+        let (stop, stop_rx) = watch::channel(false);
+        let (deploy_now, deploy_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+
+        let source_world = world.clone();
+        let app = exporter::router_with(Arc::new(move || source_world.metrics()));
+        let mut http_stop = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(exporter::no_delay(listener), app)
+                .with_graceful_shutdown(async move {
+                    let _ = http_stop.changed().await;
+                })
+                .await;
+        }));
+        tasks.push(tokio::spawn(produce(
+            world.clone(),
+            settings.clone(),
+            stop_rx.clone(),
+        )));
+        tasks.push(tokio::spawn(consume(
+            world.clone(),
+            settings.clone(),
+            stop_rx,
+            deploy_rx,
+        )));
+
+        Ok(Demo {
+            endpoints: DemoEndpoints {
+                metrics_url: format!("http://{metrics_addr}/metrics"),
+                db_url,
+                queue_url,
+                sms_url: sandbox.url(),
+                dir: settings.dir.clone(),
+            },
+            stop,
+            deploy_now,
+            world,
+            tasks,
+            _sandbox: sandbox,
+        })
+    }
+
+    /// Simulate a deploy now (the dashboard's `D` key in demo mode).
+    pub fn deploy(&self) {
+        let _ = self.deploy_now.send(());
+    }
+
+    /// An operator's marker in the demo's own database (the dashboard's `m`); it
+    /// comes back with the next poll like any other marker.
+    pub async fn add_marker(&self, label: &str) -> Result<i64, store::StoreError> {
+        self.world
+            .store
+            .add_marker(MarkerKind::Manual, label, Some("added from the dashboard"))
+            .await
+    }
+}
+
+/// The producer: the fleet, at a steady rate, plus the occasional buggy message.
+async fn produce(world: Arc<World>, settings: DemoSettings, mut stop: watch::Receiver<bool>) {
+    let per_tick = settings.events_per_second.max(1);
+    let mut sim = FleetSim::new(FleetConfig {
+        vehicles: settings.vehicles,
+        seed: settings.seed,
+        start: Utc::now(),
+        tick: Duration::from_millis(1000 / u64::from(per_tick)),
+        late_rate: 0.004,
+        ..FleetConfig::default()
+    });
+    let queues: Vec<String> = idemwatch_engine::consumers::FLEET_CONSUMERS
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut garbage_at = tokio::time::Instant::now() + settings.garbage_every / 3;
+    let mut deploy_windows = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        // The producer redelivers more while consumers restart (the field report: ~0.4 %).
+        let deploys = world.deploys.load(Ordering::Relaxed);
+        if deploys > deploy_windows {
+            deploy_windows = deploys;
+            sim.deploy(u64::from(per_tick) * 30);
+        }
+        let mut bodies: Vec<Vec<u8>> = (0..per_tick).map(|_| sim.next().raw).collect();
+        if tokio::time::Instant::now() >= garbage_at {
+            garbage_at += settings.garbage_every;
+            bodies.push(
+                br#"{"device_id":"34-SIM-0003","seq":"oops","event_type":"position"}"#.to_vec(),
+            );
+        }
+        if let Err(e) = world.queue.publish(&queues, &bodies).await {
+            tracing::warn!(error = %e, "demo producer could not publish");
+        }
+    }
+}
+
+/// The consumer "process": one incarnation after another, each killed by a deploy.
+async fn consume(
+    world: Arc<World>,
+    settings: DemoSettings,
+    mut stop: watch::Receiver<bool>,
+    mut deploy_rx: tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
+    let mut next_deploy = tokio::time::Instant::now() + settings.first_deploy_after;
+    let mut deploy_no = 0u64;
+    loop {
+        let metrics = world.metrics();
+        let engine = match Engine::from_parts(
+            world.store.clone(),
+            world.queue.clone(),
+            metrics,
+            &world.cfg,
+        ) {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                tracing::error!(error = %e, "demo engine could not start");
+                return;
+            }
+        };
+        let crash = Arc::new(CrashPlan::none());
+        let (inc_stop, inc_stop_rx) = watch::channel(false);
+        let runner = {
+            let (engine, crash) = (engine.clone(), crash.clone());
+            tokio::spawn(async move { engine.run(1, crash, inc_stop_rx).await })
+        };
+        // Run until the next deploy (scheduled or requested) or the demo stops.
+        let mut gauges = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_deploy) => break,
+                Some(()) = deploy_rx.recv() => break,
+                _ = gauges.tick() => {
+                    let _ = engine.refresh_in_doubt_gauge().await;
+                    continue;
+                }
+                _ = stop.changed() => {
+                    let _ = inc_stop.send(true);
+                    let _ = runner.await;
+                    return;
+                }
+            }
+        }
+        deploy_no += 1;
+        next_deploy = tokio::time::Instant::now() + settings.deploy_every;
+        world.deploys.fetch_add(1, Ordering::Relaxed);
+        let _ = world
+            .store
+            .add_marker(
+                MarkerKind::Deploy,
+                &format!("demo deploy #{deploy_no}"),
+                Some("simulated rolling restart of the consumers"),
+            )
+            .await;
+        // The old incarnation dies mid-flight: some deliveries commit and never ack.
+        crash.arm(CrashPoint::AfterCommitBeforeAck, settings.deploy_kills);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+        while crash.pending() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = inc_stop.send(true);
+        let _ = runner.await;
+        // A new process: counters from zero, a new start time.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Ok(mut current) = world.current.write() {
+            *current = Arc::new(Metrics::new());
+        }
+    }
+}
