@@ -23,6 +23,7 @@ use idemwatch::engine::runner::{DeliveryEvent, DeliveryOutcome, EventSink, Runne
 use idemwatch::engine::store::{self, ClaimState, Store};
 use idemwatch::engine::{queue, Engine, EngineConfig};
 use idemwatch::sim::sandbox_provider::{self, SandboxHandle};
+use idemwatch_testkit::on_every_backend;
 
 on_every_backend!(
     a_sent_sms_whose_record_fails_is_recorded_later_never_sent_again,

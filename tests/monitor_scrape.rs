@@ -462,7 +462,7 @@ async fn a_paused_consumer_shows_since_when_why_and_an_alert() {
 async fn a_silent_store_reads_not_answering_since_when_with_its_retries() {
     use idemwatch::engine::health::{Backoff, ConsumerHealth, InfraKind, PauseCause};
     let metrics = Arc::new(Metrics::new());
-    metrics.register_consumer(CONSUMER);
+    metrics.register_consumer(CONSUMER, risk_class(CONSUMER));
     let health = ConsumerHealth::new(
         CONSUMER,
         Backoff {
@@ -532,7 +532,7 @@ async fn a_silent_store_reads_not_answering_since_when_with_its_retries() {
 #[tokio::test]
 async fn a_batch_held_by_a_silent_peer_shows_as_waiting_before_any_deadline() {
     let metrics = Arc::new(Metrics::new());
-    metrics.register_consumer(CONSUMER);
+    metrics.register_consumer(CONSUMER, risk_class(CONSUMER));
     let (addr, server) = serve(metrics.clone(), ([127, 0, 0, 1], 0).into()).await;
     let mut monitor = Monitor::new(&config_for(addr)).unwrap();
     // A batch taken up a moment ago is work, not a wait.

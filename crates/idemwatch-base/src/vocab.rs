@@ -158,3 +158,10 @@ impl InfraKind {
         }
     }
 }
+
+/// As its label (every `timeout` is `"timeout"`, whatever its cause).
+impl Serialize for InfraKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}

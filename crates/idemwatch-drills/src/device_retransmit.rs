@@ -20,12 +20,12 @@ use tokio::sync::watch;
 
 use super::rig::Rig;
 use super::{count, deliveries, DeliveryOutcome, DrillError, Findings};
-use idemwatch_engine::mqtt_link::LinkConfig;
 use crate::sim::mqtt_device::publish_fleet;
 use idemwatch_engine::consumers::{trip_counter, zone_exit_sms, ConsumerMode};
 use idemwatch_engine::envelope::EventType;
 use idemwatch_engine::ingress::{self, IngressStats, MqttIngressConfig};
 use idemwatch_engine::metrics::Metrics;
+use idemwatch_engine::mqtt_link::LinkConfig;
 use idemwatch_engine::queue_name;
 
 /// Copies a device sends at most in this drill: the broker keeps them for the

@@ -27,6 +27,7 @@ async fn deps_on(dir: &tempfile::TempDir, provider: &str) -> Deps {
         metrics,
         claim_lease: Duration::from_secs(60),
         provider_concurrency: 1,
+        custody: Arc::default(),
     }
 }
 

@@ -24,13 +24,6 @@ use super::metrics::Metrics;
 /// Kept here for the breaker's callers; the words live in [`idemwatch_base::vocab`].
 pub use idemwatch_base::vocab::{InfraKind, PauseCause};
 
-/// As its label.
-impl Serialize for InfraKind {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
 /// The pause after consecutive infrastructure failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {

@@ -232,7 +232,6 @@ pub mod names {
     gauge!(INGRESS_ERROR_LAST = "idem_ingress_error_last_seconds");
     counter!(INGRESS_DEAD_LETTERED = "idem_ingress_dead_lettered");
 
-
     /// Every family above but the histogram.
     pub const ALL: [Name; 24] = [
         PROCESSED,

@@ -3,10 +3,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use idemwatch_base::vocab::InfraKind;
+use idemwatch_base::vocab::{InfraKind, PauseCause};
 use serde_json::Value;
 
-use super::health::{InfraKind, PauseCause};
 use super::idempotency_key::{self, IdempotencyKey};
 
 /// The provider's answer to one request.

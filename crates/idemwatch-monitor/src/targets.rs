@@ -244,7 +244,7 @@ impl PausedReading {
         };
         let mut line = format!("{} {state}", self.cause);
         if let Some(t) = self.since {
-            line.push_str(&format!(" since {}", crate::clock::clock(t)));
+            line.push_str(&format!(" since {}", idemwatch_base::clock::clock(t)));
         }
         if let Some(n) = self.retries.filter(|n| *n > 0) {
             let word = if n == 1 { "retry" } else { "retries" };

@@ -96,7 +96,7 @@ fn mapping_and_overrides_are_read() {
 /// has the defaults the example names.
 #[test]
 fn the_engine_deadlines_are_read_and_default_as_the_example_says() {
-    use idemwatch::engine::deadlines::Deadlines;
+    use idemwatch_engine::deadlines::Deadlines;
     use std::time::Duration;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/valid_configs");
     let c = Config::load(&dir.join("engine_deadlines.toml")).unwrap();

@@ -86,7 +86,12 @@ fn the_docs_list_every_alert_rule_beside_the_dashboards() {
         let row = readme
             .lines()
             .find(|l| l.starts_with('|') && l.contains(&name))
-            .unwrap_or_else(|| panic!("docs/OPERATIONS.md's rules table does not list {}", rule.alert));
+            .unwrap_or_else(|| {
+                panic!(
+                    "docs/OPERATIONS.md's rules table does not list {}",
+                    rule.alert
+                )
+            });
         if let Some(kind) = rule.dashboard {
             let dashboard_column = row.split('|').nth(2).unwrap_or_default();
             assert!(

@@ -10,10 +10,9 @@ use serde_json::{json, Value};
 
 use super::setup::{Arena, Truth};
 use super::{ChaosOptions, ChaosReport, ConsumerTally, CHAOS_CLAIM_LEASE, CHAOS_MAX_DELIVERIES};
-use crate::verdict::{repeat_calls, EffectTally, EffectVerdict};
-use idemwatch_base::exposition::{ScrapeLimits, Scraper};
 use crate::sim::fleet::SimKind;
 use crate::sim::sandbox_provider::SandboxState;
+use crate::verdict::{repeat_calls, EffectTally, EffectVerdict};
 use crate::{Check, DrillError, Verdict};
 use idemwatch_engine::consumers;
 use idemwatch_engine::envelope::EventType;

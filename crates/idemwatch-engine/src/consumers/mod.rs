@@ -27,8 +27,8 @@ pub mod vehicle_state;
 pub mod zone_exit_sms;
 
 pub use custody::Custody;
-pub use side_effect::{claim_request, provider_key};
 pub(crate) use side_effect::record_kept;
+pub use side_effect::{claim_request, provider_key};
 
 /// Kept here for the consumers' callers; the words live in [`idemwatch_base::vocab`].
 pub use idemwatch_base::vocab::RiskClass;

@@ -692,9 +692,7 @@ async fn finish_alone(
         },
         ..r.clone()
     };
-    let after = match crate::store::finish_claim(deps.store.as_ref(), consumer, &close)
-        .await
-    {
+    let after = match crate::store::finish_claim(deps.store.as_ref(), consumer, &close).await {
         Ok(true) => "Its claim was closed `failed` instead, so no sweep or redelivery resends it \
                    and a replay of this letter is dropped as a duplicate."
             .to_string(),

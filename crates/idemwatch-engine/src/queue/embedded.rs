@@ -15,9 +15,9 @@ use sqlx::SqlitePool;
 
 use super::{Delivery, Queue, QueueDepth, QueueError, QueueResult};
 use crate::deadlines::DEFAULT_STATEMENT_TIMEOUT;
-use crate::store::redact_url;
 use crate::sqlite::conn::{connect_sqlite, migrate};
 use crate::sqlite::thread::{db, SqliteThread};
+use crate::store::redact_url;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("src/queue/migrations");
 

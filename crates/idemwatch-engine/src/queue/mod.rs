@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::deadlines::Deadlines;
 use crate::envelope::MAX_RAW_BYTES;
-use crate::health::{InfraKind, PauseCause};
+use idemwatch_base::vocab::{InfraKind, PauseCause};
 
 pub mod amqp;
 pub mod embedded;

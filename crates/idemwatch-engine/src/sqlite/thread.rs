@@ -53,7 +53,6 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use tokio::sync::{mpsc, oneshot};
 
-
 /// What the thread runs: a write job ([`SqliteThread::write`]); `durable`: its group
 /// commits with `synchronous = FULL` whatever the connection's policy.
 struct Job {

@@ -39,7 +39,7 @@ use super::repair::{ClaimFilter, StrandedClaim};
 use super::*;
 use crate::deadlines::Deadlines;
 use crate::envelope::Message;
-use crate::health::PauseCause;
+use idemwatch_base::vocab::PauseCause;
 
 /// How long a connection whose call was abandoned may take to answer what it still
 /// owes before it is closed: a healthy server that was merely slow answers at once

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::health::{InfraKind, PauseCause};
+use idemwatch_base::vocab::{InfraKind, PauseCause};
 
 /// Errors from the database layer.
 #[derive(Debug, thiserror::Error)]
@@ -177,14 +177,17 @@ fn classify(e: &sqlx::Error) -> Failure {
 
 /// A driver error that is a deadline firing (see [`StoreError::timed_out`]).
 pub(crate) fn timed_out(e: &sqlx::Error) -> bool {
-    use super::dialect::{mysql, postgres, sqlite};
+    use super::{
+        mysql::dialect as mysql, postgres::dialect as postgres, sqlite::dialect as sqlite,
+    };
     match e {
         sqlx::Error::PoolTimedOut => true,
         sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::TimedOut,
         sqlx::Error::Database(db) => {
             if let Some(e) = db.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
                 sqlite::timed_out(e)
-            } else if let Some(e) = db.try_downcast_ref::<crate::sqlite::thread::SqliteThreadError>()
+            } else if let Some(e) =
+                db.try_downcast_ref::<crate::sqlite::thread::SqliteThreadError>()
             {
                 sqlite::timed_out(e)
             } else if let Some(e) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {

@@ -16,16 +16,18 @@ use ratatui::text::{Line, Span, Text};
 use ratatui::widgets::{Cell, Paragraph, Row, Wrap};
 use ratatui::Frame;
 
-use idemwatch_engine::store::Durability;
-use idemwatch_monitor::alerts::Alert;
-use idemwatch_monitor::db::{DbStats, SourceStatus};
-use idemwatch_monitor::history::{HistoryState, HistoryStatus};
-use idemwatch_monitor::targets::{ConsumerStatus, Flow, IngressReading, TargetStatus, WindowCounts};
 use crate::app::{App, RateWindow};
 use crate::format;
 use crate::lists::{self, ListId};
 use crate::theme::Theme;
 use crate::widgets::{focus_title, list_table, panel, waiting, ListTable};
+use idemwatch_engine::store::Durability;
+use idemwatch_monitor::alerts::Alert;
+use idemwatch_monitor::db::{DbStats, SourceStatus};
+use idemwatch_monitor::history::{HistoryState, HistoryStatus};
+use idemwatch_monitor::targets::{
+    ConsumerStatus, Flow, IngressReading, TargetStatus, WindowCounts,
+};
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let Some(snap) = &app.snapshot else {

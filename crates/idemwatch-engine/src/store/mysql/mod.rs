@@ -87,10 +87,9 @@ impl MysqlStore {
         MIGRATOR.run_direct(&mut migrating).await?;
         let _ = tokio::time::timeout(deadlines.connect_timeout, migrating.close()).await;
         let session = *deadlines;
-        let pool =
-            super::dialect::server_pool::<MySql>(deadlines, tripwire).after_connect(move |conn, _| {
-                Box::pin(async move { dialect::engine_session(conn, &session).await })
-            });
+        let pool = super::dialect::server_pool::<MySql>(deadlines, tripwire).after_connect(
+            move |conn, _| Box::pin(async move { dialect::engine_session(conn, &session).await }),
+        );
         let pool = connect_within(deadlines, pool.connect_with(opts)).await?;
         Ok(MysqlStore {
             pool,

@@ -87,12 +87,11 @@ impl PostgresStore {
         MIGRATOR.run_direct(&mut migrating).await?;
         let _ = tokio::time::timeout(deadlines.connect_timeout, migrating.close()).await;
         let session = Arc::new(session_settings(deadlines, durability));
-        let pool = super::dialect::server_pool::<sqlx::Postgres>(deadlines, tripwire).after_connect(
-            move |conn, _| {
+        let pool = super::dialect::server_pool::<sqlx::Postgres>(deadlines, tripwire)
+            .after_connect(move |conn, _| {
                 let session = session.clone();
                 Box::pin(async move { conn.execute(session.as_str()).await.map(|_| ()) })
-            },
-        );
+            });
         let pool = connect_within(deadlines, pool.connect_with(opts)).await?;
         Ok(PostgresStore {
             pool,

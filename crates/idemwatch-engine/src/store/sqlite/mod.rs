@@ -17,11 +17,11 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::SqlitePool;
 
-use batch as sqlite_batch;
-use crate::sqlite::conn::{connect_sqlite, migrate};
-use crate::sqlite::thread::SqliteThread;
+use super::*;
 use crate::deadlines::DEFAULT_STATEMENT_TIMEOUT;
 use crate::envelope::Message;
+use crate::sqlite::conn::{connect_sqlite, migrate};
+use crate::sqlite::thread::SqliteThread;
 
 mod batch;
 pub mod dialect;
