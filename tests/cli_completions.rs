@@ -1,4 +1,4 @@
-//! Shell completions and the manual page (SPEC §9: `idemwatch completions SHELL`,
+//! Shell completions and the manual page (docs/CONTRACT.md §9: `idemwatch completions SHELL`,
 //! `idemwatch man`), generated from the clap definitions: each shell gets a script,
 //! bash accepts and uses it (a real `bash`: syntax check, `source`, `complete -p`, and
 //! the completion function asked for candidates as the shell asks it), zsh parses its

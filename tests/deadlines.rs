@@ -1,4 +1,4 @@
-//! The engine's deadlines as an operator sets them (issue 39, SPEC §9): `[engine]`
+//! The engine's deadlines as an operator sets them (issue 39, docs/CONTRACT.md §9): `[engine]`
 //! and `[queue]` in the config, the command line's flags over them, and what a
 //! deadline that fires looks like from outside.
 

@@ -29,7 +29,7 @@ fn cli_crash_before_ack_json_both_modes_in_process_and_killed() {
         assert_eq!(r["duplicate_dropped"], 6);
         assert_eq!(r["counter_delta"], 1);
         assert_eq!(r["kill_process"], kill);
-        // The verdict in Jepsen's terms (SPEC §9), flat in the report.
+        // The verdict in Jepsen's terms (docs/CONTRACT.md §9), flat in the report.
         for (field, want) in [
             ("lost", 0.0),
             ("duplicated", 0.0),

@@ -1,4 +1,4 @@
-//! Poison at every ingress costs only itself (issue 39, SPEC §9 "Ingress poison"): a
+//! Poison at every ingress costs only itself (issue 39, docs/CONTRACT.md §9 "Ingress poison"): a
 //! message the queue cannot take — over the size limit, not UTF-8 where JSON is
 //! required, a broker header the client cannot read — from a producer that is not
 //! idemwatch, straight on RabbitMQ or NATS, or brought back by a dead-letter replay,

@@ -40,7 +40,7 @@ pub const JOB: &str = "job";
 pub const CONSUMER: &str = "consumer";
 pub const BROKER: &str = "broker";
 
-/// The deploy markers `idemwatch mark deploy|incident|note` writes (SPEC §8), and the
+/// The deploy markers `idemwatch mark deploy|incident|note` writes (docs/CONTRACT.md §8), and the
 /// drills', read by Grafana's PostgreSQL macros. Restarts come from Prometheus.
 pub const MARKERS_SQL: &str = "SELECT at AS \"time\", label AS text, kind AS tags\n\
 FROM markers\n\
@@ -144,7 +144,7 @@ fn rows() -> Vec<Row> {
             panels: vec![Panel {
                 title: "Duplicate ratio per consumer",
                 description: format!(
-                    "dup / (processed + dup) per consumer (SPEC §5), over {one_minute} and over {}. \
+                    "dup / (processed + dup) per consumer (docs/CONTRACT.md §5), over {one_minute} and over {}. \
                      Lines: the deploy-day baseline {} % (judged over {} within {} of a restart, \
                      the shaded annotations) and the alert threshold {} % (over {one_minute}), \
                      the thresholds of the dashboard and of IdemDuplicateRateHigh.",

@@ -99,7 +99,7 @@ pub enum InfraKind {
     Store,
     /// The queue or the broker link failed (connection lost, refused, closed).
     Queue,
-    /// A deadline fired (SPEC §9, `kind="timeout"`): the peer of the cause said
+    /// A deadline fired (docs/CONTRACT.md §9, `kind="timeout"`): the peer of the cause said
     /// nothing in time — a statement, a lock wait, a pool, a broker request, a Redis
     /// command, a provider call. The consumer pauses under that cause and tries again
     /// on a fresh connection.

@@ -299,7 +299,7 @@ pub struct DrillReport {
     pub state_ok: bool,
     pub verdict: Verdict,
     /// `lost`, `duplicated`, `recovered`, `ok_fraction`, `provider_repeat_calls`
-    /// (SPEC §9), flat in the report.
+    /// (docs/CONTRACT.md §9), flat in the report.
     #[serde(flatten)]
     pub effects: EffectVerdict,
     pub duration_ms: u64,

@@ -1,4 +1,4 @@
-//! A drill's or chaos run's verdict in Jepsen's queue terms, over effects (SPEC §9):
+//! A drill's or chaos run's verdict in Jepsen's queue terms, over effects (docs/CONTRACT.md §9):
 //! of the effects the run is about (an SMS, a webhook, a counter's +1, a state row),
 //! how many were `lost` (never applied), `duplicated` (applied more than once),
 //! `recovered` (applied exactly once although the way to it met a fault: a crash, a

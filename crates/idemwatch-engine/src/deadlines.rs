@@ -40,7 +40,7 @@ pub struct Deadlines {
     pub heartbeat: Duration,
 }
 
-/// 30 s (SPEC §9): a batch transaction takes milliseconds, the slowest statement of
+/// 30 s (docs/CONTRACT.md §9): a batch transaction takes milliseconds, the slowest statement of
 /// the engine (a retention batch at 40 M rows) well under a second
 /// (BENCHMARKS.md); a wait thirty times longer than anything measured is a
 /// connection that stopped answering, not a slow database.

@@ -17,7 +17,7 @@ pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Largest raw message we even try to parse. Anything bigger cannot hold a payload
 /// under [`MAX_PAYLOAD_BYTES`] plus the envelope fields, so it is rejected unread.
 pub const MAX_RAW_BYTES: usize = MAX_PAYLOAD_BYTES + 4 * 1024;
-/// What a dead letter keeps of raw bytes over [`MAX_RAW_BYTES`] (SPEC §9 "Ingress
+/// What a dead letter keeps of raw bytes over [`MAX_RAW_BYTES`] (docs/CONTRACT.md §9 "Ingress
 /// poison"): their first 64 KiB, enough to see what the producer sent, and their true
 /// length in the detail ([`dead_letter_raw`]). Bytes within the limit are kept whole,
 /// so every letter that could be replayed is.

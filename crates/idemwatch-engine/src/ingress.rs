@@ -24,7 +24,7 @@
 //! member's messages wait for it to come back (a supervisor restarts it) rather than
 //! going to the others; none is lost either way.
 //!
-//! Poison costs only itself (issue 39, SPEC §9 "Ingress poison"): a message the queue
+//! Poison costs only itself (issue 39, docs/CONTRACT.md §9 "Ingress poison"): a message the queue
 //! cannot take — over the envelope's limit ([`MAX_RAW_BYTES`]), or not JSON at all —
 //! goes to `dead_letters` (consumer [`DEAD_LETTER_CONSUMER`], reason `too_large` or
 //! `malformed_json`, the first 64 KiB of the bytes and their true length), is acked and

@@ -221,7 +221,7 @@ pub mod names {
     counter!(SEEN_SET_BYPASSED = "idem_seen_set_bypassed");
     counter!(INGRESS_MESSAGES = "idem_ingress_messages");
     counter!(
-        /// Second provider calls for one key, by `reason` (SPEC §9; see
+        /// Second provider calls for one key, by `reason` (docs/CONTRACT.md §9; see
         /// [`RepeatReason`](super::RepeatReason)).
         PROVIDER_REPEAT_CALLS = "idem_provider_repeat_calls"
     );
@@ -883,7 +883,7 @@ fn repeat_label(consumer: &str, reason: RepeatReason) -> RepeatLabel {
     }
 }
 
-/// The reasons an ingress dead-letters with (SPEC §9 "Ingress poison"): what the queue
+/// The reasons an ingress dead-letters with (docs/CONTRACT.md §9 "Ingress poison"): what the queue
 /// cannot take. Everything else about a message is for its consumers to judge.
 pub const INGRESS_REASONS: [RejectReason; 2] =
     [RejectReason::TooLarge, RejectReason::MalformedJson];

@@ -91,7 +91,7 @@ impl ProviderError {
     }
 }
 
-/// A request that got no answer: timed out (a deadline, SPEC §9) or not (refused,
+/// A request that got no answer: timed out (a deadline, docs/CONTRACT.md §9) or not (refused,
 /// reset); the words redacted either way.
 fn transport(e: reqwest::Error) -> ProviderError {
     let words = idemwatch_base::redact::redact_text(&e.to_string());

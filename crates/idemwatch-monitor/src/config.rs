@@ -101,7 +101,7 @@ impl Default for Config {
     }
 }
 
-/// `[engine]`: how long the engine waits on its database (SPEC §9); defaults and
+/// `[engine]`: how long the engine waits on its database (docs/CONTRACT.md §9); defaults and
 /// why in [`idemwatch_engine::deadlines`]. The command line's `--statement-timeout`,
 /// `--connect-timeout` and `--acquire-timeout` win over these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -130,7 +130,7 @@ impl Default for EngineSection {
     }
 }
 
-/// `[queue]`: the engine's broker link (SPEC §9). `--heartbeat` wins over it.
+/// `[queue]`: the engine's broker link (docs/CONTRACT.md §9). `--heartbeat` wins over it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueSection {

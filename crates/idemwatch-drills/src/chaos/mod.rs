@@ -157,7 +157,7 @@ pub struct ChaosReport {
     /// The broker's own redelivery counter over the run, where its metrics are reachable.
     pub broker_redelivered: Option<f64>,
     /// `lost`, `duplicated`, `recovered`, `ok_fraction`, `provider_repeat_calls`
-    /// (SPEC §9), flat in the report.
+    /// (docs/CONTRACT.md §9), flat in the report.
     #[serde(flatten)]
     pub effects: super::EffectVerdict,
     pub checks: Vec<Check>,
