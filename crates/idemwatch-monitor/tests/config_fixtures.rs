@@ -109,7 +109,7 @@ fn the_engine_deadlines_are_read_and_default_as_the_example_says() {
             heartbeat: Duration::from_secs(4),
         }
     );
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/config.example.toml");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/config.example.toml");
     assert_eq!(
         Config::load(&example).unwrap().deadlines(),
         Deadlines::default()

@@ -562,15 +562,27 @@ impl Queue for NatsQueue {
             return Ok(out);
         };
         // Maybe a message whose headers no client reads ended the connection: it
-        // would end every next one (`nats_poison.rs`).
+        // would end every next one (`nats_poison.rs`). Looked for within the fetch
+        // deadline too: on a link that froze (the other cause of a failed fetch) the
+        // look would otherwise wait out the client's request timeout on the same
+        // silent socket before the consumer pauses and reconnects.
         let loc = self.location(queue);
-        let stream = self.stream(&loc).await?;
-        match nats_poison::repair_unreadable_headers(&self.js, &stream, &consumer, queue).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(queue, replaced = n, "unreadable JetStream headers replaced"),
-            Err(r) => {
+        let repair = async {
+            let stream = self.stream(&loc).await?;
+            nats_poison::repair_unreadable_headers(&self.js, &stream, &consumer, queue).await
+        };
+        match tokio::time::timeout(self.fetch_timeout, repair).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => {
+                tracing::warn!(queue, replaced = n, "unreadable JetStream headers replaced")
+            }
+            Ok(Err(r)) => {
                 tracing::warn!(queue, error = %r, "could not look for unreadable JetStream headers")
             }
+            Err(_) => tracing::warn!(
+                queue,
+                "no answer in time while looking for unreadable JetStream headers"
+            ),
         }
         if out.is_empty() {
             return Err(e);
