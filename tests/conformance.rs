@@ -60,6 +60,7 @@ on_every_backend!(
     purge_steps_past_rows_held_by_open_claims,
     a_purge_batch_bigger_than_one_delete_takes_every_row_once,
     the_claims_in_doubt_are_the_open_ones_older_than_the_lease,
+    a_duplicate_delivered_later_is_dropped_with_its_age,
 );
 
 // ---- drills -------------------------------------------------------------------
@@ -218,6 +219,148 @@ async fn seen_set_mode_has_its_documented_window(db: &TestDb) {
     );
     let r = drill(db, Scenario::CrashBeforeAck, ConsumerMode::SeenSet).await;
     assert_eq!((r.sms_sent, r.counter_delta), (1, 1), "{}", r.render_text());
+}
+
+/// How long the late copy of `a_duplicate_delivered_later_is_dropped_with_its_age`
+/// waits after its original was processed.
+const LATE_COPY_DELAY: Duration = Duration::from_millis(2500);
+
+/// The bucket bounds and count of one consumer's `idem_duplicate_age_seconds`, read
+/// from the classic text exposition.
+fn age_buckets(metrics_text: &str, consumer: &str) -> (Vec<(String, u64)>, u64) {
+    let label = format!("consumer=\"{consumer}\"");
+    let mut buckets = Vec::new();
+    let mut count = 0;
+    for line in metrics_text.lines().filter(|l| l.contains(&label)) {
+        let value = || line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64;
+        if line.starts_with("idem_duplicate_age_seconds_bucket") {
+            let le = line
+                .split("le=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
+            buckets.push((le.to_string(), value()));
+        } else if line.starts_with("idem_duplicate_age_seconds_count") {
+            count = value();
+        }
+    }
+    (buckets, count)
+}
+
+/// A zone exit processed, then the same message delivered again a known delay later:
+/// the copy is dropped as a duplicate whose age is that delay (within the time one
+/// delivery takes), in the histogram's (1 s, 10 s] bucket, in the process's maximum
+/// and in the store's `duplicate_ages` row that `purge` reads. Then once more through
+/// the seen-set path (the SQL table as the seen-set): the age is the time since the
+/// first processing, not since the last copy.
+async fn a_duplicate_delivered_later_is_dropped_with_its_age(db: &TestDb) {
+    let tolerance = 4.0;
+    let delay = LATE_COPY_DELAY.as_secs_f64();
+    let within = |age: f64, least: f64| (least..least + tolerance).contains(&age);
+    let engine = pipelined_engine(db, 8, 8).await;
+    let c = trip_counter::NAME;
+    let original = zone_exit("34-AGE-1", 1).to_json_line().into_bytes();
+    // A side effect's claim, finished now: found again later, it is a duplicate too.
+    let sms = zone_exit_sms::NAME;
+    let (sms_key, sms_fp) = (
+        zone_exit("34-AGE-2", 1).key(),
+        zone_exit("34-AGE-2", 1).fingerprint(),
+    );
+    let lease = Duration::from_secs(60);
+    let fresh = engine
+        .store
+        .claim_side_effect(sms, &sms_key, &sms_fp, "pk-age", lease)
+        .await;
+    assert!(matches!(fresh, Ok(ClaimOutcome::Fresh(_))), "{fresh:?}");
+    let sent = store::ClaimState::Sent;
+    engine
+        .store
+        .finish_side_effect(sms, &sms_key, sent, "ok")
+        .await
+        .unwrap();
+    engine
+        .publish(std::slice::from_ref(&original))
+        .await
+        .unwrap();
+    let worker = engine.worker(c, Arc::new(CrashPlan::none()), None).unwrap();
+    until_idle_within_a_minute(&worker).await;
+    assert_eq!(engine.store.duplicate_ages().await.unwrap(), vec![]);
+    let first = std::time::Instant::now();
+    tokio::time::sleep(LATE_COPY_DELAY).await;
+    engine
+        .publish(std::slice::from_ref(&original))
+        .await
+        .unwrap();
+    until_idle_within_a_minute(&worker).await;
+    let counts = &engine.summary().consumers[c];
+    assert_eq!((counts.processed, counts.duplicate_dropped), (1, 1));
+    let (buckets, count) = age_buckets(&engine.metrics.encode_prometheus_text(), c);
+    assert_eq!(count, 1, "{buckets:?}");
+    let at = |le: &str| buckets.iter().find(|(b, _)| b == le).map(|(_, n)| *n);
+    assert_eq!((at("1.0"), at("10.0")), (Some(0), Some(1)), "{buckets:?}");
+    let max = engine.metrics.duplicate_age_max(c);
+    assert!(
+        within(max, delay),
+        "observed {max} s after a {delay} s delay"
+    );
+    let kept = engine.store.duplicate_ages().await.unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].consumer, c);
+    assert!(within(kept[0].max_age_seconds, delay), "{kept:?}");
+    drop(worker);
+    let again = engine
+        .store
+        .claim_side_effect(sms, &sms_key, &sms_fp, "pk-age", lease)
+        .await
+        .unwrap();
+    let age = again
+        .duplicate_age(chrono::Utc::now())
+        .map(|a| a.as_secs_f64());
+    assert!(age.is_some_and(|a| within(a, delay)), "{again:?}");
+    let kept = engine.store.duplicate_ages().await.unwrap();
+    let kept_sms = kept
+        .iter()
+        .find(|a| a.consumer == sms)
+        .map(|a| a.max_age_seconds);
+    assert!(kept_sms.is_some_and(|a| within(a, delay)), "{kept:?}");
+
+    // The seen-set path: the same key, later again, checked against the table.
+    let mut cfg = EngineConfig::new(
+        &db.url,
+        &db.queue_url(),
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+    );
+    cfg.consumers = vec![c.into()];
+    cfg.mode = ConsumerMode::SeenSet;
+    cfg.runner = RunnerSettings {
+        idle_poll: Duration::from_millis(5),
+        ..RunnerSettings::default()
+    };
+    let seen_set = Engine::open(&cfg).await.unwrap();
+    seen_set.publish(&[original]).await.unwrap();
+    let worker = seen_set
+        .worker(c, Arc::new(CrashPlan::none()), None)
+        .unwrap();
+    until_idle_within_a_minute(&worker).await;
+    assert_eq!(seen_set.summary().consumers[c].duplicate_dropped, 1);
+    let since_first = first.elapsed().as_secs_f64();
+    let max = seen_set.metrics.duplicate_age_max(c);
+    assert!(
+        within(max, since_first - 0.5),
+        "{max} s, {since_first} s since the first"
+    );
+    let kept = seen_set.store.duplicate_ages().await.unwrap();
+    let kept_trips = kept
+        .iter()
+        .find(|a| a.consumer == c)
+        .map(|a| a.max_age_seconds);
+    assert!(
+        kept_trips.is_some_and(|a| a >= max - 0.5),
+        "{kept:?} against {max}"
+    );
 }
 
 // ---- the "twice" property --------------------------------------------------------
@@ -544,7 +687,7 @@ async fn one_key_many_concurrent_transactions_one_winner(db: &TestDb) {
     assert_eq!(
         outcomes
             .iter()
-            .filter(|o| **o == DedupOutcome::Duplicate)
+            .filter(|o| matches!(o, DedupOutcome::Duplicate { .. }))
             .count(),
         15
     );
@@ -653,14 +796,16 @@ async fn a_batch_is_decided_as_if_one_by_one(db: &TestDb) {
         stored: with.fingerprint.clone(),
     };
     let got = store.record_batch(c, &batch).await.unwrap();
+    let got: Vec<_> = got.into_iter().map(DedupOutcome::without_age).collect();
+    let duplicate = DedupOutcome::Duplicate { first_at: None };
     assert_eq!(
         got,
         vec![
             DedupOutcome::Applied,
-            DedupOutcome::Duplicate,
+            duplicate.clone(),
             DedupOutcome::Applied,
             conflict(&before[1]),
-            DedupOutcome::Duplicate,
+            duplicate,
             conflict(&batch[2]),
             DedupOutcome::Applied,
         ]
@@ -1178,7 +1323,7 @@ async fn a_claim_batch_is_decided_as_if_one_by_one(db: &TestDb) {
         ClaimOutcome::Fresh(c) => format!("fresh {}", c.attempts),
         ClaimOutcome::InDoubt(c) => format!("in doubt {}", c.attempts),
         ClaimOutcome::Released(c) => format!("released {}", c.attempts),
-        ClaimOutcome::Done(s) => format!("done {}", s.as_str()),
+        ClaimOutcome::Done(s, _) => format!("done {}", s.as_str()),
         ClaimOutcome::Busy => "busy".into(),
         ClaimOutcome::KeyConflict { .. } => "conflict".into(),
     };
@@ -1317,7 +1462,7 @@ async fn racing_batches_never_double_an_effect(db: &TestDb) {
             offered.insert(k);
             match o {
                 DedupOutcome::Applied => assert!(applied.insert(k), "key {k} applied twice"),
-                DedupOutcome::Duplicate => {}
+                DedupOutcome::Duplicate { .. } => {}
                 other => panic!("unexpected {other:?}"),
             }
         }

@@ -235,6 +235,11 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let seen_set =
             seen_set::GuardedSeenSet::open(&cfg.seen_set, store.clone(), metrics.clone())?;
+        // A Redis seen-set forgets a key after its TTL: a dedup window the dashboard
+        // compares the duplicates' ages with. (The SQL seen-set's is the retention.)
+        if cfg.mode == ConsumerMode::SeenSet && cfg.seen_set.url.is_some() {
+            metrics.set_seen_set_ttl(cfg.seen_set.ttl);
+        }
         let deps = Deps {
             store: store.clone(),
             seen_set,

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -231,9 +231,27 @@ pub mod names {
     counter!(INGRESS_ERRORS = "idem_ingress_errors");
     gauge!(INGRESS_ERROR_LAST = "idem_ingress_error_last_seconds");
     counter!(INGRESS_DEAD_LETTERED = "idem_ingress_dead_lettered");
+    /// A histogram: how long before a dropped duplicate its key had first been
+    /// processed (docs/CONTRACT.md §5), buckets [`DUPLICATE_AGE_BUCKETS`](super::DUPLICATE_AGE_BUCKETS).
+    pub const DUPLICATE_AGE: &str = "idem_duplicate_age_seconds";
+    gauge!(
+        /// The oldest of those ages this process has seen: a histogram cannot say
+        /// its maximum, and the windows are judged on it.
+        DUPLICATE_AGE_MAX = "idem_duplicate_age_max_seconds"
+    );
+    gauge!(
+        /// The Redis seen-set's key TTL in seconds, when consumers run in seen-set mode
+        /// over Redis: after it a key is forgotten and a copy is applied again.
+        SEEN_SET_TTL = "idem_seen_set_ttl_seconds"
+    );
+    counter!(
+        /// Duplicates whose first time the dedup layer did not keep (a Redis value
+        /// written before it did): not in the histogram, counted here.
+        DUPLICATE_AGE_UNKNOWN = "idem_duplicate_age_unknown"
+    );
 
-    /// Every family above but the histogram.
-    pub const ALL: [Name; 24] = [
+    /// Every family above but the histograms.
+    pub const ALL: [Name; 27] = [
         PROCESSED,
         DUPLICATE_DROPPED,
         REDELIVERED,
@@ -258,6 +276,9 @@ pub mod names {
         INGRESS_ERRORS,
         INGRESS_ERROR_LAST,
         INGRESS_DEAD_LETTERED,
+        DUPLICATE_AGE_MAX,
+        DUPLICATE_AGE_UNKNOWN,
+        SEEN_SET_TTL,
     ];
 }
 
@@ -288,6 +309,10 @@ pub struct Metrics {
     infra_errors: Family<InfraLabel, Counter>,
     infra_error_last: Family<InfraLabel, Gauge>,
     provider_repeat_calls: Family<RepeatLabel, Counter>,
+    duplicate_age: Family<ConsumerLabel, Histogram>,
+    duplicate_age_max: Family<ConsumerLabel, Gauge<f64, AtomicU64>>,
+    duplicate_age_unknown: Family<ConsumerLabel, Counter>,
+    seen_set_ttl: Gauge<f64, AtomicU64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -315,6 +340,32 @@ impl Metrics {
         let http_requests = Family::<HttpLabel, Counter>::default();
         let handler_duration = Family::<ConsumerLabel, Histogram>::new_with_constructor(
             handler_histogram as fn() -> _,
+        );
+        let duplicate_age = Family::<ConsumerLabel, Histogram>::new_with_constructor(
+            duplicate_age_histogram as fn() -> _,
+        );
+        let duplicate_age_max = Family::<ConsumerLabel, Gauge<f64, AtomicU64>>::default();
+        let duplicate_age_unknown = Family::<ConsumerLabel, Counter>::default();
+        let seen_set_ttl: Gauge<f64, AtomicU64> = Gauge::default();
+        registry.register(
+            names::DUPLICATE_AGE,
+            "How long before a dropped duplicate its key had first been processed, per consumer",
+            duplicate_age.clone(),
+        );
+        registry.register(
+            names::DUPLICATE_AGE_MAX.family,
+            "The oldest duplicate age this process has dropped, per consumer, in seconds",
+            duplicate_age_max.clone(),
+        );
+        registry.register(
+            names::DUPLICATE_AGE_UNKNOWN.family,
+            "Duplicates dropped whose first-processed time the dedup layer did not keep",
+            duplicate_age_unknown.clone(),
+        );
+        registry.register(
+            names::SEEN_SET_TTL.family,
+            "The Redis seen-set's key TTL in seconds (seen-set mode over Redis only)",
+            seen_set_ttl.clone(),
         );
         // prometheus-client appends `_total` to counter names itself.
         registry.register(
@@ -493,6 +544,10 @@ impl Metrics {
             infra_errors,
             infra_error_last,
             provider_repeat_calls,
+            duplicate_age,
+            duplicate_age_max,
+            duplicate_age_unknown,
+            seen_set_ttl,
         };
         metrics.set_durability(Durability::default());
         metrics
@@ -525,6 +580,9 @@ impl Metrics {
         drop(self.out_of_order.get_or_create(&l));
         drop(self.claims_in_doubt.get_or_create(&l));
         drop(self.handler_duration.get_or_create(&l));
+        drop(self.duplicate_age.get_or_create(&l));
+        drop(self.duplicate_age_max.get_or_create(&l));
+        drop(self.duplicate_age_unknown.get_or_create(&l));
         drop(self.seen_set_bypassed.get_or_create(&l));
         drop(self.paused_since.get_or_create(&l));
         drop(self.pause_retries.get_or_create(&l));
@@ -784,6 +842,38 @@ impl Metrics {
         self.claims_in_doubt.get_or_create(&label(consumer)).set(n);
     }
 
+    /// A duplicate dropped whose key was first processed `age` ago (None: the dedup
+    /// layer did not keep when): into the histogram and the maximum, or counted as
+    /// unknown.
+    pub fn duplicate_age(&self, consumer: &str, age: Option<Duration>) {
+        let l = label(consumer);
+        let Some(age) = age else {
+            self.duplicate_age_unknown.get_or_create(&l).inc();
+            return;
+        };
+        let seconds = age.as_secs_f64();
+        self.duplicate_age.get_or_create(&l).observe(seconds);
+        let max = self.duplicate_age_max.get_or_create(&l);
+        // Raised only: a compare-and-swap loop would be exact under races, but two
+        // consumers never share a label, and one consumer's batches are sequential.
+        if seconds > max.get() {
+            max.set(seconds);
+        }
+    }
+
+    /// See [`names::SEEN_SET_TTL`].
+    pub fn set_seen_set_ttl(&self, ttl: Duration) {
+        self.seen_set_ttl.set(ttl.as_secs_f64());
+    }
+
+    /// The oldest duplicate age this process has seen for `consumer`, in seconds.
+    pub fn duplicate_age_max(&self, consumer: &str) -> f64 {
+        self.duplicate_age_max
+            .get(&label(consumer))
+            .map(|g| g.get())
+            .unwrap_or(0.0)
+    }
+
     pub fn observe_handler(&self, consumer: &str, seconds: f64) {
         self.handler_duration
             .get_or_create(&label(consumer))
@@ -984,6 +1074,17 @@ fn infra_label(consumer: &str, kind: InfraKind) -> InfraLabel {
     }
 }
 
+/// `idem_duplicate_age_seconds`' buckets, 1 s to 30 days: the dedup windows in the
+/// field (JetStream's 2 min duplicate window, a provider key's 24 h, the table's 7 d
+/// retention) each fall between two of them.
+pub const DUPLICATE_AGE_BUCKETS: [f64; 9] = [
+    1.0, 10.0, 60.0, 600.0, 3600.0, 21600.0, 86400.0, 604800.0, 2592000.0,
+];
+
+fn duplicate_age_histogram() -> Histogram {
+    Histogram::new(DUPLICATE_AGE_BUCKETS)
+}
+
 fn handler_histogram() -> Histogram {
     // 100 µs .. ~3 s
     Histogram::new(exponential_buckets(0.0001, 2.5, 12))
@@ -1017,6 +1118,30 @@ mod tests {
             );
         }
         assert!(open.contains(&format!("# TYPE {} histogram", names::HANDLER_DURATION)));
+        assert!(open.contains(&format!("# TYPE {} histogram", names::DUPLICATE_AGE)));
+    }
+
+    /// An age lands in the first bucket at or above it, the maximum only rises, and
+    /// an unknown age is counted apart, not as 0 s.
+    #[test]
+    fn a_duplicate_age_lands_in_its_bucket_and_raises_the_maximum() {
+        let m = Metrics::new();
+        m.register_consumer("trip-counter", Some(RiskClass::Accumulation));
+        m.duplicate_age("trip-counter", Some(Duration::from_secs(90)));
+        m.duplicate_age("trip-counter", Some(Duration::from_secs(5)));
+        m.duplicate_age("trip-counter", None);
+        let text = m.encode_prometheus_text();
+        for line in [
+            "idem_duplicate_age_seconds_bucket{le=\"10.0\",consumer=\"trip-counter\"} 1",
+            "idem_duplicate_age_seconds_bucket{le=\"60.0\",consumer=\"trip-counter\"} 1",
+            "idem_duplicate_age_seconds_bucket{le=\"600.0\",consumer=\"trip-counter\"} 2",
+            "idem_duplicate_age_seconds_count{consumer=\"trip-counter\"} 2",
+            "idem_duplicate_age_max_seconds{consumer=\"trip-counter\"} 90",
+            "idem_duplicate_age_unknown_total{consumer=\"trip-counter\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        assert_eq!(m.duplicate_age_max("trip-counter"), 90.0);
     }
 
     #[test]

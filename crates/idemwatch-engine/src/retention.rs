@@ -64,6 +64,40 @@ pub enum RetentionRefused {
     BelowFloor { asked: String, floor: String },
     #[error("--older-than {0} reaches back before any time the database can hold")]
     TooLarge(String),
+    #[error(
+        "--older-than {asked} is below the oldest duplicate {consumer} has dropped: its key \
+         had been processed {oldest} before (duplicate_ages); a copy that late after a purge \
+         this young finds no dedup row and is applied twice; --force purges anyway"
+    )]
+    BelowDuplicateAge {
+        asked: String,
+        oldest: String,
+        consumer: String,
+    },
+}
+
+/// A purge keeping `older_than` is refused, unless `force`, when a consumer has already
+/// dropped a duplicate older than that (`ages`, the store's `duplicate_ages`): the
+/// field has shown that copies arrive that late, and the purge would forget their keys.
+pub fn check_duplicate_ages(
+    older_than: Duration,
+    ages: &[crate::store::DuplicateAge],
+    force: bool,
+) -> Result<(), RetentionRefused> {
+    let oldest = ages
+        .iter()
+        .max_by(|a, b| a.max_age_seconds.total_cmp(&b.max_age_seconds));
+    match oldest {
+        Some(a) if !force && a.max_age_seconds > older_than.as_secs_f64() => {
+            let oldest = Duration::from_secs(a.max_age_seconds as u64);
+            Err(RetentionRefused::BelowDuplicateAge {
+                asked: humantime::format_duration(older_than).to_string(),
+                oldest: humantime::format_duration(oldest).to_string(),
+                consumer: a.consumer.clone(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The cutoff of a purge keeping `older_than`, refused below `window`'s floor unless
@@ -232,6 +266,30 @@ mod tests {
             now - cutoff_for(now, week, DEFAULTS, false).unwrap(),
             chrono::Duration::days(7)
         );
+    }
+
+    /// Refused below the oldest duplicate of any consumer, naming it; allowed at or
+    /// above it, with --force, or with no duplicate seen yet.
+    #[test]
+    fn a_purge_younger_than_the_oldest_duplicate_is_refused_unless_forced() {
+        let age = |consumer: &str, max_age_seconds: f64| crate::store::DuplicateAge {
+            consumer: consumer.into(),
+            max_age_seconds,
+            observed_at: Utc::now(),
+        };
+        let ages = [age("trip-counter", 3600.0), age("zone-exit-sms", 11_520.0)];
+        let two_hours = Duration::from_secs(7200);
+        let refused = check_duplicate_ages(two_hours, &ages, false).unwrap_err();
+        let text = refused.to_string();
+        assert!(
+            text.contains("zone-exit-sms") && text.contains("3h 12m"),
+            "{text}"
+        );
+        assert!(text.contains("--older-than 2h"), "{text}");
+        assert_eq!(check_duplicate_ages(two_hours, &ages, true), Ok(()));
+        let four_hours = Duration::from_secs(4 * 3600);
+        assert_eq!(check_duplicate_ages(four_hours, &ages, false), Ok(()));
+        assert_eq!(check_duplicate_ages(two_hours, &[], false), Ok(()));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::envelope::{Fingerprint, MessageKey};
@@ -134,11 +135,32 @@ impl SeenSet for SqlSeenSet {
     }
 }
 
-/// Redis as the seen-set: `SET key fingerprint NX PX ttl` after success, `GET` before.
+/// A Redis seen-set value: the fingerprint, a space, and when the key was first
+/// processed in Unix milliseconds (docs/CONTRACT.md §3), so a duplicate's age is
+/// known without a second key or command.
+pub fn redis_value_of(fingerprint: &Fingerprint, first_at: DateTime<Utc>) -> String {
+    format!("{} {}", fingerprint.as_str(), first_at.timestamp_millis())
+}
+
+/// A stored value read back: the fingerprint, and the first-processed time where the
+/// value has one. A value written before the time was kept (a bare fingerprint) reads
+/// as that fingerprint with no time: its duplicate's age is unknown, never guessed.
+pub fn redis_value(value: &str) -> (&str, Option<DateTime<Utc>>) {
+    match value.split_once(' ') {
+        Some((fingerprint, millis)) => match millis.parse::<i64>() {
+            Ok(ms) => (fingerprint, DateTime::from_timestamp_millis(ms)),
+            Err(_) => (value, None),
+        },
+        None => (value, None),
+    }
+}
+
+/// Redis as the seen-set: `SET key value NX PX ttl` after success, `GET` before.
 ///
-/// The value is the payload fingerprint rather than a bare `1`: the same key with
+/// The value holds the payload fingerprint rather than a bare `1`: the same key with
 /// another payload must still be a `key_conflict` (docs/CONTRACT.md §1: dead-lettered, never
-/// silently dropped), as it is with the SQL table.
+/// silently dropped), as it is with the SQL table; and the time the key was first
+/// processed ([`redis_value_of`]), so a duplicate's age is known.
 pub struct RedisSeenSet {
     client: redis::Client,
     conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
@@ -244,7 +266,10 @@ impl SeenSet for RedisSeenSet {
         let mut cmd = redis::cmd("GET");
         cmd.arg(Self::redis_key(consumer, key));
         let stored: Option<String> = self.query(cmd).await?;
-        Ok(stored.map(|s| duplicate_or_conflict(s, fingerprint)))
+        Ok(stored.map(|value| {
+            let (stored, first_at) = redis_value(&value);
+            duplicate_or_conflict(stored.to_string(), fingerprint, first_at)
+        }))
     }
 
     async fn mark_seen(
@@ -256,7 +281,7 @@ impl SeenSet for RedisSeenSet {
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
         let mut cmd = redis::cmd("SET");
         cmd.arg(Self::redis_key(consumer, key))
-            .arg(fingerprint.as_str())
+            .arg(redis_value_of(fingerprint, chrono::Utc::now()))
             .arg("NX")
             .arg("PX")
             .arg(ttl_ms);
@@ -282,6 +307,8 @@ pub struct GuardedSeenSet {
     inner: Arc<dyn SeenSet>,
     unavailable: Unavailable,
     metrics: Arc<Metrics>,
+    /// Where a dropped duplicate's age is kept (`duplicate_ages`), when anywhere.
+    ages: Option<Arc<dyn Store>>,
 }
 
 impl GuardedSeenSet {
@@ -290,7 +317,15 @@ impl GuardedSeenSet {
             inner,
             unavailable,
             metrics,
+            ages: None,
         }
+    }
+
+    /// Keep the oldest duplicate age each consumer drops in `store` (what `purge`
+    /// and the dashboard's dedup windows read).
+    pub fn keeping_ages_in(mut self, store: Arc<dyn Store>) -> Self {
+        self.ages = Some(store);
+        self
     }
 
     /// Open the seen-set `cfg` names over `store`.
@@ -309,9 +344,9 @@ impl GuardedSeenSet {
                     idemwatch_base::redact::redact_url(url)
                 )))
             }
-            None => Arc::new(SqlSeenSet(store)),
+            None => Arc::new(SqlSeenSet(store.clone())),
         };
-        Ok(GuardedSeenSet::new(inner, cfg.unavailable, metrics))
+        Ok(GuardedSeenSet::new(inner, cfg.unavailable, metrics).keeping_ages_in(store))
     }
 
     pub fn describe(&self) -> String {
@@ -336,7 +371,26 @@ impl GuardedSeenSet {
     ) -> StoreResult<Option<DedupOutcome>> {
         match self.inner.seen(consumer, key, fingerprint).await {
             Err(e) if self.bypass(consumer, &e) => Ok(None),
+            Ok(Some(dup @ DedupOutcome::Duplicate { .. })) => {
+                self.note_age(consumer, &dup).await;
+                Ok(Some(dup))
+            }
             other => other,
+        }
+    }
+
+    /// A duplicate found: its age into `idem_duplicate_age_seconds` (or counted as
+    /// unknown), and into the store's oldest duplicate age. The latter is a write of
+    /// its own beside a read-only check: when it fails the duplicate is still dropped
+    /// (the drop is right whatever its age), the failure logged.
+    async fn note_age(&self, consumer: &str, dup: &DedupOutcome) {
+        let age = dup.duplicate_age(Utc::now());
+        self.metrics.duplicate_age(consumer, age);
+        let (Some(age), Some(store)) = (age, &self.ages) else {
+            return;
+        };
+        if let Err(e) = store.note_duplicate_age(consumer, age.as_secs_f64()).await {
+            tracing::warn!(consumer, error = %e, "duplicate age not kept");
         }
     }
 
@@ -369,6 +423,21 @@ impl GuardedSeenSet {
 mod tests {
     use super::*;
     use crate::store::Failure;
+
+    /// A value carries its first-processed time and reads back to it; a value of the
+    /// old format (a bare fingerprint) reads as the fingerprint with no time, so its
+    /// duplicate's age is unknown rather than wrong; a value whose tail is not a time
+    /// is kept whole as the fingerprint (a conflict, not a made-up age).
+    #[test]
+    fn a_value_keeps_its_first_time_and_an_old_value_has_none() {
+        let fp = Fingerprint::from_stored("ab12".into());
+        let at = DateTime::from_timestamp_millis(1_800_000_000_123).unwrap();
+        let value = redis_value_of(&fp, at);
+        assert_eq!(value, "ab12 1800000000123");
+        assert_eq!(redis_value(&value), ("ab12", Some(at)));
+        assert_eq!(redis_value("ab12"), ("ab12", None));
+        assert_eq!(redis_value("ab12 soon"), ("ab12 soon", None));
+    }
 
     /// A seen-set URL that cannot be used is bad configuration, which no retry mends;
     /// a Redis that does not answer is an outage, which pauses the consumer.

@@ -254,7 +254,9 @@ where
                 outcomes[i] = Some(conflict(stored.as_str()));
                 continue;
             }
-            ClaimOutcome::Done(_) => {
+            ClaimOutcome::Done(..) => {
+                let age = claim.duplicate_age(chrono::Utc::now());
+                deps.metrics.duplicate_age(consumer, age);
                 deps.metrics.side_effect(consumer, EffectResult::Suppressed);
                 outcomes[i] = Some(Outcome::Duplicate);
                 continue;

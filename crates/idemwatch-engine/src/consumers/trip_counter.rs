@@ -27,7 +27,7 @@ fn dedup_outcome(d: DedupOutcome) -> Outcome {
             effect: None,
             took_over_in_doubt: false,
         },
-        DedupOutcome::Duplicate => Outcome::Duplicate,
+        DedupOutcome::Duplicate { .. } => Outcome::Duplicate,
         DedupOutcome::KeyConflict { stored } => Outcome::Rejected(Rejection::new(
             RejectReason::KeyConflict,
             format!("key already recorded with fingerprint {stored}"),
@@ -68,6 +68,15 @@ impl Consumer for TripCounter {
             })
             .collect();
         let outcomes = self.deps.store.record_batch(NAME, &items).await?;
+        let now = chrono::Utc::now();
+        for dup in outcomes
+            .iter()
+            .filter(|o| matches!(o, DedupOutcome::Duplicate { .. }))
+        {
+            self.deps
+                .metrics
+                .duplicate_age(NAME, dup.duplicate_age(now));
+        }
         Ok(outcomes.into_iter().map(dedup_outcome).collect())
     }
 
@@ -80,7 +89,12 @@ impl Consumer for TripCounter {
         Ok(match self.mode {
             // Dedup row and +1 in one transaction: no window at all.
             ConsumerMode::Idempotent => {
-                dedup_outcome(store.record_once(NAME, key, fingerprint, &write).await?)
+                let outcome = store.record_once(NAME, key, fingerprint, &write).await?;
+                if matches!(outcome, DedupOutcome::Duplicate { .. }) {
+                    let age = outcome.duplicate_age(chrono::Utc::now());
+                    self.deps.metrics.duplicate_age(NAME, age);
+                }
+                dedup_outcome(outcome)
             }
             // +1, then record the key: a crash in between counts twice on redelivery.
             ConsumerMode::SeenSet => {

@@ -127,6 +127,19 @@ impl<S: Store> AdminStore for S {
         Ok(each(&*self.sql().0, &select, &values, &[Text], |r| r.text(0)).await?)
     }
 
+    async fn duplicate_ages(&self) -> StoreResult<Vec<DuplicateAge>> {
+        let select = "SELECT consumer, max_age_seconds, observed_at FROM duplicate_ages
+                      ORDER BY consumer";
+        each(&*self.sql().0, select, &[], &[Text, Float, Time], |r| {
+            Ok(DuplicateAge {
+                consumer: r.text(0)?,
+                max_age_seconds: r.opt_float(1).unwrap_or(0.0),
+                observed_at: r.at(2),
+            })
+        })
+        .await
+    }
+
     async fn zone_exits(&self, device_id: &str) -> StoreResult<i64> {
         let select = "SELECT zone_exits FROM trip_counters WHERE device_id = ?";
         let row = first(&*self.sql().0, select, &binds![device_id], &[Int]).await?;

@@ -14,7 +14,13 @@
 
 use std::collections::{HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
+
 use super::{duplicate_or_conflict, BusinessWrite, DedupOutcome, Recordable, StoreError};
+
+/// When each key found already stored was first processed (its `processed_at`), read
+/// with its fingerprint by the same statement: a duplicate's age costs no extra read.
+pub(crate) type FirstSeen = HashMap<String, DateTime<Utc>>;
 
 /// Rows per multi-row statement: 4 bind parameters each stays far below every
 /// backend's limit (SQLite 32,766, PostgreSQL and MySQL 65,535).
@@ -81,11 +87,15 @@ impl<'a> DedupBatch<'a> {
     }
 
     /// Each item's outcome. `inserted`: the keys this batch's insert wrote;
-    /// `stored`: the fingerprint already stored under every other key.
+    /// `stored`: the fingerprint already stored under every other key, `first_seen`
+    /// when it was processed; `now`: when this batch wrote its rows (a key twice in
+    /// the batch was first processed then).
     pub fn outcomes(
         &self,
         inserted: &HashSet<String>,
         stored: &HashMap<String, String>,
+        first_seen: &FirstSeen,
+        now: DateTime<Utc>,
     ) -> Result<Vec<DedupOutcome>, StoreError> {
         self.items
             .iter()
@@ -99,11 +109,15 @@ impl<'a> DedupBatch<'a> {
                     } else {
                         // The row this batch wrote holds the first item's fingerprint.
                         let written = self.items[first].fingerprint.as_str().to_string();
-                        duplicate_or_conflict(written, &item.fingerprint)
+                        duplicate_or_conflict(written, &item.fingerprint, Some(now))
                     });
                 }
                 match stored.get(key) {
-                    Some(s) => Ok(duplicate_or_conflict(s.clone(), &item.fingerprint)),
+                    Some(s) => Ok(duplicate_or_conflict(
+                        s.clone(),
+                        &item.fingerprint,
+                        first_seen.get(key).copied(),
+                    )),
                     // Neither written nor found: deleted under us (a purge). Transient:
                     // the batch is retried.
                     None => Err(StoreError::RowVanished {
@@ -112,6 +126,18 @@ impl<'a> DedupBatch<'a> {
                 }
             })
             .collect()
+    }
+
+    /// The oldest duplicate of the batch: how long ago (at `now`) its key was first
+    /// processed, in seconds; None when the batch dropped no duplicate with a known
+    /// first time. What [`note_duplicate_age`](super::consumer_sql::NOTE_DUPLICATE_AGE)
+    /// keeps per consumer.
+    pub fn oldest_duplicate(outcomes: &[DedupOutcome], now: DateTime<Utc>) -> Option<f64> {
+        outcomes
+            .iter()
+            .filter_map(|o| o.duplicate_age(now))
+            .map(|age| age.as_secs_f64())
+            .max_by(f64::total_cmp)
     }
 
     /// The applied items' zone exits, merged per device (in device order).
@@ -165,7 +191,12 @@ mod tests {
         let inserted: HashSet<String> = ["a", "b"].map(String::from).into();
         let stored: HashMap<String, String> =
             [("c".into(), "f3".into()), ("d".into(), "f0".into())].into();
-        let out = batch.outcomes(&inserted, &stored).unwrap();
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let c_at = now - chrono::Duration::seconds(3 * 3600 + 12 * 60);
+        let first_seen: FirstSeen = [("c".into(), c_at), ("d".into(), c_at)].into();
+        let out = batch
+            .outcomes(&inserted, &stored, &first_seen, now)
+            .unwrap();
         let conflict = |s: &str| DedupOutcome::KeyConflict {
             stored: Fingerprint::from_stored(s.into()),
         };
@@ -174,20 +205,39 @@ mod tests {
             vec![
                 DedupOutcome::Applied,
                 DedupOutcome::Applied,
-                DedupOutcome::Duplicate,
+                DedupOutcome::Duplicate {
+                    first_at: Some(now)
+                },
                 conflict("f1"),
-                DedupOutcome::Duplicate,
+                DedupOutcome::Duplicate {
+                    first_at: Some(c_at)
+                },
                 conflict("f0"),
-                DedupOutcome::Duplicate,
+                DedupOutcome::Duplicate {
+                    first_at: Some(now)
+                },
             ]
         );
         assert_eq!(batch.zone_exits(&out), vec![("D1", 2)]);
+        // The stored duplicate is the oldest: 3 h 12 m; a conflict has no age.
+        let later = now + chrono::Duration::seconds(1);
+        assert_eq!(
+            DedupBatch::oldest_duplicate(&out, later),
+            Some(3.0 * 3600.0 + 12.0 * 60.0 + 1.0)
+        );
+        assert_eq!(DedupBatch::oldest_duplicate(&out[..2], later), None);
     }
 
     #[test]
     fn a_key_neither_written_nor_stored_is_an_error_not_a_guess() {
         let items = vec![item("a", "f", "D")];
         let batch = DedupBatch::new(&items);
-        assert!(batch.outcomes(&HashSet::new(), &HashMap::new()).is_err());
+        let none = batch.outcomes(
+            &HashSet::new(),
+            &HashMap::new(),
+            &FirstSeen::new(),
+            Utc::now(),
+        );
+        assert!(none.is_err());
     }
 }

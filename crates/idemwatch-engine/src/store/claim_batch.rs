@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{claim_step, duplicate_or_conflict, Claim, ClaimOutcome, ClaimState, ClaimStep};
-use super::{DedupOutcome, Fingerprint, MessageKey};
+use super::{DedupOutcome, Fingerprint, FirstSeen, MessageKey};
 
 /// One side-effect message for [`Store::claim_batch`](super::Store::claim_batch).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,12 +81,13 @@ pub(crate) fn sorted_keys(requests: &[ClaimRequest]) -> Vec<&str> {
 }
 
 /// Decide every request. `stored_hash`: the fingerprint of each key already in
-/// `processed_messages`; `claims`: the stored claim of each such key; `now`: the
-/// claim time the backend will write (as it reads back).
+/// `processed_messages`, `first_seen` its `processed_at`; `claims`: the stored claim of
+/// each such key; `now`: the claim time the backend will write (as it reads back).
 pub(crate) fn decide<'a>(
     consumer: &str,
     requests: &'a [ClaimRequest],
     stored_hash: &HashMap<String, String>,
+    first_seen: &FirstSeen,
     claims: &HashMap<String, Claim>,
     now: DateTime<Utc>,
     lease: Duration,
@@ -101,12 +102,12 @@ pub(crate) fn decide<'a>(
             let key = req.key.as_str();
             if let Some((row_hash, first)) = met.get(key) {
                 if let DedupOutcome::KeyConflict { stored } =
-                    duplicate_or_conflict(row_hash.clone(), &req.fingerprint)
+                    duplicate_or_conflict(row_hash.clone(), &req.fingerprint, None)
                 {
                     return ClaimOutcome::KeyConflict { stored };
                 }
                 return match first {
-                    ClaimOutcome::Done(state) => ClaimOutcome::Done(*state),
+                    ClaimOutcome::Done(state, at) => ClaimOutcome::Done(*state, *at),
                     // A claim this batch just took (or one still live) is busy.
                     _ => ClaimOutcome::Busy,
                 };
@@ -130,15 +131,17 @@ pub(crate) fn decide<'a>(
                     )
                 }
                 Some(hash) => {
-                    let outcome = match duplicate_or_conflict(hash.clone(), &req.fingerprint) {
+                    let first = first_seen.get(key).copied();
+                    let outcome = match duplicate_or_conflict(hash.clone(), &req.fingerprint, None)
+                    {
                         DedupOutcome::KeyConflict { stored } => {
                             ClaimOutcome::KeyConflict { stored }
                         }
                         // A dedup row without a claim: recorded by another mode. Done.
                         _ => match claims.get(key) {
-                            None => ClaimOutcome::Done(ClaimState::Sent),
+                            None => ClaimOutcome::Done(ClaimState::Sent, first),
                             Some(claim) => match claim_step(claim, now, lease) {
-                                ClaimStep::Done(state) => ClaimOutcome::Done(state),
+                                ClaimStep::Done(state) => ClaimOutcome::Done(state, first),
                                 ClaimStep::Busy => ClaimOutcome::Busy,
                                 ClaimStep::TakeOver => {
                                     writes.takeovers.push((req, claim.claimed_at));
@@ -245,14 +248,21 @@ mod tests {
         ]
         .map(|c| (c.message_key.clone(), c))
         .into();
-        let (outcomes, writes) = decide("c", &requests, &stored, &claims, now, lease);
+        let first_seen: FirstSeen = [("sent".to_string(), old)].into();
+        let (outcomes, writes) = decide("c", &requests, &stored, &first_seen, &claims, now, lease);
         let labels: Vec<String> = outcomes
             .iter()
             .map(|o| match o {
                 ClaimOutcome::Fresh(c) => format!("fresh {}", c.provider_key),
                 ClaimOutcome::InDoubt(c) => format!("doubt {} {}", c.provider_key, c.attempts),
                 ClaimOutcome::Released(c) => format!("released {} {}", c.provider_key, c.attempts),
-                ClaimOutcome::Done(s) => format!("done {}", s.as_str()),
+                ClaimOutcome::Done(s, at) => {
+                    format!(
+                        "done {}{}",
+                        s.as_str(),
+                        if *at == Some(old) { " old" } else { "" }
+                    )
+                }
                 ClaimOutcome::Busy => "busy".into(),
                 ClaimOutcome::KeyConflict { stored } => format!("conflict {stored}"),
             })
@@ -263,13 +273,13 @@ mod tests {
                 "fresh pk-new",
                 "busy",
                 "conflict f1",
-                "done sent",
+                "done sent old",
                 "busy",
                 "doubt stored-doubt 2",
                 "released stored-given 2",
                 "conflict f6",
                 "done sent",
-                "done sent",
+                "done sent old",
             ]
         );
         assert_eq!(writes.fresh.len(), 1);

@@ -10,11 +10,13 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use sqlx::{Executor, IntoArguments};
 
-use super::dialect::{binds, fetch, first, in_list, retrying, BindValue, Dialect, Kind, Sql};
+use super::dialect::{
+    binds, execute, fetch, first, in_list, retrying, BindValue, Dialect, Kind, Sql,
+};
 use super::repair_sql::{claim, CLAIM_KINDS};
 use super::DedupOutcome;
 use super::{duplicate_or_conflict, Backend, BusinessWrite, Claim, ClaimFinish, ClaimResult};
-use super::{StoreResult, ROWS_PER_STATEMENT};
+use super::{FirstSeen, StoreResult, ROWS_PER_STATEMENT};
 use crate::envelope::{dead_letter_raw, Fingerprint, MessageKey, RejectReason};
 
 /// See [`Store::ping`](super::Store::ping).
@@ -30,13 +32,70 @@ pub(super) async fn seen(
     key: &MessageKey,
     fingerprint: &Fingerprint,
 ) -> StoreResult<Option<DedupOutcome>> {
-    let select =
-        "SELECT payload_hash FROM processed_messages WHERE consumer = ? AND message_key = ?";
-    let row = first(sql, select, &binds![consumer, key.as_str()], &[Kind::Text]).await?;
-    Ok(row
-        .map(|r| r.text(0))
-        .transpose()?
-        .map(|stored| duplicate_or_conflict(stored, fingerprint)))
+    let select = "SELECT payload_hash, processed_at FROM processed_messages
+                  WHERE consumer = ? AND message_key = ?";
+    let kinds = [Kind::Text, Kind::Time];
+    let Some(row) = first(sql, select, &binds![consumer, key.as_str()], &kinds).await? else {
+        return Ok(None);
+    };
+    Ok(Some(duplicate_or_conflict(
+        row.text(0)?,
+        fingerprint,
+        row.time(1),
+    )))
+}
+
+/// Raise a consumer's oldest duplicate age (`duplicate_ages`) to `age_seconds` if it
+/// is older than the one kept, with `observed_at` the time it was seen: one statement,
+/// written once here for every backend (the batch paths run it on their own
+/// transaction, [`note_duplicate_age_in`], so the drop and its age commit together).
+/// Binds: consumer, age in seconds, observed at.
+pub(crate) fn note_duplicate_age_sql(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite | Backend::Postgres => {
+            "INSERT INTO duplicate_ages (consumer, max_age_seconds, observed_at) VALUES (?, ?, ?)
+             ON CONFLICT (consumer) DO UPDATE
+             SET max_age_seconds = excluded.max_age_seconds, observed_at = excluded.observed_at
+             WHERE excluded.max_age_seconds > duplicate_ages.max_age_seconds"
+        }
+        // Assignments run left to right: observed_at is decided on the old maximum.
+        Backend::Mysql => {
+            "INSERT INTO duplicate_ages (consumer, max_age_seconds, observed_at) VALUES (?, ?, ?)
+             ON DUPLICATE KEY UPDATE
+             observed_at = IF(VALUES(max_age_seconds) > max_age_seconds,
+                              VALUES(observed_at), observed_at),
+             max_age_seconds = GREATEST(max_age_seconds, VALUES(max_age_seconds))"
+        }
+    }
+}
+
+/// [`note_duplicate_age_sql`] on a batch path's own transaction (PostgreSQL, MariaDB).
+pub(super) async fn note_duplicate_age_in<D>(
+    conn: &mut D::Connection,
+    consumer: &str,
+    age_seconds: f64,
+) -> StoreResult<()>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
+{
+    let values = binds![consumer, age_seconds, Utc::now()];
+    execute::<D, _>(conn, note_duplicate_age_sql(D::BACKEND), &values).await?;
+    Ok(())
+}
+
+/// See [`Store::note_duplicate_age`](super::Store::note_duplicate_age): the seen-set
+/// path, whose check is a read of its own.
+pub(super) async fn note_duplicate_age(
+    sql: &dyn Sql,
+    consumer: &str,
+    age_seconds: f64,
+) -> StoreResult<()> {
+    let values = binds![consumer, age_seconds, Utc::now()];
+    let note = note_duplicate_age_sql(sql.backend());
+    retrying(|| async { Ok(sql.execute(note, &values).await?) }).await?;
+    Ok(())
 }
 
 /// See [`Store::mark_seen`](super::Store::mark_seen): a key already recorded is left
@@ -217,7 +276,7 @@ pub(super) async fn stored_claims<D>(
     conn: &mut D::Connection,
     consumer: &str,
     keys: &[&str],
-) -> StoreResult<(HashMap<String, String>, HashMap<String, Claim>)>
+) -> StoreResult<(HashMap<String, String>, HashMap<String, Claim>, FirstSeen)>
 where
     D: Dialect,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
@@ -228,12 +287,14 @@ where
         _ => ROWS_PER_STATEMENT,
     };
     let mut kinds = CLAIM_KINDS.to_vec();
-    kinds.extend([Kind::Text, Kind::Text]);
+    kinds.extend([Kind::Text, Kind::Text, Kind::Time]);
     let (mut stored, mut claims) = (HashMap::new(), HashMap::new());
+    let mut first_seen = FirstSeen::new();
     for chunk in keys.chunks(per_statement) {
         let select = format!(
             "SELECT c.consumer, c.message_key, c.provider_key, c.state, c.claimed_at,
-                    c.finished_at, c.attempts, c.detail, p.message_key, p.payload_hash
+                    c.finished_at, c.attempts, c.detail, p.message_key, p.payload_hash,
+                    p.processed_at
              FROM processed_messages p LEFT JOIN side_effect_claims c
                ON c.consumer = p.consumer AND c.message_key = p.message_key
              WHERE p.consumer = ? AND {} ORDER BY p.message_key{}",
@@ -246,10 +307,13 @@ where
             if row.opt_text(3).is_some() {
                 claims.insert(key.clone(), claim(&row)?);
             }
+            if let Some(at) = row.time(10) {
+                first_seen.insert(key.clone(), at);
+            }
             stored.insert(key, row.text(9)?);
         }
     }
-    Ok((stored, claims))
+    Ok((stored, claims, first_seen))
 }
 
 /// [`Store::purge_processed_batch`](super::Store::purge_processed_batch) where one

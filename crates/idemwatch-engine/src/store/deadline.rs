@@ -204,6 +204,11 @@ impl Store for DeadlineStore {
         .await
     }
 
+    async fn note_duplicate_age(&self, consumer: &str, age_seconds: f64) -> StoreResult<()> {
+        let call = self.inner.note_duplicate_age(consumer, age_seconds);
+        self.within("note_duplicate_age", call).await
+    }
+
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
         self.within("apply_unguarded", self.inner.apply_unguarded(write))
             .await

@@ -549,7 +549,12 @@ where
         .collect()
 }
 
-async fn execute<'c, D, E>(executor: E, sql: &str, binds: &[BindValue]) -> Result<Done, sqlx::Error>
+/// Generic SQL written on `executor` (see [`fetch`]).
+pub(crate) async fn execute<'c, D, E>(
+    executor: E,
+    sql: &str,
+    binds: &[BindValue],
+) -> Result<Done, sqlx::Error>
 where
     D: Dialect,
     E: Executor<'c, Database = D>,

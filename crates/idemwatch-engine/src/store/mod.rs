@@ -36,7 +36,7 @@ pub(crate) use error::timed_out as sqlx_timed_out;
 pub use error::{Failure, StoreError, StoreResult};
 pub use repair::{DeadLetterFilter, RepairStore};
 
-pub(crate) use batch::{DedupBatch, ROWS_PER_STATEMENT};
+pub(crate) use batch::{DedupBatch, FirstSeen, ROWS_PER_STATEMENT};
 
 /// What the dedup insert decided. "First" is always decided by the unique-key insert
 /// (the rows it returned or affected), never by a prior SELECT saying a key is absent;
@@ -46,7 +46,11 @@ pub enum DedupOutcome {
     /// First time this key: the dedup row and the business rows committed together.
     Applied,
     /// Already done: nothing written, the caller acks and counts a duplicate.
-    Duplicate,
+    /// `first_at`: when the key was first processed (its stored `processed_at`, or the
+    /// batch's own time for a key twice in one batch), read in the same transaction
+    /// that decided the duplicate; None where the dedup layer does not keep it (a
+    /// Redis seen-set value written before it did: "age unknown", never a wrong age).
+    Duplicate { first_at: Option<DateTime<Utc>> },
     /// The key was recorded with another fingerprint: two different events claim one
     /// identity. Nothing written; the caller dead-letters it.
     KeyConflict { stored: Fingerprint },
@@ -135,12 +139,39 @@ pub enum ClaimOutcome {
     /// provider key. The provider said the earlier call failed, so this one is the
     /// retry it asked for, not a repeat of a send.
     Released(Claim),
-    /// Already finished (`sent` or `failed`): a duplicate, nothing to do.
-    Done(ClaimState),
+    /// Already finished (`sent` or `failed`): a duplicate, nothing to do. With when
+    /// its key was first processed (the dedup row's `processed_at`, read by the same
+    /// statement that found the claim), as [`DedupOutcome::Duplicate`] has it.
+    Done(ClaimState, Option<DateTime<Utc>>),
     /// Another delivery holds a live claim (within the lease): come back later.
     Busy,
     /// The key is recorded with another fingerprint.
     KeyConflict { stored: Fingerprint },
+}
+
+impl ClaimOutcome {
+    /// How long ago (at `now`) a finished claim's key was first processed: the age of
+    /// the duplicate this outcome drops. Never negative.
+    pub fn duplicate_age(&self, now: DateTime<Utc>) -> Option<Duration> {
+        match self {
+            ClaimOutcome::Done(_, Some(first)) => Some(
+                now.signed_duration_since(*first)
+                    .to_std()
+                    .unwrap_or(Duration::ZERO),
+            ),
+            _ => None,
+        }
+    }
+
+    /// The oldest duplicate among `outcomes`, in seconds (see
+    /// [`DedupBatch::oldest_duplicate`]).
+    pub(crate) fn oldest_duplicate(outcomes: &[ClaimOutcome], now: DateTime<Utc>) -> Option<f64> {
+        outcomes
+            .iter()
+            .filter_map(|o| o.duplicate_age(now))
+            .map(|age| age.as_secs_f64())
+            .max_by(f64::total_cmp)
+    }
 }
 
 /// One `vehicle_state` row.
@@ -460,6 +491,15 @@ pub trait Store: RepairStore + AdminStore + Send + Sync + 'static {
         consumer_sql::mark_seen(&*self.sql().0, consumer, key, fingerprint).await
     }
 
+    /// A duplicate dropped outside a batch transaction (seen-set mode: its check is a
+    /// read of its own) was first processed `age_seconds` ago: raise the consumer's
+    /// oldest duplicate age (`duplicate_ages`, what `purge` and the dashboard's dedup
+    /// windows read) if this one is older. The batch paths keep it in their own
+    /// transaction instead.
+    async fn note_duplicate_age(&self, consumer: &str, age_seconds: f64) -> StoreResult<()> {
+        consumer_sql::note_duplicate_age(&*self.sql().0, consumer, age_seconds).await
+    }
+
     /// Naive mode: apply `write` with no dedup at all. For drills only.
     async fn apply_unguarded(&self, write: &BusinessWrite) -> StoreResult<()> {
         consumer_sql::apply_unguarded(&*self.sql().0, write).await
@@ -705,6 +745,8 @@ pub trait AdminStore: Send + Sync {
     /// (a device id prefix): what a chaos run checks against what it published.
     async fn processed_keys(&self, consumer: &str, key_prefix: &str) -> StoreResult<Vec<String>>;
     async fn zone_exits(&self, device_id: &str) -> StoreResult<i64>;
+    /// The oldest duplicate each consumer has dropped (`duplicate_ages`), by consumer.
+    async fn duplicate_ages(&self) -> StoreResult<Vec<DuplicateAge>>;
     async fn claim(&self, consumer: &str, key: &MessageKey) -> StoreResult<Option<Claim>>;
     /// Claims still `claimed` and older than `lease`: the sends in doubt.
     async fn claims_in_doubt(&self, lease: Duration) -> StoreResult<Vec<Claim>>;
@@ -721,6 +763,16 @@ pub trait AdminStore: Send + Sync {
     /// Record `filters` as `session`'s subscriptions (replacing what was there; none
     /// forgets the session).
     async fn set_ingress_filters(&self, session: &str, filters: &[String]) -> StoreResult<()>;
+}
+
+/// One `duplicate_ages` row: the oldest duplicate a consumer has dropped.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DuplicateAge {
+    pub consumer: String,
+    /// How long before that duplicate its key had first been processed.
+    pub max_age_seconds: f64,
+    /// When that duplicate was dropped.
+    pub observed_at: DateTime<Utc>,
 }
 
 /// Canonical contents of the business tables, for the "twice" property.
@@ -820,10 +872,42 @@ pub(crate) fn vehicle_digest_line(
     )
 }
 
-/// The stored fingerprint of an existing row decides duplicate vs conflict.
-pub(crate) fn duplicate_or_conflict(stored: String, fingerprint: &Fingerprint) -> DedupOutcome {
+impl DedupOutcome {
+    /// The decision alone, without when the key was first processed: what comparing
+    /// two ways of deciding (one-by-one calls against a batch) compares.
+    pub fn without_age(self) -> Self {
+        match self {
+            DedupOutcome::Duplicate { .. } => DedupOutcome::Duplicate { first_at: None },
+            other => other,
+        }
+    }
+
+    /// How long ago its key was first processed, for a duplicate whose first time is
+    /// known (never negative: a first time ahead of `now`, a clock step between two
+    /// hosts, reads as 0).
+    pub fn duplicate_age(&self, now: DateTime<Utc>) -> Option<Duration> {
+        match self {
+            DedupOutcome::Duplicate {
+                first_at: Some(first),
+            } => Some(
+                now.signed_duration_since(*first)
+                    .to_std()
+                    .unwrap_or(Duration::ZERO),
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// The stored fingerprint of an existing row decides duplicate vs conflict; a
+/// duplicate carries when the row was first processed, where that is known.
+pub(crate) fn duplicate_or_conflict(
+    stored: String,
+    fingerprint: &Fingerprint,
+    first_at: Option<DateTime<Utc>>,
+) -> DedupOutcome {
     if stored == fingerprint.as_str() {
-        DedupOutcome::Duplicate
+        DedupOutcome::Duplicate { first_at }
     } else {
         DedupOutcome::KeyConflict {
             stored: Fingerprint::from_stored(stored),
@@ -835,7 +919,7 @@ pub(crate) fn vehicle_duplicate_or_conflict(
     stored: String,
     fingerprint: &Fingerprint,
 ) -> VehicleOutcome {
-    match duplicate_or_conflict(stored, fingerprint) {
+    match duplicate_or_conflict(stored, fingerprint, None) {
         DedupOutcome::KeyConflict { stored } => VehicleOutcome::KeyConflict { stored },
         _ => VehicleOutcome::Duplicate,
     }

@@ -126,18 +126,22 @@ impl Store for MysqlStore {
         retrying(|| async {
             let batch = DedupBatch::new(items);
             let mut tx = self.pool.begin().await?;
-            let mut stored = HashMap::new();
+            let (mut stored, mut first_seen) = (HashMap::new(), FirstSeen::new());
             for chunk in batch.distinct().chunks(ROWS_PER_STATEMENT) {
                 let mut q = QueryBuilder::<MySql>::new(
-                    "SELECT CAST(message_key AS CHAR), payload_hash FROM processed_messages
-                     WHERE consumer = ",
+                    "SELECT CAST(message_key AS CHAR), payload_hash, processed_at
+                     FROM processed_messages WHERE consumer = ",
                 );
                 q.push_bind(consumer).push(" AND message_key IN ");
                 q.push_tuples(chunk, |mut t, item| {
                     t.push_bind(item.key.as_str());
                 });
-                let rows: Vec<(String, String)> = q.build_query_as().fetch_all(&mut *tx).await?;
-                stored.extend(rows);
+                let rows: Vec<(String, String, NaiveDateTime)> =
+                    q.build_query_as().fetch_all(&mut *tx).await?;
+                for (key, fingerprint, at) in rows {
+                    first_seen.insert(key.clone(), at.and_utc());
+                    stored.insert(key, fingerprint);
+                }
             }
             let (fresh, inserted) = batch.fresh(&stored);
             for chunk in fresh.chunks(ROWS_PER_STATEMENT) {
@@ -154,7 +158,10 @@ impl Store for MysqlStore {
                     return lost_race(tx, raced).await;
                 }
             }
-            let outcomes = batch.outcomes(&inserted, &stored)?;
+            let outcomes = batch.outcomes(&inserted, &stored, &first_seen, Utc::now())?;
+            if let Some(age) = DedupBatch::oldest_duplicate(&outcomes, Utc::now()) {
+                consumer_sql::note_duplicate_age_in::<MySql>(&mut tx, consumer, age).await?;
+            }
             for chunk in batch.zone_exits(&outcomes).chunks(ROWS_PER_STATEMENT) {
                 let mut q = QueryBuilder::<MySql>::new(
                     "INSERT INTO trip_counters (device_id, zone_exits) ",
@@ -290,14 +297,17 @@ impl Store for MysqlStore {
         retrying(|| async {
             let keys = claim_batch::sorted_keys(requests);
             let mut tx = self.pool.begin().await?;
-            let (stored, claims) =
+            let (stored, claims, first_seen) =
                 consumer_sql::stored_claims::<MySql>(&mut tx, consumer, &keys).await?;
             let now: NaiveDateTime = sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
                 .fetch_one(&mut *tx)
                 .await?;
             let now = now.and_utc();
             let (outcomes, writes) =
-                claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
+                claim_batch::decide(consumer, requests, &stored, &first_seen, &claims, now, lease);
+            if let Some(age) = ClaimOutcome::oldest_duplicate(&outcomes, Utc::now()) {
+                consumer_sql::note_duplicate_age_in::<MySql>(&mut tx, consumer, age).await?;
+            }
             let raced = "a claim taken by another writer during the batch";
             for chunk in writes.fresh.chunks(ROWS_PER_STATEMENT) {
                 let rows = chunk

@@ -131,21 +131,26 @@ impl Store for PostgresStore {
         .into_iter()
         .collect();
         let others = batch.not_inserted(&inserted);
-        let stored: HashMap<String, String> = if others.is_empty() {
-            HashMap::new()
-        } else {
-            sqlx::query_as(
-                "SELECT message_key, payload_hash FROM processed_messages
+        // Read only on a conflict: a batch without duplicates never runs it.
+        let (mut stored, mut first_seen) = (HashMap::new(), FirstSeen::new());
+        if !others.is_empty() {
+            let rows: Vec<(String, String, DateTime<Utc>)> = sqlx::query_as(
+                "SELECT message_key, payload_hash, processed_at FROM processed_messages
                  WHERE consumer = $1 AND message_key = ANY($2)",
             )
             .bind(consumer)
             .bind(&others)
             .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect()
-        };
-        let outcomes = batch.outcomes(&inserted, &stored)?;
+            .await?;
+            for (key, fingerprint, at) in rows {
+                first_seen.insert(key.clone(), at);
+                stored.insert(key, fingerprint);
+            }
+        }
+        let outcomes = batch.outcomes(&inserted, &stored, &first_seen, Utc::now())?;
+        if let Some(age) = DedupBatch::oldest_duplicate(&outcomes, Utc::now()) {
+            consumer_sql::note_duplicate_age_in::<sqlx::Postgres>(&mut tx, consumer, age).await?;
+        }
         let (devices, counts): (Vec<&str>, Vec<i64>) =
             batch.zone_exits(&outcomes).into_iter().unzip();
         if !devices.is_empty() {
@@ -300,10 +305,20 @@ impl Store for PostgresStore {
         .bind(&keys)
         .fetch_one(&mut *tx)
         .await?;
-        let (stored, claims) =
+        let (stored, claims, first_seen) =
             consumer_sql::stored_claims::<sqlx::Postgres>(&mut tx, consumer, &keys).await?;
-        let (outcomes, writes) =
-            claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
+        let (outcomes, writes) = claim_batch::decide(
+            consumer,
+            requests,
+            &stored,
+            &first_seen,
+            &claims,
+            now,
+            lease,
+        );
+        if let Some(age) = ClaimOutcome::oldest_duplicate(&outcomes, Utc::now()) {
+            consumer_sql::note_duplicate_age_in::<sqlx::Postgres>(&mut tx, consumer, age).await?;
+        }
         let raced = "a claim taken by another writer during the batch";
         let fresh = &writes.fresh;
         if !fresh.is_empty() {

@@ -18,16 +18,19 @@ use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::envelope::{Fingerprint, Message, MessageKey};
 use crate::sqlite::thread::db;
+use crate::store::batch::FirstSeen;
 use crate::store::claim_batch::{self, ClaimFinish, ClaimRequest, ClaimResult};
+use crate::store::consumer_sql::note_duplicate_age_sql;
+use crate::store::dialect::parse_text_time;
 use crate::store::vehicle_batch::VehicleBatch;
 use crate::store::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use crate::store::{
-    parse_ts, ts, Claim, ClaimOutcome, ClaimState, DedupBatch, DedupOutcome, Recordable,
+    parse_ts, ts, Backend, Claim, ClaimOutcome, ClaimState, DedupBatch, DedupOutcome, Recordable,
     StoreResult, VehicleOutcome,
 };
 
 const STORED_KEY: &str =
-    "SELECT payload_hash FROM processed_messages WHERE consumer = ?1 AND message_key = ?2";
+    "SELECT payload_hash, processed_at FROM processed_messages WHERE consumer = ?1 AND message_key = ?2";
 
 const INSERT_KEY: &str =
     "INSERT INTO processed_messages (consumer, message_key, payload_hash, processed_at)
@@ -70,6 +73,32 @@ fn read_each<K: Eq + std::hash::Hash, P: rusqlite::Params, V: rusqlite::types::F
     Ok(found)
 }
 
+/// For each of `keys` already stored: its fingerprint, and when it was first
+/// processed (one read per key, the one that decides it: no extra read for the age).
+fn stored_keys<'k>(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    keys: impl Iterator<Item = &'k str>,
+) -> StoreResult<(HashMap<String, String>, FirstSeen)> {
+    let mut read = tx.prepare_cached(STORED_KEY).map_err(db)?;
+    let (mut stored, mut first_seen) = (HashMap::new(), FirstSeen::new());
+    for key in keys {
+        let row = read
+            .query_row(params![consumer, key], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .optional()
+            .map_err(db)?;
+        if let Some((fingerprint, at)) = row {
+            if let Some(at) = parse_text_time(&at) {
+                first_seen.insert(key.to_string(), at);
+            }
+            stored.insert(key.to_string(), fingerprint);
+        }
+    }
+    Ok((stored, first_seen))
+}
+
 /// `trip_counters.zone_exits + n`.
 const COUNT_EXITS: &str = "INSERT INTO trip_counters (device_id, zone_exits) VALUES (?1, ?2)
      ON CONFLICT (device_id) DO UPDATE SET zone_exits = trip_counters.zone_exits + excluded.zone_exits";
@@ -82,13 +111,19 @@ pub(super) fn record_batch(
     items: &[Recordable],
 ) -> StoreResult<Vec<DedupOutcome>> {
     let batch = DedupBatch::new(items);
-    let now = ts(Utc::now());
+    let at = Utc::now();
+    let now = ts(at);
     let keys = batch.distinct().iter().map(|i| i.key.as_str());
-    let stored = read_each(tx, STORED_KEY, keys.map(|k| (k.to_string(), (consumer, k))))?;
+    let (stored, first_seen) = stored_keys(tx, consumer, keys)?;
     let (fresh, inserted) = batch.fresh(&stored);
-    let outcomes = batch.outcomes(&inserted, &stored)?;
+    let outcomes = batch.outcomes(&inserted, &stored, &first_seen, at)?;
     for item in fresh {
         insert_key(tx, consumer, &item.key, &item.fingerprint, &now)?;
+    }
+    if let Some(age) = DedupBatch::oldest_duplicate(&outcomes, Utc::now()) {
+        let note = note_duplicate_age_sql(Backend::Sqlite);
+        let mut note = tx.prepare_cached(note).map_err(db)?;
+        note.execute(params![consumer, age, now]).map_err(db)?;
     }
     let mut count = tx.prepare_cached(COUNT_EXITS).map_err(db)?;
     for (device, n) in batch.zone_exits(&outcomes) {
@@ -176,11 +211,12 @@ pub(super) fn claim_batch(
     // Read back as stored, so a later compare-and-set on it matches.
     let now = parse_ts(&ts(Utc::now()));
     let (mut stored, mut claims) = (HashMap::new(), HashMap::new());
+    let mut first_seen = FirstSeen::new();
     {
         let mut read = tx
             .prepare_cached(
                 "SELECT p.payload_hash, c.provider_key, c.state, c.claimed_at, c.finished_at,
-                        c.attempts, c.detail
+                        c.attempts, c.detail, p.processed_at
                  FROM processed_messages p LEFT JOIN side_effect_claims c
                    ON c.consumer = p.consumer AND c.message_key = p.message_key
                  WHERE p.consumer = ?1 AND p.message_key = ?2",
@@ -204,11 +240,14 @@ pub(super) fn claim_batch(
                             detail: r.get(6)?,
                         }),
                     };
-                    Ok((hash, claim))
+                    Ok((hash, claim, r.get::<_, String>(7)?))
                 })
                 .optional()
                 .map_err(db)?;
-            if let Some((hash, claim)) = row {
+            if let Some((hash, claim, at)) = row {
+                if let Some(at) = parse_text_time(&at) {
+                    first_seen.insert(key.to_string(), at);
+                }
                 stored.insert(key.to_string(), hash);
                 if let Some(claim) = claim {
                     claims.insert(key.to_string(), claim);
@@ -216,8 +255,21 @@ pub(super) fn claim_batch(
             }
         }
     }
-    let (outcomes, writes) = claim_batch::decide(consumer, requests, &stored, &claims, now, lease);
+    let (outcomes, writes) = claim_batch::decide(
+        consumer,
+        requests,
+        &stored,
+        &first_seen,
+        &claims,
+        now,
+        lease,
+    );
     let now = ts(now);
+    if let Some(age) = ClaimOutcome::oldest_duplicate(&outcomes, Utc::now()) {
+        let note = note_duplicate_age_sql(Backend::Sqlite);
+        let mut note = tx.prepare_cached(note).map_err(db)?;
+        note.execute(params![consumer, age, now]).map_err(db)?;
+    }
     let mut claim = tx
         .prepare_cached(
             "INSERT INTO side_effect_claims

@@ -226,7 +226,9 @@ mod tests {
             .record_batch("c", &[item("k4", "D1"), item("k4", "D1")])
             .await
             .unwrap();
-        assert_eq!(ok, [DedupOutcome::Applied, DedupOutcome::Duplicate]);
+        let ok: Vec<_> = ok.into_iter().map(DedupOutcome::without_age).collect();
+        let dup = DedupOutcome::Duplicate { first_at: None };
+        assert_eq!(ok, [DedupOutcome::Applied, dup]);
         assert_eq!(store.zone_exits("D1").await.unwrap(), 1);
     }
 
@@ -282,10 +284,16 @@ mod tests {
             vec![item("k1", "D1")],
             vec![item("k1", "D1"), item("k2", "D1")],
         ] {
-            recorded.push(store.record_batch("c", &batch).await.unwrap());
+            let got = store.record_batch("c", &batch).await.unwrap();
+            recorded.push(
+                got.into_iter()
+                    .map(DedupOutcome::without_age)
+                    .collect::<Vec<_>>(),
+            );
         }
-        use DedupOutcome::{Applied, Duplicate};
-        assert_eq!(recorded, [vec![Applied], vec![Duplicate, Applied]]);
+        use DedupOutcome::Applied;
+        let dup = DedupOutcome::Duplicate { first_at: None };
+        assert_eq!(recorded, [vec![Applied], vec![dup, Applied]]);
         assert_eq!(store.zone_exits("D1").await.unwrap(), 2);
 
         let position = r#""lat":1.0,"lon":2.0"#;
@@ -327,13 +335,20 @@ mod tests {
         let results = finished_a_b_c();
         store.finish_batch("s", &results).await.unwrap();
         let again = store.claim_batch("s", &keys, lease).await.unwrap();
-        assert_eq!(
-            again[..2],
-            [
-                ClaimOutcome::Done(ClaimState::Sent),
-                ClaimOutcome::Done(ClaimState::Failed)
-            ]
+        // Each finished claim is a duplicate that knows when its key was first
+        // processed, and its age is kept for the consumer.
+        assert!(
+            matches!(
+                again[..2],
+                [
+                    ClaimOutcome::Done(ClaimState::Sent, Some(_)),
+                    ClaimOutcome::Done(ClaimState::Failed, Some(_))
+                ]
+            ),
+            "{again:?}"
         );
+        let kept = store.duplicate_ages().await.unwrap();
+        assert!(kept.iter().any(|a| a.consumer == "s"), "{kept:?}");
         assert!(
             matches!(&again[2], ClaimOutcome::Released(c) if c.provider_key == "pk-c"),
             "{again:?}"
@@ -479,6 +494,7 @@ mod tests {
                 .iter()
                 .map(|o| match o {
                     ClaimOutcome::Released(c) => format!("released {}", c.provider_key),
+                    ClaimOutcome::Done(state, _) => format!("Done({state:?})"),
                     other => format!("{other:?}"),
                 })
                 .collect();
