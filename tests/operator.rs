@@ -62,6 +62,49 @@ fn purge_below_the_floor_is_refused_unless_forced() {
     assert!(err.contains("purge floor of 4h"), "{err}");
 }
 
+/// A consumer dropped a duplicate whose key had been processed 3 h before (kept by
+/// the store in `duplicate_ages`): `purge --older-than 2h` is refused with exit 2,
+/// naming the consumer and the age, and deletes nothing; `--force` purges; a
+/// retention above the oldest duplicate is allowed.
+#[test]
+fn purge_below_the_oldest_duplicate_is_refused_unless_forced() {
+    let env = TempEnv::new();
+    let url = format!("sqlite://{}", env.path("ages.db").display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(store::open(&url)).unwrap();
+    rt.block_on(store.note_duplicate_age("trip-counter", 3.0 * 3600.0))
+        .unwrap();
+    let e = zone_exit("34-PA-1", 1);
+    let write = store::BusinessWrite::CountZoneExit {
+        device_id: "34-PA-1".into(),
+    };
+    rt.block_on(store.record_once("trip-counter", &e.key(), &e.fingerprint(), &write))
+        .unwrap();
+    let purge = |older_than: &str, force: bool| {
+        let mut args = vec!["purge", "--older-than", older_than, "--db", &url, "--json"];
+        if force {
+            args.push("--force");
+        }
+        run_cli(&env, &args)
+    };
+    let (code, out, err) = purge("2h", false);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("oldest duplicate trip-counter"), "{err}");
+    assert!(err.contains("3h") && err.contains("--force"), "{err}");
+    let kept = rt
+        .block_on(store.processed_keys("trip-counter", ""))
+        .unwrap();
+    assert_eq!(kept.len(), 1, "refused before any row went");
+
+    let (code, out, err) = purge("4h", false);
+    assert_eq!(code, 0, "{out}{err}");
+    // Forced below it: the purge runs (the row, younger than 2h, stays).
+    let (code, out, err) = purge("2h", true);
+    assert_eq!(code, 0, "{out}{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect(&out);
+    assert_eq!(doc["deleted"], 0, "the row is younger than 2h: {doc}");
+}
+
 #[test]
 fn huge_purge_durations_are_a_clear_error() {
     let env = TempEnv::new();

@@ -2,7 +2,9 @@
 //! batches (see `engine::retention` for why batches). Progress goes to stderr about
 //! once a second; Ctrl-C stops between two batches (exit 130) and a rerun continues.
 //! A retention below the purge floor (`RedeliveryWindow::floor`) is refused with
-//! exit 2 unless `--force`: those rows can still meet a redelivery. "Older than"
+//! exit 2 unless `--force`: those rows can still meet a redelivery. So is one below
+//! the oldest duplicate a consumer has dropped (the store's `duplicate_ages`, read
+//! before anything is deleted): copies have been seen arriving that late. "Older than"
 //! counts back from the database's clock (ARCHITECTURE.md, "Clocks").
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,8 +43,8 @@ pub struct PurgeArgs {
     #[arg(long)]
     pub no_vacuum: bool,
     /// Purge even below the floor (the largest of --claim-lease, --visibility-timeout
-    /// x --max-deliveries, and 1h), accepting that a redelivery of a purged message
-    /// is applied again.
+    /// x --max-deliveries, and 1h) or below the oldest duplicate a consumer has
+    /// dropped, accepting that a redelivery of a purged message is applied again.
     #[arg(long)]
     pub force: bool,
     /// The consumers' claim lease (as `serve` runs them), for the floor.
@@ -89,6 +91,12 @@ pub async fn run(args: PurgeArgs) -> CliResult {
         .await
         .map_err(CliError::unavailable)?;
     let store = stores.store;
+    let ages = store
+        .duplicate_ages()
+        .await
+        .map_err(CliError::unavailable)?;
+    retention::check_duplicate_ages(args.older_than, &ages, args.force)
+        .map_err(|e| CliError::usage(e.to_string()))?;
     // The cutoff counts back from the database's clock where it has one: a host
     // whose own clock runs ahead would purge rows still within the retention.
     let now = store.db_now().await.map_err(CliError::unavailable)?;
