@@ -147,6 +147,20 @@ pub fn render_text(s: &Snapshot) -> String {
             c.dead_lettered.total,
         );
     }
+    if !s.windows.is_empty() {
+        let _ = writeln!(out, "\nDedup windows: duplicate age (p50 / p99 / oldest)");
+        let age = |v: Option<f64>| v.map_or_else(|| "-".into(), monitor::windows::short_duration);
+        for w in &s.windows {
+            let _ = writeln!(
+                out,
+                "  {:<24} p50 {} p99 {} · {}",
+                p(&format!("{}/{}", w.target, w.consumer)),
+                age(w.p50_seconds),
+                age(w.p99_seconds),
+                p(&w.summary)
+            );
+        }
+    }
     if let Some(db) = &s.database {
         let _ = writeln!(out, "\nDatabase {}", p(&db.url));
         match &db.status {

@@ -21,6 +21,7 @@ use super::markers::TimelineMarker;
 use super::targets::{ConsumerStatus, Flow, TargetStatus, WindowCounts};
 use super::vehicles::VehicleAnomaly;
 use crate::config::AlertRules;
+use crate::windows::ConsumerWindows;
 use idemwatch_engine::store::Durability;
 
 /// Above this duplicate rate (1%) over a minute something is redelivering far more
@@ -235,6 +236,17 @@ pub enum AlertKind {
     DuplicateHistoryRows {
         devices: usize,
     },
+    /// A dedup window shorter than twice the oldest duplicate the consumer has
+    /// dropped (`windows.rs`): copies have arrived half that late already; one a
+    /// little later gets through that layer and is applied twice.
+    DedupWindowShort {
+        target: String,
+        consumer: String,
+        /// The short windows, shortest first ("seen-set TTL").
+        windows: Vec<String>,
+        shortest_seconds: f64,
+        oldest_duplicate_seconds: f64,
+    },
 }
 
 impl AlertKind {
@@ -254,6 +266,7 @@ impl AlertKind {
             AlertKind::DeadLetterBurst { .. } => "dead_letter_burst",
             AlertKind::StateBehind { .. } => "state_behind",
             AlertKind::DuplicateHistoryRows { .. } => "duplicate_history_rows",
+            AlertKind::DedupWindowShort { .. } => "dedup_window_short",
         }
     }
 
@@ -277,6 +290,8 @@ pub struct AlertInputs<'a> {
     /// Deploys and restarts open a deploy window; drills a drill window.
     pub markers: &'a [TimelineMarker],
     pub rules: &'a AlertRules,
+    /// Each consumer's duplicate ages against its dedup windows.
+    pub windows: &'a [ConsumerWindows],
 }
 
 /// Evaluate every rule without a timeline, at the newest scrape's time, with the
@@ -299,6 +314,7 @@ pub fn evaluate(
         database,
         markers: &[],
         rules: &AlertRules::default(),
+        windows: &[],
     })
 }
 
@@ -308,6 +324,7 @@ pub fn evaluate_at(input: &AlertInputs<'_>) -> Vec<Alert> {
     let mut out = Vec::new();
     target_alerts(input, &mut out);
     consumer_alerts(input, &mut out);
+    window_alerts(input.windows, &mut out);
     if let Some(db) = input.database {
         database_alerts(db, input, &mut out);
     }
@@ -319,6 +336,41 @@ pub fn evaluate_at(input: &AlertInputs<'_>) -> Vec<Alert> {
         )
     });
     out
+}
+
+/// `dedup_window_short` (WARN) for each consumer with a window shorter than
+/// [`SAFE_MARGIN`](crate::windows::SAFE_MARGIN) times its oldest duplicate.
+fn window_alerts(windows: &[ConsumerWindows], out: &mut Vec<Alert>) {
+    for c in windows {
+        let mut short: Vec<_> = c.short().collect();
+        short.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+        let (Some(shortest), Some(oldest)) = (short.first(), c.max_seconds) else {
+            continue;
+        };
+        let names: Vec<String> = short.iter().map(|w| w.name.clone()).collect();
+        let message = format!(
+            "{}: {} {} is shorter than twice the oldest duplicate ({}): a copy a little later gets through it",
+            c.consumer,
+            shortest.name,
+            crate::windows::short_duration(shortest.seconds),
+            crate::windows::short_duration(oldest),
+        );
+        out.push(Alert::new(
+            Severity::Warning,
+            AlertKind::DedupWindowShort {
+                target: c.target.clone(),
+                consumer: c.consumer.clone(),
+                windows: names,
+                shortest_seconds: shortest.seconds,
+                oldest_duplicate_seconds: oldest,
+            },
+            AlertObject::Consumer {
+                target: c.target.clone(),
+                consumer: c.consumer.clone(),
+            },
+            message,
+        ));
+    }
 }
 
 fn target_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {

@@ -77,6 +77,30 @@ pub struct Config {
     pub engine: EngineSection,
     /// The engine's broker link (`serve`, `consume`).
     pub queue: QueueSection,
+    /// Dedup windows the dashboard cannot read from a source.
+    pub dedup_windows: DedupWindows,
+}
+
+/// `[dedup_windows]`: the windows compared with the duplicates' ages that no source
+/// says (`windows.rs`; the retention, a Redis TTL and JetStream's window are read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DedupWindows {
+    /// How long the provider keeps an Idempotency-Key: after it a retry with the same
+    /// key is a new request. Compared for consumers with side effects.
+    #[serde(with = "human_duration")]
+    pub provider_key_lifetime: Duration,
+}
+
+/// Stripe's documented Idempotency-Key lifetime, the common one among providers.
+pub const DEFAULT_PROVIDER_KEY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+impl Default for DedupWindows {
+    fn default() -> Self {
+        DedupWindows {
+            provider_key_lifetime: DEFAULT_PROVIDER_KEY_LIFETIME,
+        }
+    }
 }
 
 impl Default for Config {
@@ -97,6 +121,7 @@ impl Default for Config {
             theme: Theme::default(),
             engine: EngineSection::default(),
             queue: QueueSection::default(),
+            dedup_windows: DedupWindows::default(),
         }
     }
 }
@@ -426,6 +451,12 @@ pub struct MetricNames {
     /// Second provider calls for one key (label `reason`: lease_takeover,
     /// sweeper_redrive, provider_retry, unexpected).
     pub provider_repeat_calls: String,
+    /// The histogram of dropped duplicates' ages (its `_bucket` series are read).
+    pub duplicate_age: String,
+    /// The oldest duplicate age a process has dropped.
+    pub duplicate_age_max: String,
+    /// A Redis seen-set's key TTL (0 or absent: no Redis seen-set).
+    pub seen_set_ttl: String,
     /// The label that names the consumer on every per-consumer metric.
     pub consumer_label: String,
     pub reason_label: String,
@@ -459,6 +490,9 @@ impl Default for MetricNames {
             infra_errors: names::INFRA_ERRORS.exposed.into(),
             infra_error_last: names::INFRA_ERROR_LAST.exposed.into(),
             provider_repeat_calls: names::PROVIDER_REPEAT_CALLS.exposed.into(),
+            duplicate_age: names::DUPLICATE_AGE.into(),
+            duplicate_age_max: names::DUPLICATE_AGE_MAX.exposed.into(),
+            seen_set_ttl: names::SEEN_SET_TTL.exposed.into(),
             consumer_label: "consumer".into(),
             reason_label: "reason".into(),
             result_label: "result".into(),

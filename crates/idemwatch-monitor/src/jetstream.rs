@@ -30,7 +30,7 @@ use super::series::Series;
 use super::targets::{BrokerKind, BrokerStatus, CounterReading};
 
 /// The monitoring page read each poll.
-pub const JSZ_PATH: &str = "/jsz?accounts=true&streams=true&consumers=true";
+pub const JSZ_PATH: &str = "/jsz?accounts=true&streams=true&consumers=true&config=true";
 
 /// One stream's counts in one answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +49,9 @@ pub struct StreamReading {
     pub in_redelivery: f64,
     pub last_seq: f64,
     pub messages: f64,
+    /// The stream's `duplicate_window` in seconds: a message published again with the
+    /// same `Nats-Msg-Id` within it is dropped by the server, after it stored again.
+    pub duplicate_window: Option<f64>,
 }
 
 impl StreamReading {
@@ -82,8 +85,19 @@ struct Stream {
     name: String,
     #[serde(default)]
     state: StreamState,
+    /// Present with `config=true` (see [`JSZ_PATH`]).
+    #[serde(default)]
+    config: Option<StreamConfig>,
     #[serde(default)]
     consumer_detail: Vec<ConsumerInfo>,
+}
+
+/// The part of a stream's configuration read here; `duplicate_window` is a Go
+/// duration in nanoseconds.
+#[derive(Deserialize, Default)]
+struct StreamConfig {
+    #[serde(default)]
+    duplicate_window: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -136,6 +150,11 @@ pub fn parse_jsz(body: &[u8]) -> Result<Vec<StreamReading>, String> {
                     in_redelivery: sum(|c| c.num_redelivered),
                     last_seq: s.state.last_seq as f64,
                     messages: s.state.messages as f64,
+                    duplicate_window: s
+                        .config
+                        .as_ref()
+                        .and_then(|c| c.duplicate_window)
+                        .map(|ns| ns as f64 / 1e9),
                     consumers,
                 }
             })
@@ -215,6 +234,7 @@ impl JetStreamTracker {
                 acknowledged: CounterReading::default(),
                 messages_ready: None,
                 messages_unacked: None,
+                duplicate_windows: BTreeMap::new(),
             },
             redelivered_per_s: Series::default(),
         }
@@ -269,6 +289,10 @@ impl JetStreamTracker {
             total: self.acknowledged_total,
             per_second: a.rate,
         };
+        self.status.duplicate_windows = streams
+            .iter()
+            .filter_map(|s| s.duplicate_window.map(|w| (s.key.clone(), w)))
+            .collect();
         self.status.messages_ready = Some(streams.iter().map(|s| s.pending).sum());
         self.status.messages_unacked = Some(streams.iter().map(|s| s.ack_pending).sum());
         if r.rate.is_some() {
@@ -289,6 +313,27 @@ mod tests {
             "num_ack_pending":1,"num_redelivered":1,"num_pending":{pending}}}]}}]}}]}}"#
         )
         .into_bytes()
+    }
+
+    /// A stream's `duplicate_window` (Go nanoseconds, in its config with
+    /// `config=true`) reads as seconds per `account/stream`, a dedup window of its own;
+    /// an answer without the config has none rather than a made-up one.
+    #[test]
+    fn a_stream_s_duplicate_window_is_read_from_its_config() {
+        let body = br#"{"account_details":[{"name":"$G","stream_detail":[
+            {"name":"FLEET","config":{"name":"FLEET","duplicate_window":120000000000},
+             "state":{"messages":0,"last_seq":0},"consumer_detail":[]},
+            {"name":"OLD","state":{"messages":0,"last_seq":0},"consumer_detail":[]}]}]}"#;
+        let streams = parse_jsz(body).unwrap();
+        assert_eq!(streams[0].duplicate_window, Some(120.0));
+        assert_eq!(streams[1].duplicate_window, None);
+        let mut t = JetStreamTracker::new("nats", "http://127.0.0.1:8222");
+        t.observe(Utc::now(), Ok(streams));
+        assert_eq!(
+            t.status().duplicate_windows,
+            BTreeMap::from([("$G/FLEET".to_string(), 120.0)])
+        );
+        assert!(JSZ_PATH.contains("config=true"));
     }
 
     #[test]

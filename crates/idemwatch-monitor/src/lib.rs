@@ -38,6 +38,7 @@ pub mod report;
 pub mod series;
 pub mod targets;
 pub mod vehicles;
+pub mod windows;
 pub mod zoom;
 
 use alerts::{Alert, AlertInputs, AlertLog, AlertRecord};
@@ -115,6 +116,9 @@ pub struct Snapshot {
     pub database: Option<DbStats>,
     /// What holds now, each with its start: incidents first, drills' effects last.
     pub alerts: Vec<Alert>,
+    /// Each consumer's duplicate ages (p50, p99, the oldest) against every dedup
+    /// window the dashboard knows, as margins (`windows.rs`).
+    pub windows: Vec<windows::ConsumerWindows>,
     /// Alerts of this session that ended (for a report of the window); not in the
     /// JSON document.
     #[serde(skip)]
@@ -495,6 +499,24 @@ impl Monitor {
             .map(|d| d.markers.as_slice())
             .unwrap_or(&[]);
         let markers = markers::merge(db_markers, &scraped, MARKERS_SHOWN);
+        let brokers: Vec<BrokerStatus> = self
+            .targets
+            .iter()
+            .filter_map(|t| t.broker().cloned())
+            .chain(self.jetstream.iter().map(|j| j.status().clone()))
+            .collect();
+        let no_ages = std::collections::BTreeMap::new();
+        let windows = windows::evaluate(&windows::WindowInputs {
+            consumers: &consumers,
+            targets: &targets,
+            brokers: &brokers,
+            stored_max: database
+                .as_ref()
+                .and_then(|d| d.duplicate_ages.as_ref())
+                .unwrap_or(&no_ages),
+            retention: self.config.database.as_ref().map(|d| d.retention),
+            provider_key_lifetime: self.config.dedup_windows.provider_key_lifetime,
+        });
         let mut alerts = alerts::evaluate_at(&AlertInputs {
             now,
             targets: &targets,
@@ -502,6 +524,7 @@ impl Monitor {
             database: database.as_ref(),
             markers: &markers,
             rules: &self.config.alerts,
+            windows: &windows,
         });
         self.alert_log.track(now, &mut alerts);
         let ended_alerts = self
@@ -527,12 +550,8 @@ impl Monitor {
             history,
             vehicle,
             dead_letter: None,
-            brokers: self
-                .targets
-                .iter()
-                .filter_map(|t| t.broker().cloned())
-                .chain(self.jetstream.iter().map(|j| j.status().clone()))
-                .collect(),
+            brokers,
+            windows,
             broker_charts: self
                 .targets
                 .iter()

@@ -218,6 +218,7 @@ pub fn replay(input: &ReplayInputs<'_>) -> Vec<AlertRecord> {
             .cloned()
             .collect();
         let mut alerts = evaluate_at(&AlertInputs {
+            windows: &[],
             now: t,
             targets: &[],
             consumers: &consumers,

@@ -54,6 +54,10 @@ pub struct BrokerStatus {
     pub acknowledged: CounterReading,
     pub messages_ready: Option<f64>,
     pub messages_unacked: Option<f64>,
+    /// JetStream: each stream's `duplicate_window` in seconds (`account/stream`), a
+    /// dedup window of its own (`windows.rs`). Empty for RabbitMQ.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub duplicate_windows: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +92,9 @@ pub struct TargetStatus {
     /// `idem_seen_set_bypassed_total` by consumer: messages a fail-open seen-set
     /// handled unchecked while its Redis was down. Empty for an engine without it.
     pub seen_set_bypassed: BTreeMap<String, f64>,
+    /// `idem_seen_set_ttl_seconds` when above 0: the engine's consumers run in
+    /// seen-set mode over Redis, whose keys live this long.
+    pub seen_set_ttl_seconds: Option<f64>,
     /// `idem_ingress_messages_total` by `source` (mqtt…): device messages taken in,
     /// and those that arrived with the DUP flag. Empty for a target without ingress.
     pub ingress: BTreeMap<String, IngressReading>,
@@ -174,6 +181,9 @@ pub struct ConsumerStatus {
     /// How long messages have flowed without a single duplicate being dropped, once
     /// that reaches [`PARACHUTE_QUIET`]; None otherwise.
     pub duplicates_quiet_seconds: Option<i64>,
+    /// `idem_duplicate_age_seconds` and its maximum; None when the engine exports
+    /// neither (an engine older than them, or not idemwatch).
+    pub duplicate_age: Option<crate::windows::AgeReading>,
 }
 
 impl ConsumerStatus {
@@ -204,6 +214,7 @@ impl ConsumerStatus {
             waiting_seconds: None,
             last_restart: None,
             duplicates_quiet_seconds: None,
+            duplicate_age: None,
         }
     }
 }
@@ -311,6 +322,38 @@ fn ingress_link(
             slot.last_error = Some(IngressError { kind, at, count });
         }
     }
+}
+
+/// Each consumer's `idem_duplicate_age_seconds` buckets (cumulative, by bound) and
+/// `idem_duplicate_age_max_seconds`.
+fn duplicate_ages(
+    exposition: &ByName<'_>,
+    names: &MetricNames,
+    target: &str,
+) -> FastMap<String, crate::windows::AgeReading> {
+    let mut out: FastMap<String, crate::windows::AgeReading> = FastMap::default();
+    let bucket = format!("{}_bucket", names.duplicate_age);
+    for s in exposition.named(&bucket) {
+        let Some(le) = s.label("le").and_then(|le| le.parse::<f64>().ok()) else {
+            continue;
+        };
+        let reading = out
+            .entry(consumer_of(s, names, target).to_string())
+            .or_default();
+        reading.buckets.push((le, s.value));
+        if le.is_infinite() {
+            reading.count = s.value;
+        }
+    }
+    for r in out.values_mut() {
+        r.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    for s in exposition.named(&names.duplicate_age_max) {
+        out.entry(consumer_of(s, names, target).to_string())
+            .or_default()
+            .max_seconds = Some(s.value);
+    }
+    out
 }
 
 fn pauses_of(
@@ -543,6 +586,7 @@ impl TargetTracker {
                 durability: None,
                 http: BTreeMap::new(),
                 seen_set_bypassed: BTreeMap::new(),
+                seen_set_ttl_seconds: None,
                 ingress: BTreeMap::new(),
             },
             counters: Counters::default(),
@@ -662,6 +706,7 @@ impl TargetTracker {
                 acknowledged,
                 messages_ready: None,
                 messages_unacked: None,
+                duplicate_windows: BTreeMap::new(),
             },
             redelivered_per_s: Series::default(),
         });
@@ -801,6 +846,10 @@ impl TargetTracker {
                 .or_default()
                 .insert(reason.to_string(), s.value);
         }
+        self.status.seen_set_ttl_seconds = exposition
+            .first(&names.seen_set_ttl)
+            .filter(|ttl| *ttl > 0.0);
+        let mut ages = duplicate_ages(exposition, names, &target);
         let busy_since: FastMap<&str, f64> = exposition
             .named(&names.busy_since)
             .filter(|s| s.value > 0.0)
@@ -839,6 +888,7 @@ impl TargetTracker {
             s.claims_in_doubt = in_doubt.get(consumer).copied();
             s.paused = pauses.remove(consumer);
             s.provider_repeat_calls = repeats.remove(consumer).unwrap_or_default();
+            s.duplicate_age = ages.remove(consumer);
             s.waiting_seconds = busy_since
                 .get(consumer)
                 .map(|since| at.timestamp() - *since as i64)

@@ -304,6 +304,7 @@ fn a_deploy_spike_below_the_deploy_day_baseline_is_not_a_warning() {
     let targets = [tracker.status().clone()];
     let rules = idemwatch_monitor::config::AlertRules::default();
     let input = |markers| idemwatch_monitor::alerts::AlertInputs {
+        windows: &[],
         now: t(360),
         targets: &targets,
         consumers: &consumers,
@@ -399,6 +400,7 @@ fn low_rate_deploy(redelivered: u64) -> Vec<idemwatch_monitor::alerts::Alert> {
         source: idemwatch_monitor::markers::MarkerSource::Database,
     }];
     idemwatch_monitor::alerts::evaluate_at(&idemwatch_monitor::alerts::AlertInputs {
+        windows: &[],
         now: t(300),
         targets: &[tracker.status().clone()],
         consumers: &consumers,

@@ -20,6 +20,7 @@ use idemwatch_monitor::targets::{
 use idemwatch_monitor::vehicles::{
     DetailEvent, HistoryEvent, StateRow, VehicleAnomalies, VehicleAnomaly, VehicleDetail,
 };
+use idemwatch_monitor::windows::{AgeReading, ConsumerWindows, WindowInputs};
 use idemwatch_monitor::{BrokerChart, ConsumerChart, Snapshot};
 
 /// The fixed "now" of every fixture: the field report's 04:12.
@@ -66,6 +67,7 @@ fn consumer(name: &str, processed: f64, rate: f64, dups: f64, dup_rate: f64) -> 
         claims_in_doubt: Some(if name == "zone-exit-sms" { 1.0 } else { 0.0 }),
         last_restart: Some(now() - Duration::seconds(95)),
         duplicates_quiet_seconds: None,
+        duplicate_age: duplicate_age(name),
         window_1m,
         paused: None,
         provider_repeat_calls: BTreeMap::new(),
@@ -190,6 +192,41 @@ fn history(seq: i64, event_type: &str, received: i64, applied: bool) -> HistoryE
     }
 }
 
+/// The duplicate ages of the demo's consumers: trip-counter's oldest copy came
+/// 3 h 12 m late (the brief's example), zone-exit-sms's 30 h late (past a 24 h provider
+/// key); the others dropped none with a known age.
+fn duplicate_age(name: &str) -> Option<AgeReading> {
+    let ages: &[f64] = match name {
+        "trip-counter" => &[2.0, 4.0, 40.0, 11_520.0],
+        "zone-exit-sms" => &[5.0, 108_000.0],
+        _ => return None,
+    };
+    let bounds = idemwatch_engine::metrics::DUPLICATE_AGE_BUCKETS;
+    let buckets = bounds
+        .iter()
+        .chain([f64::INFINITY].iter())
+        .map(|&le| (le, ages.iter().filter(|a| **a <= le).count() as f64))
+        .collect();
+    Some(AgeReading {
+        buckets,
+        count: ages.len() as f64,
+        max_seconds: ages.iter().copied().reduce(f64::max),
+    })
+}
+
+/// Each consumer's windows as the monitor computes them: the 7-day retention, a
+/// 24 h provider key lifetime.
+fn windows(consumers: &[ConsumerStatus], targets: &[TargetStatus]) -> Vec<ConsumerWindows> {
+    idemwatch_monitor::windows::evaluate(&WindowInputs {
+        consumers,
+        targets,
+        brokers: &[],
+        stored_max: &BTreeMap::new(),
+        retention: Some(std::time::Duration::from_secs(7 * 86_400)),
+        provider_key_lifetime: std::time::Duration::from_secs(86_400),
+    })
+}
+
 /// One poll of the demo at `at`, every tab's data, assembled from the parts below
 /// (each one what a screen test needs of one source).
 pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
@@ -204,16 +241,19 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
         marker(95, "restart", "demo-engine restarted"),
         marker(600, "deploy", "demo deploy #1"),
     ];
+    let consumers = vec![
+        consumer(names[0], 5120.0, 8.0, 21.0, 0.001),
+        consumer(names[1], 410.0, 0.6, 3.0, 0.0),
+        consumer(names[2], 410.0, 0.6, 3.0, 0.003),
+        consumer(names[3], 201.0, 0.3, 1.0, 0.0),
+    ];
+    let targets = targets(at);
     Snapshot {
         poll: 42,
         taken_at: at,
-        targets: targets(at),
-        consumers: vec![
-            consumer(names[0], 5120.0, 8.0, 21.0, 0.001),
-            consumer(names[1], 410.0, 0.6, 3.0, 0.0),
-            consumer(names[2], 410.0, 0.6, 3.0, 0.003),
-            consumer(names[3], 201.0, 0.3, 1.0, 0.0),
-        ],
+        windows: windows(&consumers, &targets),
+        targets,
+        consumers,
         database: database(at, &names, &markers),
         alerts: alerts(),
         ended_alerts: ended_alerts(),
@@ -238,6 +278,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             acknowledged: reading(120_433.0, 41.0),
             messages_ready: Some(12.0),
             messages_unacked: Some(64.0),
+            duplicate_windows: BTreeMap::new(),
         }],
         broker_charts: vec![BrokerChart {
             target: "rabbitmq".into(),
@@ -268,6 +309,7 @@ fn targets(at: DateTime<Utc>) -> Vec<TargetStatus> {
             ]),
         )]),
         seen_set_bypassed: BTreeMap::new(),
+        seen_set_ttl_seconds: None,
         ingress: BTreeMap::from([(
             "mqtt".to_string(),
             IngressReading {
@@ -345,6 +387,7 @@ fn database(at: DateTime<Utc>, names: &[&str], markers: &[TimelineMarker]) -> Op
         drill_runs: drill_runs(),
         vehicles: vehicle_anomalies(),
         failures: Vec::new(),
+        duplicate_ages: None,
     })
 }
 

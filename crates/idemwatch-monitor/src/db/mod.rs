@@ -257,6 +257,11 @@ pub struct DbStats {
     pub drill_runs: Vec<DrillRunSummary>,
     pub vehicles: Option<VehicleAnomalies>,
     pub failures: Vec<QueryFailure>,
+    /// The store's `duplicate_ages` (the oldest duplicate each consumer dropped, in
+    /// seconds); None when the database has no such table (not idemwatch's, or
+    /// older): not a failure, the windows then go by the scraped maximum alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate_ages: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 impl DbStats {
@@ -277,6 +282,7 @@ impl DbStats {
             drill_runs: Vec::new(),
             vehicles: None,
             failures: Vec::new(),
+            duplicate_ages: None,
         }
     }
 }
@@ -372,6 +378,7 @@ impl DbPoller {
         let markers = self.sql.markers().await;
         let drills = self.sql.drill_runs().await;
         let vehicles = self.vehicle_anomalies(now).await;
+        let ages = self.sql.duplicate_ages().await.ok();
         let dedup = dedup.map_err(|e| fail("dedup", e)).ok();
         let in_doubt = in_doubt.map_err(|e| fail("claims_in_doubt", e)).ok();
         let dead = dead.map_err(|e| fail("dead_letters", e)).ok();
@@ -389,6 +396,7 @@ impl DbPoller {
         stats.markers = markers.unwrap_or_default();
         stats.drill_runs = drills.unwrap_or_default();
         stats.vehicles = vehicles;
+        stats.duplicate_ages = ages;
     }
 
     async fn dedup(&self, now: DateTime<Utc>) -> Result<DedupStats, sqlx::Error> {

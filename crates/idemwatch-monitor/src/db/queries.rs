@@ -469,6 +469,19 @@ impl Dashboard {
             .transpose()
     }
 
+    /// idemwatch's own `duplicate_ages` (not in the table mapping: a watched database
+    /// that is not idemwatch's has none, and the caller takes the error as "unknown").
+    /// One row per consumer.
+    pub(super) async fn duplicate_ages(
+        &self,
+    ) -> SqlResult<std::collections::BTreeMap<String, f64>> {
+        let select = "SELECT consumer, max_age_seconds FROM duplicate_ages";
+        let rows = each(&*self.sql, select, &[], &[Text, Kind::Float], |r| {
+            Ok::<_, sqlx::Error>((r.text(0)?, r.opt_float(1).unwrap_or(0.0)))
+        });
+        Ok(rows.await?.into_iter().collect())
+    }
+
     pub(super) async fn markers(&self) -> SqlResult<Vec<TimelineMarker>> {
         let (binds, kinds) = (binds![LIST_LIMIT], [Text, Time, Text, Text]);
         let rows = self.sql.rows(&self.queries.markers, &binds, &kinds);

@@ -280,6 +280,7 @@ pub fn page(r: &Report) -> String {
     alerts(&mut out, r);
     dead_letters(&mut out, r);
     claims(&mut out, r);
+    windows(&mut out, r);
     drills(&mut out, r);
     out.push_str("</body></html>\n");
     out
@@ -451,6 +452,37 @@ fn claims(out: &mut String, r: &Report) {
                     c.message_key.clone(),
                     clock(c.claimed_at),
                     c.attempts.to_string(),
+                ]
+            })
+            .collect(),
+    );
+}
+
+/// Each consumer's duplicate ages and its margin against every dedup window.
+fn windows(out: &mut String, r: &Report) {
+    use crate::windows::short_duration;
+    let age = |s: Option<f64>| s.map_or_else(|| "-".into(), short_duration);
+    table(
+        out,
+        "Dedup windows: duplicate age",
+        &[
+            "consumer",
+            "duplicates",
+            "p50",
+            "p99",
+            "oldest",
+            "windows (margin)",
+        ],
+        r.windows
+            .iter()
+            .map(|w| {
+                vec![
+                    format!("{}/{}", w.target, w.consumer),
+                    w.count.to_string(),
+                    age(w.p50_seconds),
+                    age(w.p99_seconds),
+                    age(w.max_seconds),
+                    w.summary.clone(),
                 ]
             })
             .collect(),

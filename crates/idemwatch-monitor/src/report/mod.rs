@@ -90,6 +90,9 @@ pub struct Report {
     pub claims_in_doubt_total: i64,
     pub claims_in_doubt: Vec<InDoubtClaim>,
     pub drill_runs: Vec<DrillRunSummary>,
+    /// Each consumer's duplicate ages against its dedup windows, as at the report's
+    /// snapshot (`crate::windows`).
+    pub windows: Vec<crate::windows::ConsumerWindows>,
     /// What the report could not show and why.
     pub notes: Vec<String>,
 }
@@ -209,6 +212,7 @@ impl Report {
             claims_in_doubt_total: db.map_or(0, |d| d.claims_in_doubt_total),
             claims_in_doubt: db.map(|d| d.claims_in_doubt.clone()).unwrap_or_default(),
             drill_runs: Vec::new(),
+            windows: snapshot.windows.clone(),
             notes: Vec::new(),
         };
         report.set_markers(&snapshot.markers);
@@ -313,6 +317,7 @@ mod tests {
             consumers: Vec::new(),
             markers: Vec::new(),
             alerts: Vec::new(),
+            windows: Vec::new(),
             dead_letters: Vec::new(),
             claims_in_doubt_total: 0,
             claims_in_doubt: Vec::new(),

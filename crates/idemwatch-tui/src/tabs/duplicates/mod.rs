@@ -13,6 +13,7 @@
 //! │      D deploy #1  R restart   X drill…   (the marker lane)               │
 //! │ ── vehicle-state 0.010%  ── trip-counter 0%   cursor 04:08:12: …         │
 //! ├ Broker redeliveries vs duplicates dropped (when a RabbitMQ target exists) ┤
+//! ├ Dedup windows: duplicate age (p50 / p99 / oldest) against each window ────┤
 //! ├ Markers in the window (newest first) ─────────────────────────────────────┤
 //! ```
 //! The y axis is clamped at the 95th percentile (×1.5, never below the deploy-day
@@ -20,7 +21,8 @@
 //! onto the zero row; clipped peaks are marked ▲. `g` switches to a log scale.
 //!
 //! `plot.rs` gathers what is drawn, `scale.rs` the y axis, `chart.rs` draws the chart,
-//! `broker.rs` the broker panel; the markers' list is here.
+//! `broker.rs` the broker panel, `windows.rs` the dedup windows; the markers' list is
+//! here.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Modifier;
@@ -39,6 +41,7 @@ mod broker;
 mod chart;
 mod plot;
 mod scale;
+mod windows;
 
 use broker::broker_panel;
 use chart::chart_panel;
@@ -70,15 +73,25 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     } else {
         plot.markers.len().clamp(1, 6) as u16 + 2
     };
-    let [chart_area, broker_area, list_area] = Layout::vertical([
+    let in_view = windows::in_view(app);
+    let window_rows = if app.compact() {
+        0
+    } else {
+        windows::rows(&in_view)
+    };
+    let [chart_area, broker_area, windows_area, list_area] = Layout::vertical([
         Constraint::Min(10),
         Constraint::Length(broker_rows),
+        Constraint::Length(window_rows),
         Constraint::Length(marker_rows),
     ])
     .areas(area);
     chart_panel(frame, chart_area, app, &plot, theme);
     if broker_rows > 0 {
         broker_panel(frame, broker_area, app, &charts, plot.span, theme);
+    }
+    if window_rows > 0 {
+        windows::windows_panel(frame, windows_area, &in_view, theme);
     }
     markers_panel(frame, list_area, app, &plot, theme);
 }
