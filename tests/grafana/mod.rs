@@ -121,6 +121,10 @@ const PER_CONSUMER: &str = "{{consumer}} · {{instance}}";
 /// The panels, row by row.
 fn rows() -> Vec<Row> {
     let n = consumer_names();
+    let age_buckets = selected(
+        &promql::duplicate_age_buckets(),
+        &[(JOB, JOB), (n.consumer_label.as_str(), CONSUMER)],
+    );
     let one_minute = promql::duration(WINDOW_1M);
     let rate_panel = |title: &'static str, stem: &str, why: &str| Panel {
         title,
@@ -234,6 +238,50 @@ fn rows() -> Vec<Row> {
         // and issue 43 (`idem_provider_repeat_calls_total`) add their rows here, between
         // what the consumers do and what the broker sees: a `Row` whose panels read the
         // rules file's names as the ones above do. The live test then queries them too.
+        Row {
+            title: "Dedup windows: duplicate age",
+            panels: vec![Panel {
+                title: "Duplicate age: p50, p99 and the oldest",
+                description: format!(
+                    "How long before a dropped duplicate its key had first been processed \
+                     (docs/CONTRACT.md §3, §5): p50 and p99 over {} of the recording rule {}, \
+                     and the oldest one each process has dropped ({}). Every dedup layer \
+                     forgets a key after a while (the table's retention, a Redis seen-set's \
+                     TTL, JetStream's duplicate_window, the provider's key lifetime): a window \
+                     shorter than twice the oldest duplicate is short (the dashboard's WARN \
+                     dedup_window_short, with the margins in its Duplicates tab).",
+                    promql::duration(promql::DUPLICATE_AGE_RANGE),
+                    promql::duplicate_age_buckets(),
+                    n.duplicate_age_max,
+                ),
+                draw: Draw::Lines {
+                    unit: "s",
+                    thresholds: vec![],
+                },
+                targets: vec![
+                    Target {
+                        expr: promql::duplicate_age_quantile(0.5, &age_buckets),
+                        legend: "p50 · {{consumer}} · {{instance}}",
+                    },
+                    Target {
+                        expr: promql::duplicate_age_quantile(0.99, &age_buckets),
+                        legend: "p99 · {{consumer}} · {{instance}}",
+                    },
+                    Target {
+                        expr: format!(
+                            "max by (job, instance, {}) ({})",
+                            n.consumer_label,
+                            selected(
+                                &n.duplicate_age_max,
+                                &[(JOB, JOB), (n.consumer_label.as_str(), CONSUMER)]
+                            )
+                        ),
+                        legend: "oldest · {{consumer}} · {{instance}}",
+                    },
+                ],
+                width: 24,
+            }],
+        },
         Row {
             title: "RabbitMQ (its own exporter, rabbitmq_prometheus)",
             panels: vec![

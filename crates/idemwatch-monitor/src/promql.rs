@@ -125,6 +125,26 @@ pub fn recorded(metric_stem: &str, range: Duration) -> String {
     format!("instance_consumer:{metric_stem}:rate{}", duration(range))
 }
 
+/// Over how long the duplicate-age buckets are rated: duplicates are rare (0.01 % of a
+/// normal day), so a minute of them is mostly empty; an hour holds a deploy's.
+pub const DUPLICATE_AGE_RANGE: Duration = Duration::from_secs(3600);
+
+/// The recording rule of the duplicate-age buckets, per target, consumer and bucket
+/// (`le` kept, so `histogram_quantile` reads it).
+pub fn duplicate_age_buckets() -> String {
+    format!(
+        "instance_consumer_le:{}_bucket:rate{}",
+        names::DUPLICATE_AGE,
+        duration(DUPLICATE_AGE_RANGE)
+    )
+}
+
+/// A quantile of the duplicates' ages over the recording rule `buckets` (a selector
+/// of [`duplicate_age_buckets`]).
+pub fn duplicate_age_quantile(q: f64, buckets: &str) -> String {
+    format!("histogram_quantile({q}, {buckets})")
+}
+
 /// The recording rules: per target and consumer, the rates the dashboard charts.
 pub fn recording_rules() -> Vec<Recording> {
     let n = MetricNames::default();
@@ -148,6 +168,15 @@ pub fn recording_rules() -> Vec<Recording> {
             expr: format!("{dup} / ({processed} + {dup})"),
         });
     }
+    out.push(Recording {
+        record: duplicate_age_buckets(),
+        expr: format!(
+            "sum by (job, instance, {}, le) (rate({}_bucket[{}]))",
+            n.consumer_label,
+            n.duplicate_age,
+            duration(DUPLICATE_AGE_RANGE)
+        ),
+    });
     out
 }
 
