@@ -382,3 +382,173 @@ async fn fail_open_handles_unchecked_while_redis_is_down_and_counts_the_bypass()
     assert_eq!(seen.get(zone_exit_sms::NAME), Some(&6.0), "{seen:?}");
     assert_eq!(seen.get(trip_counter::NAME), Some(&6.0), "{seen:?}");
 }
+
+// ---- duplicate age against the seen-set's TTL (issue 41) ----------------------------
+
+/// A seen-set over Redis with a TTL of 4 s, a copy delivered 2.5 s after its original:
+/// the copy is dropped (its key is still there) and its age, read from the value the
+/// key was written with (`FINGERPRINT UNIX_MILLIS`), lands in the histogram. The
+/// dashboard, scraping that engine, reads the TTL it exports and warns
+/// (`dedup_window_short`): 4 s is less than twice the oldest duplicate, a copy a
+/// little later would find no key. The retention, 7 days, is not short. A value of the
+/// old format (a bare fingerprint) still drops its duplicate, with an unknown age.
+#[tokio::test]
+async fn a_seen_set_ttl_shorter_than_twice_the_oldest_duplicate_warns() {
+    use idemwatch::engine::envelope::Message;
+    use idemwatch::engine::seen_set::RedisSeenSet;
+    use idemwatch::monitor::alerts::{evaluate_at, AlertInputs, AlertKind, Severity};
+    use idemwatch::monitor::windows::{self, Layer, WindowInputs};
+
+    let Some(url) = redis_url() else { return };
+    let env = TempEnv::new();
+    let ttl = Duration::from_secs(4);
+    let delay = Duration::from_millis(2500);
+    let mut cfg = EngineConfig::new(
+        &env.db_url(),
+        &env.queue_url(),
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+    );
+    cfg.mode = ConsumerMode::SeenSet;
+    cfg.consumers = vec![trip_counter::NAME.into()];
+    cfg.seen_set = SeenSetConfig {
+        url: Some(url.clone()),
+        ttl,
+        ..SeenSetConfig::default()
+    };
+    cfg.runner.idle_poll = Duration::from_millis(20);
+    let engine = Engine::open(&cfg).await.unwrap();
+    // A device of this run only: the shared Redis keeps other runs' keys.
+    let device = format!(
+        "AGE-{}-{}",
+        std::process::id(),
+        chrono::Utc::now().timestamp_millis()
+    );
+    let line = |seq: u64| {
+        format!(
+            r#"{{"device_id":"{device}","seq":{seq},"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{{"zone":"X"}}}}"#
+        )
+        .into_bytes()
+    };
+    let drain = || async {
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            engine.run_until_idle(Arc::new(CrashPlan::none()), None),
+        )
+        .await
+        .expect("drained within a minute")
+        .expect("no crash")
+    };
+    engine.publish(&[line(1)]).await.unwrap();
+    drain().await;
+    let written = Instant::now();
+    tokio::time::sleep(delay).await;
+    engine.publish(&[line(1)]).await.unwrap();
+    drain().await;
+    let c = trip_counter::NAME;
+    assert_eq!(engine.summary().consumers[c].duplicate_dropped, 1);
+    let max = engine.metrics.duplicate_age_max(c);
+    let since = written.elapsed().as_secs_f64();
+    assert!(
+        (delay.as_secs_f64()..since + 0.5).contains(&max),
+        "oldest duplicate {max} s, {since} s after the first"
+    );
+
+    // The value the key holds: its fingerprint and when it was first processed.
+    let first = Message::parse(&line(1)).unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let value: String = redis::cmd("GET")
+        .arg(RedisSeenSet::redis_key(c, first.key()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (fingerprint, millis) = value.split_once(' ').expect("FINGERPRINT UNIX_MILLIS");
+    assert_eq!(fingerprint, first.fingerprint().as_str());
+    let at = chrono::DateTime::from_timestamp_millis(millis.parse().unwrap()).unwrap();
+    assert!(
+        chrono::Utc::now() - at < chrono::Duration::seconds(30),
+        "{value}"
+    );
+
+    // The dashboard's view of this engine: its TTL, the ages, the margins, the WARN.
+    let names = MetricNames::default();
+    let mut tracker = TargetTracker::new("fleet", "http://127.0.0.1:9464/metrics");
+    let text = engine.metrics.encode_prometheus_text();
+    tracker.observe(
+        &ScrapeResult {
+            target: "fleet".into(),
+            url: "http://127.0.0.1:9464/metrics".into(),
+            at: chrono::Utc::now(),
+            duration: Duration::from_millis(1),
+            outcome: parse(&text, Format::PrometheusText).map_err(|e| e.to_string()),
+        },
+        &names,
+    );
+    let targets = [tracker.status().clone()];
+    assert_eq!(targets[0].seen_set_ttl_seconds, Some(ttl.as_secs_f64()));
+    let consumers: Vec<_> = tracker.consumers().cloned().collect();
+    let stored = engine
+        .store
+        .duplicate_ages()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.consumer, a.max_age_seconds))
+        .collect();
+    let w = windows::evaluate(&WindowInputs {
+        consumers: &consumers,
+        targets: &targets,
+        brokers: &[],
+        stored_max: &stored,
+        retention: Some(Duration::from_secs(7 * 86_400)),
+        provider_key_lifetime: Duration::from_secs(86_400),
+    });
+    let trips = w.iter().find(|w| w.consumer == c).expect("trip-counter");
+    let short: Vec<Layer> = trips.short().map(|w| w.layer).collect();
+    assert_eq!(short, [Layer::SeenSetTtl], "{}", trips.summary);
+    assert!(
+        trips.summary.contains("seen-set TTL 4.0 s"),
+        "{}",
+        trips.summary
+    );
+    let alerts = evaluate_at(&AlertInputs {
+        now: chrono::Utc::now(),
+        targets: &targets,
+        consumers: &consumers,
+        database: None,
+        markers: &[],
+        rules: &Default::default(),
+        windows: &w,
+    });
+    let warn = alerts
+        .iter()
+        .find(|a| matches!(&a.kind, AlertKind::DedupWindowShort { consumer, .. } if consumer == c))
+        .expect("dedup_window_short");
+    assert_eq!(warn.severity, Severity::Warning);
+    assert!(warn.message.contains("seen-set TTL"), "{}", warn.message);
+
+    // A key written by an engine before the age was kept: a bare fingerprint.
+    let old = Message::parse(&line(2)).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(RedisSeenSet::redis_key(c, old.key()))
+        .arg(old.fingerprint().as_str())
+        .arg("PX")
+        .arg(ttl.as_millis() as u64)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    engine.publish(&[line(2)]).await.unwrap();
+    drain().await;
+    assert_eq!(engine.summary().consumers[c].duplicate_dropped, 2);
+    let text = engine.metrics.encode_prometheus_text();
+    assert!(
+        text.contains("idem_duplicate_age_unknown_total{consumer=\"trip-counter\"} 1"),
+        "{text}"
+    );
+    assert_eq!(
+        engine.metrics.duplicate_age_max(c),
+        max,
+        "an unknown age is no age"
+    );
+}

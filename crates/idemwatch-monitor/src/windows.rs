@@ -190,7 +190,15 @@ fn consumer_windows(
             w.short = w.seconds < SAFE_MARGIN * m;
         }
     }
-    let summary = summarize(max, &windows);
+    let summary = match max {
+        // Duplicates were dropped, none with an age: a dedup that does not keep when a
+        // key was first processed (vehicle-state's seq guard), or old seen-set values.
+        None if c.duplicate_dropped.total > 0.0 => format!(
+            "{} duplicates dropped, none with a known age",
+            c.duplicate_dropped.total
+        ),
+        _ => summarize(max, &windows),
+    };
     ConsumerWindows {
         target: c.target.clone(),
         consumer: c.consumer.clone(),
@@ -425,6 +433,19 @@ mod tests {
         assert_eq!(w[0].windows[0].margin, None);
         assert_eq!(w[0].short().count(), 0);
         assert_eq!(w[0].summary, "no duplicate with a known age yet");
+        // Duplicates without an age are said to be so, not hidden as none.
+        let mut c = ConsumerStatus::new("local", "vehicle-state");
+        c.duplicate_dropped.total = 3.0;
+        let w = evaluate(&WindowInputs {
+            consumers: &[c],
+            targets: &[],
+            brokers: &[],
+            stored_max: &BTreeMap::new(),
+            retention: Some(Duration::from_secs(3600)),
+            provider_key_lifetime: Duration::from_secs(86_400),
+        });
+        assert_eq!(w[0].summary, "3 duplicates dropped, none with a known age");
+        assert_eq!(w[0].short().count(), 0);
     }
 
     #[test]

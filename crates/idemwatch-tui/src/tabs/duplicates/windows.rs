@@ -47,7 +47,7 @@ pub(super) fn windows_panel(
         ]));
         let mut margins = vec![Span::raw("   ")];
         if c.max_seconds.is_none() {
-            margins.push(Span::styled("no duplicate with a known age yet", theme.dim));
+            margins.push(Span::styled(c.summary.clone(), theme.dim));
         }
         for w in c.windows.iter().filter(|_| c.max_seconds.is_some()) {
             let text = format!(
