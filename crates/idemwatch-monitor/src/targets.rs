@@ -183,7 +183,7 @@ pub struct ConsumerStatus {
     pub duplicates_quiet_seconds: Option<i64>,
     /// `idem_duplicate_age_seconds` and its maximum; None when the engine exports
     /// neither (an engine older than them, or not idemwatch).
-    pub duplicate_age: Option<crate::windows::AgeReading>,
+    pub duplicate_age: Option<AgeReading>,
 }
 
 impl ConsumerStatus {
@@ -217,6 +217,19 @@ impl ConsumerStatus {
             duplicate_age: None,
         }
     }
+}
+
+/// One consumer's duplicate ages as its engine exports them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AgeReading {
+    /// `(le, cumulative count)` of `idem_duplicate_age_seconds`, by bound, `+Inf`
+    /// last (as `f64::INFINITY`; not in JSON).
+    #[serde(skip)]
+    pub buckets: Vec<(f64, f64)>,
+    /// Duplicates with a known age.
+    pub count: f64,
+    /// `idem_duplicate_age_max_seconds`: the oldest this process has dropped.
+    pub max_seconds: Option<f64>,
 }
 
 /// A batch held this long (seconds) is shown as waiting: a batch commits in
@@ -330,8 +343,8 @@ fn duplicate_ages(
     exposition: &ByName<'_>,
     names: &MetricNames,
     target: &str,
-) -> FastMap<String, crate::windows::AgeReading> {
-    let mut out: FastMap<String, crate::windows::AgeReading> = FastMap::default();
+) -> FastMap<String, AgeReading> {
+    let mut out: FastMap<String, AgeReading> = FastMap::default();
     let bucket = format!("{}_bucket", names.duplicate_age);
     for s in exposition.named(&bucket) {
         let Some(le) = s.label("le").and_then(|le| le.parse::<f64>().ok()) else {

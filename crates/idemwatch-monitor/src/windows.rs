@@ -16,25 +16,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use crate::targets::AgeReading;
 use crate::targets::{BrokerStatus, ConsumerStatus, TargetStatus};
 
 /// A window shorter than this many times the oldest duplicate is short: copies half
 /// as late as the window have arrived already, and nothing says the next will not
 /// be later.
 pub const SAFE_MARGIN: f64 = 2.0;
-
-/// One consumer's duplicate ages as its engine exports them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct AgeReading {
-    /// `(le, cumulative count)` of `idem_duplicate_age_seconds`, by bound, `+Inf`
-    /// last (as `f64::INFINITY`; not in JSON).
-    #[serde(skip)]
-    pub buckets: Vec<(f64, f64)>,
-    /// Duplicates with a known age.
-    pub count: f64,
-    /// `idem_duplicate_age_max_seconds`: the oldest this process has dropped.
-    pub max_seconds: Option<f64>,
-}
 
 /// What each window is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]

@@ -16,11 +16,36 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use super::{duplicate_or_conflict, BusinessWrite, DedupOutcome, Recordable, StoreError};
+use super::{duplicate_or_conflict, Backend, BusinessWrite, DedupOutcome, Recordable, StoreError};
 
 /// When each key found already stored was first processed (its `processed_at`), read
 /// with its fingerprint by the same statement: a duplicate's age costs no extra read.
 pub(crate) type FirstSeen = HashMap<String, DateTime<Utc>>;
+
+/// Raise a consumer's oldest duplicate age (`duplicate_ages`) to `age_seconds` if it
+/// is older than the one kept, with `observed_at` the time it was seen: one statement,
+/// written once here for every backend (the batch paths run it on their own
+/// transaction, `consumer_sql::note_duplicate_age_in` and SQLite's jobs, so the drop
+/// and its age commit together).
+/// Binds: consumer, age in seconds, observed at.
+pub(crate) fn note_duplicate_age_sql(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite | Backend::Postgres => {
+            "INSERT INTO duplicate_ages (consumer, max_age_seconds, observed_at) VALUES (?, ?, ?)
+             ON CONFLICT (consumer) DO UPDATE
+             SET max_age_seconds = excluded.max_age_seconds, observed_at = excluded.observed_at
+             WHERE excluded.max_age_seconds > duplicate_ages.max_age_seconds"
+        }
+        // Assignments run left to right: observed_at is decided on the old maximum.
+        Backend::Mysql => {
+            "INSERT INTO duplicate_ages (consumer, max_age_seconds, observed_at) VALUES (?, ?, ?)
+             ON DUPLICATE KEY UPDATE
+             observed_at = IF(VALUES(max_age_seconds) > max_age_seconds,
+                              VALUES(observed_at), observed_at),
+             max_age_seconds = GREATEST(max_age_seconds, VALUES(max_age_seconds))"
+        }
+    }
+}
 
 /// Rows per multi-row statement: 4 bind parameters each stays far below every
 /// backend's limit (SQLite 32,766, PostgreSQL and MySQL 65,535).
@@ -130,8 +155,7 @@ impl<'a> DedupBatch<'a> {
 
     /// The oldest duplicate of the batch: how long ago (at `now`) its key was first
     /// processed, in seconds; None when the batch dropped no duplicate with a known
-    /// first time. What [`note_duplicate_age`](super::consumer_sql::NOTE_DUPLICATE_AGE)
-    /// keeps per consumer.
+    /// first time. What [`note_duplicate_age_sql`] keeps per consumer.
     pub fn oldest_duplicate(outcomes: &[DedupOutcome], now: DateTime<Utc>) -> Option<f64> {
         outcomes
             .iter()

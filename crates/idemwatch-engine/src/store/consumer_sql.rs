@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use sqlx::{Executor, IntoArguments};
 
+use super::batch::note_duplicate_age_sql;
 use super::dialect::{
     binds, execute, fetch, first, in_list, retrying, BindValue, Dialect, Kind, Sql,
 };
@@ -43,30 +44,6 @@ pub(super) async fn seen(
         fingerprint,
         row.time(1),
     )))
-}
-
-/// Raise a consumer's oldest duplicate age (`duplicate_ages`) to `age_seconds` if it
-/// is older than the one kept, with `observed_at` the time it was seen: one statement,
-/// written once here for every backend (the batch paths run it on their own
-/// transaction, [`note_duplicate_age_in`], so the drop and its age commit together).
-/// Binds: consumer, age in seconds, observed at.
-pub(crate) fn note_duplicate_age_sql(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Sqlite | Backend::Postgres => {
-            "INSERT INTO duplicate_ages (consumer, max_age_seconds, observed_at) VALUES (?, ?, ?)
-             ON CONFLICT (consumer) DO UPDATE
-             SET max_age_seconds = excluded.max_age_seconds, observed_at = excluded.observed_at
-             WHERE excluded.max_age_seconds > duplicate_ages.max_age_seconds"
-        }
-        // Assignments run left to right: observed_at is decided on the old maximum.
-        Backend::Mysql => {
-            "INSERT INTO duplicate_ages (consumer, max_age_seconds, observed_at) VALUES (?, ?, ?)
-             ON DUPLICATE KEY UPDATE
-             observed_at = IF(VALUES(max_age_seconds) > max_age_seconds,
-                              VALUES(observed_at), observed_at),
-             max_age_seconds = GREATEST(max_age_seconds, VALUES(max_age_seconds))"
-        }
-    }
 }
 
 /// [`note_duplicate_age_sql`] on a batch path's own transaction (PostgreSQL, MariaDB).

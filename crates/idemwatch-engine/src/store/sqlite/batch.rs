@@ -18,9 +18,8 @@ use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::envelope::{Fingerprint, Message, MessageKey};
 use crate::sqlite::thread::db;
-use crate::store::batch::FirstSeen;
+use crate::store::batch::{note_duplicate_age_sql, FirstSeen};
 use crate::store::claim_batch::{self, ClaimFinish, ClaimRequest, ClaimResult};
-use crate::store::consumer_sql::note_duplicate_age_sql;
 use crate::store::dialect::parse_text_time;
 use crate::store::vehicle_batch::VehicleBatch;
 use crate::store::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
