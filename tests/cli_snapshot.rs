@@ -120,3 +120,80 @@ fn bad_config_and_bad_usage_exit_2() {
     let out = snapshot(&["--target", "no-equals-sign"], dir.path());
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A target serving `text` as its `/metrics` (Prometheus text) until the test ends.
+async fn metrics_target(text: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let body = text.clone();
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}/metrics")
+}
+
+/// `snapshot --json` carries `windows`: a consumer whose oldest duplicate came
+/// 3 h 12 m after its key was first processed (the store's `duplicate_ages`, larger
+/// than the process's maximum), against the 7-day retention: margin 52×; the text
+/// snapshot says the same line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_sets_the_duplicate_ages_beside_the_retention() {
+    use idemwatch::engine::consumers::RiskClass;
+    use idemwatch::engine::metrics::Metrics;
+    let dir = tempfile::tempdir().unwrap();
+    let url = fleet_db(dir.path()).await;
+    let s = store::open(&url).await.unwrap();
+    s.note_duplicate_age("trip-counter", 3.0 * 3600.0 + 12.0 * 60.0)
+        .await
+        .unwrap();
+    let metrics = Metrics::new();
+    metrics.register_consumer("trip-counter", Some(RiskClass::Accumulation));
+    metrics.duplicate_age("trip-counter", Some(std::time::Duration::from_secs(40)));
+    let target = metrics_target(metrics.encode_prometheus_text()).await;
+    let home = dir.path().to_path_buf();
+    let run = move |json: bool| {
+        let (url, target, home) = (url.clone(), target.clone(), home.clone());
+        tokio::task::spawn_blocking(move || {
+            let target = format!("fleet={target}");
+            let mut args = vec!["--db", &url, "--target", &target, "--spacing", "100ms"];
+            if json {
+                args.push("--json");
+            }
+            snapshot(&args, &home)
+        })
+    };
+    let out = run(true).await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let w = &doc["windows"][0];
+    assert_eq!(w["consumer"], "trip-counter", "{doc}");
+    assert_eq!(w["max_seconds"], 11_520.0);
+    assert_eq!(w["count"], 1.0);
+    assert_eq!(w["windows"][0]["layer"], "retention");
+    assert_eq!(w["windows"][0]["short"], false);
+    let line = "oldest duplicate 3 h 12 m; retention 7 d: margin 52×";
+    assert_eq!(w["summary"], line);
+    let out = run(false).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Dedup windows") && text.contains(line),
+        "{text}"
+    );
+}
