@@ -117,6 +117,6 @@ fn the_engine_deadlines_are_read_and_default_as_the_example_says() {
     assert_eq!(Config::default().deadlines(), Deadlines::default());
     assert_eq!(
         Deadlines::default().statement_timeout,
-        Duration::from_secs(30)
+        Duration::from_secs(20)
     );
 }
