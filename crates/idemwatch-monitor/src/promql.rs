@@ -125,6 +125,134 @@ pub fn recorded(metric_stem: &str, range: Duration) -> String {
     format!("instance_consumer:{metric_stem}:rate{}", duration(range))
 }
 
+/// A recording rule's name at another aggregation `level` than per consumer, e.g.
+/// `instance_consumer_kind:idem_infra_errors:rate1m`.
+pub fn recorded_at(level: &str, metric_stem: &str, operation: &str) -> String {
+    format!("{level}:{metric_stem}:{operation}")
+}
+
+/// `rate1m`, `rate5m`: the operation part of a rate rule's name.
+fn rate_op(range: Duration) -> String {
+    format!("rate{}", duration(range))
+}
+
+/// The labels every per-ingress expression keeps: where it ran and which ingress
+/// (`source`, docs/CONTRACT.md §9 "Fleet ingress").
+pub const SOURCE_GROUPING: &str = "job, instance, source";
+
+/// The aggregation levels of the stall, side-effect and ingress rules.
+pub const CONSUMER_CAUSE: &str = "instance_consumer_cause";
+pub const CONSUMER_KIND: &str = "instance_consumer_kind";
+pub const CONSUMER_REASON: &str = "instance_consumer_reason";
+pub const SOURCE: &str = "instance_source";
+pub const SOURCE_KIND: &str = "instance_source_kind";
+pub const SOURCE_REASON: &str = "instance_source_reason";
+
+/// The stem of the rule that says how long a paused consumer has been paused.
+pub const PAUSED_FOR_STEM: &str = "idem_consumer_paused_for";
+/// The stem of the DUP-flag share of an ingress's messages (no metric of its own:
+/// dup_flag="true" / all).
+pub const INGRESS_DUP_FLAG_RATIO: &str = "idem_ingress_dup_flag_ratio";
+
+/// Per target, consumer and `cause`, only while paused: seconds since the pause
+/// began (`time() - idem_consumer_paused_since_seconds`, which is per consumer;
+/// the cause comes from `idem_consumer_paused`, at 1 for the one that paused it).
+pub fn paused_for(names: &MetricNames) -> String {
+    let by = consumer_grouping(names);
+    format!(
+        "(time() - max by ({by}) ({since} > 0))\n  * on ({by}) group_right\nmax by ({by}, cause) ({paused} == 1)",
+        since = names.paused_since,
+        paused = names.paused,
+    )
+}
+
+/// Per target and consumer: failed tries in the current pause (0 while running).
+pub fn pause_retries(names: &MetricNames) -> String {
+    format!(
+        "max by ({}) ({})",
+        consumer_grouping(names),
+        names.pause_retries
+    )
+}
+
+/// Per-second rate of a counter over `range`, summed per target, consumer and `label`.
+pub fn rate_by(names: &MetricNames, counter: &str, label: &str, range: Duration) -> String {
+    format!(
+        "sum by ({}, {label}) (rate({counter}[{}]))",
+        consumer_grouping(names),
+        duration(range)
+    )
+}
+
+/// Per-second rate of an ingress counter over `range`, per target and source (and
+/// `label` when given); `selector` narrows the counter (`{dup_flag="true"}`).
+pub fn ingress_rate(counter: &str, selector: &str, label: Option<&str>, range: Duration) -> String {
+    let by = match label {
+        Some(l) => format!("{SOURCE_GROUPING}, {l}"),
+        None => SOURCE_GROUPING.to_string(),
+    };
+    format!(
+        "sum by ({by}) (rate({counter}{selector}[{}]))",
+        duration(range)
+    )
+}
+
+/// Per target and source: 1 while the ingress holds its broker connection.
+pub fn ingress_connected(names: &MetricNames) -> String {
+    format!("max by ({SOURCE_GROUPING}) ({})", names.ingress_connected)
+}
+
+/// The `reason` of `idem_provider_repeat_calls_total` that should stay 0 (a send the
+/// engine lost track of: a purged claim, a second store).
+pub const REPEAT_UNEXPECTED: &str = "unexpected";
+
+/// The recording rules of the stalls, the provider's repeat calls and the device
+/// ingress (docs/CONTRACT.md §9): what the Grafana rows "Stalls and side effects" and
+/// "Device ingress" chart, each expression once.
+pub fn stall_and_ingress_rules() -> Vec<Recording> {
+    let n = MetricNames::default();
+    let op = rate_op(WINDOW_1M);
+    let messages = recorded_at(SOURCE, names::INGRESS_MESSAGES.family, &op);
+    vec![
+        Recording {
+            record: recorded_at(CONSUMER_CAUSE, PAUSED_FOR_STEM, "seconds"),
+            expr: paused_for(&n),
+        },
+        Recording {
+            record: recorded_at(CONSUMER_KIND, names::INFRA_ERRORS.family, &op),
+            expr: rate_by(&n, &n.infra_errors, "kind", WINDOW_1M),
+        },
+        Recording {
+            record: recorded_at(CONSUMER_REASON, names::PROVIDER_REPEAT_CALLS.family, &op),
+            expr: rate_by(&n, &n.provider_repeat_calls, &n.reason_label, WINDOW_1M),
+        },
+        Recording {
+            record: messages.clone(),
+            expr: ingress_rate(&n.ingress_messages, "", None, WINDOW_1M),
+        },
+        Recording {
+            record: recorded_at(SOURCE, INGRESS_DUP_FLAG_RATIO, &op),
+            expr: format!(
+                "{}\n/ {messages}",
+                ingress_rate(&n.ingress_messages, "{dup_flag=\"true\"}", None, WINDOW_1M)
+            ),
+        },
+        Recording {
+            record: recorded_at(SOURCE_REASON, names::INGRESS_DEAD_LETTERED.family, &op),
+            expr: ingress_rate(
+                &n.ingress_dead_lettered,
+                "",
+                Some(&n.reason_label),
+                WINDOW_1M,
+            ),
+        },
+        Recording {
+            record: recorded_at(SOURCE_KIND, names::INGRESS_ERRORS.family, &op),
+            expr: ingress_rate(&n.ingress_errors, "", Some("kind"), WINDOW_1M),
+        },
+    ]
+}
+
 /// The recording rules: per target and consumer, the rates the dashboard charts.
 pub fn recording_rules() -> Vec<Recording> {
     let n = MetricNames::default();
@@ -148,12 +276,63 @@ pub fn recording_rules() -> Vec<Recording> {
             expr: format!("{dup} / ({processed} + {dup})"),
         });
     }
+    out.extend(stall_and_ingress_rules());
     out
 }
 
 /// The alert rules, each the Prometheus side of a dashboard rule
 /// ([`super::alerts`]).
 pub fn alert_rules() -> Vec<AlertRule> {
+    let mut rules = consumer_alert_rules();
+    rules.extend(stall_and_ingress_alerts());
+    rules
+}
+
+/// An ingress without its broker connection this long pages: its reconnects back off
+/// to a few seconds, so a minute is a broker (or its login, or its certificate) that
+/// is really gone; the broker keeps the session's messages meanwhile, and nothing of
+/// the fleet reaches a consumer.
+pub const INGRESS_DISCONNECTED_FOR: Duration = Duration::from_secs(60);
+
+/// The alerts of the stall, repeat-call and ingress rules (docs/CONTRACT.md §9); the
+/// terminal dashboard shows these on its Overview rather than alerting.
+pub fn stall_and_ingress_alerts() -> Vec<AlertRule> {
+    let n = MetricNames::default();
+    vec![
+        AlertRule {
+            alert: "IdemProviderRepeatUnexpected",
+            dashboard: None,
+            expr: format!(
+                "sum by ({}) (increase({}{{{}=\"{REPEAT_UNEXPECTED}\"}}[{}])) > 0",
+                consumer_grouping(&n),
+                n.provider_repeat_calls,
+                n.reason_label,
+                duration(WINDOW_5M)
+            ),
+            for_: None,
+            severity: "warning",
+            summary: format!(
+                "{{{{ $labels.instance }}}}/{{{{ $labels.{} }}}}: the provider replayed {{{{ $value }}}} key(s) in {} that the engine called as new: a send it lost track of (a purged claim, a second store)",
+                n.consumer_label,
+                duration(WINDOW_5M)
+            ),
+        },
+        AlertRule {
+            alert: "IdemIngressDisconnected",
+            dashboard: None,
+            expr: format!("{} == 0", ingress_connected(&n)),
+            for_: Some(INGRESS_DISCONNECTED_FOR),
+            severity: "critical",
+            summary: format!(
+                "{{{{ $labels.instance }}}}: ingress {{{{ $labels.source }}}} has had no broker connection for {}: device messages wait at the broker",
+                duration(INGRESS_DISCONNECTED_FOR)
+            ),
+        },
+    ]
+}
+
+/// The alerts over the consumers' own counters.
+fn consumer_alert_rules() -> Vec<AlertRule> {
     let n = MetricNames::default();
     let defaults = AlertRules::default();
     let by = consumer_grouping(&n);
