@@ -10,7 +10,7 @@
 //! producer side redelivers more during the deploy window too (the simulator's
 //! ~0.4 %). The duplicate-rate chart spikes at the deploy marker for real reasons.
 //!
-//! The other two things the tool is for show within the first minute too, from the
+//! The other two things the tool is for show within its first minute or so, from the
 //! same real parts:
 //! - **Ordering anomalies.** Some devices drive through tunnels: they buffer a few
 //!   events, send their newest one live when they are back in coverage, then flush
@@ -448,6 +448,97 @@ async fn consume(
 mod tests {
     use super::*;
     use idemwatch_drills::sim::fleet::{SimKind, MIN_TUNNEL_EVENTS};
+
+    /// The slow provider's story end to end, in-process: claims come into doubt (the
+    /// engine gave up on calls the sandbox had acted on), then resolve by themselves
+    /// once it is quick again — each of them sent exactly once, none left open, and
+    /// no provider key sent twice by anyone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_provider_puts_claims_in_doubt_that_resolve_with_nothing_lost_or_sent_twice() {
+        let dir = std::env::temp_dir().join(format!(
+            "idw-demo-slow-{}-{}",
+            std::process::id(),
+            Utc::now().timestamp_nanos_opt().unwrap_or_default()
+        ));
+        let mut settings = DemoSettings::in_dir(&dir);
+        // Only the slow spell: no deploy, no garbage in this run.
+        settings.first_deploy_after = Duration::from_secs(3600);
+        settings.garbage_every = Duration::from_secs(3600);
+        // Once the side-effect consumers have steady traffic (trips take ~10 s to
+        // reach their first zone exit).
+        settings.slow_first_after = Duration::from_secs(15);
+        settings.slow_for = Duration::from_secs(15);
+        settings.slow_every = Duration::from_secs(3600);
+        let demo = Demo::start(settings).await.expect("demo starts");
+        let store = demo.store();
+        let lease = demo.endpoints.claim_lease;
+
+        let mut doubted: std::collections::BTreeMap<(String, String), String> = Default::default();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while doubted.is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no claim came into doubt"
+            );
+            for c in store.claims_in_doubt(lease).await.expect("claims") {
+                doubted.insert((c.consumer, c.message_key), c.provider_key);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let open = store.claims_in_doubt(lease).await.expect("claims");
+            if open.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "claims still in doubt: {open:?}"
+            );
+            for c in open {
+                doubted.insert((c.consumer, c.message_key), c.provider_key);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+
+        let sent: Vec<String> = demo
+            .sandbox()
+            .sent_sms()
+            .into_iter()
+            .filter_map(|s| s.idempotency_key)
+            .chain(
+                demo.sandbox()
+                    .sent_erp()
+                    .into_iter()
+                    .filter_map(|e| e.idempotency_key),
+            )
+            .collect();
+        let mut once = std::collections::HashSet::new();
+        for key in &sent {
+            assert!(once.insert(key), "provider key {key} sent twice");
+        }
+        for ((consumer, message_key), provider_key) in &doubted {
+            let claim = store
+                .claim(
+                    consumer,
+                    &idemwatch_engine::envelope::MessageKey::from_stored(message_key.clone()),
+                )
+                .await
+                .expect("claim")
+                .expect("the claim is kept");
+            assert_eq!(
+                claim.state,
+                idemwatch_engine::store::ClaimState::Sent,
+                "{consumer} {message_key}: {claim:?}"
+            );
+            assert!(
+                sent.contains(provider_key),
+                "{consumer} {message_key} never reached the provider"
+            );
+        }
+        drop(demo);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// The Vehicles tab has something to show within the first minute: the demo's
     /// fleet (seeded, so this is the stream every demo starts with) flushes its first
