@@ -110,6 +110,9 @@ pub struct DemoEndpoints {
     pub db_url: String,
     pub queue_url: String,
     pub sms_url: String,
+    /// The sandbox the Drills tab's drills call: one of their own, never slow, so a
+    /// drill's verdict does not depend on when the demo's provider is slow.
+    pub drill_sms_url: String,
     pub dir: PathBuf,
     /// The side-effect claims' lease the demo's engine runs with.
     pub claim_lease: Duration,
@@ -140,6 +143,7 @@ pub struct Demo {
     world: Arc<World>,
     tasks: Vec<JoinHandle<()>>,
     sandbox: SandboxHandle,
+    _drill_sandbox: SandboxHandle,
 }
 
 impl Drop for Demo {
@@ -193,6 +197,9 @@ impl Demo {
         let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
             .await
             .map_err(|e| EngineError::Other(format!("cannot start the SMS sandbox: {e}")))?;
+        let drill_sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+            .await
+            .map_err(|e| EngineError::Other(format!("cannot start the drills' sandbox: {e}")))?;
         let db_url = sqlite_url(&settings.dir.join("demo.db"));
         let queue_url = sqlite_url(&settings.dir.join("demo-queue.db"));
         let store = store::open(&db_url).await?;
@@ -257,6 +264,7 @@ impl Demo {
                 db_url,
                 queue_url,
                 sms_url: sandbox.url(),
+                drill_sms_url: drill_sandbox.url(),
                 dir: settings.dir.clone(),
                 claim_lease: settings.claim_lease,
             },
@@ -265,6 +273,7 @@ impl Demo {
             world,
             tasks,
             sandbox,
+            _drill_sandbox: drill_sandbox,
         })
     }
 
