@@ -73,6 +73,9 @@ pub struct ConsumerChart {
     pub target: String,
     pub consumer: String,
     pub span_seconds: u64,
+    /// The span fits the data the dashboard has had so far, not a zoom level
+    /// ([`zoom::fitted_span`]): the chart shows everything there is.
+    pub span_fitted: bool,
     /// Points before this time come from the Prometheus server's history, the rest
     /// from the dashboard's own scrapes; None when the chart holds no history.
     pub history_until: Option<DateTime<Utc>>,
@@ -426,6 +429,16 @@ impl Monitor {
         if self.first_poll_at.is_none() {
             self.first_poll_at = Some(now);
         }
+        // Until there is a history or a full window of own data, the chart spans what
+        // it has (zoom.rs): the first deploy fills it instead of a sliver.
+        let own_data = self
+            .first_poll_at
+            .and_then(|first| (now - first).to_std().ok());
+        self.zoom.fit(if self.history.is_some() {
+            None
+        } else {
+            own_data
+        });
         self.drive_history(now);
         let scrapes = self.scraper.scrape_all(&endpoints);
         let database = async {
@@ -564,7 +577,7 @@ impl Monitor {
             .flat_map(|t| {
                 t.consumer_names().filter_map(move |c| {
                     t.series(c)
-                        .map(|s| chart(t.status().name.as_str(), c, s, now, span))
+                        .map(|s| chart(t.status().name.as_str(), c, s, now, self.zoom))
                 })
             })
             .collect();
@@ -600,6 +613,7 @@ impl Monitor {
                         target: h.target.clone(),
                         consumer: h.consumer.clone(),
                         span_seconds: span.as_secs(),
+                        span_fitted: self.zoom.is_fitted(),
                         history_until: None,
                         processed_per_s: Vec::new(),
                         duplicates_per_s: Vec::new(),
@@ -694,12 +708,14 @@ fn chart(
     consumer: &str,
     series: &ConsumerSeries,
     now: DateTime<Utc>,
-    span: Duration,
+    zoom: Zoom,
 ) -> ConsumerChart {
+    let span = zoom.span();
     ConsumerChart {
         target: target.to_string(),
         consumer: consumer.to_string(),
         span_seconds: span.as_secs(),
+        span_fitted: zoom.is_fitted(),
         history_until: None,
         processed_per_s: series.processed_per_s.window(now, span),
         duplicates_per_s: series.duplicates_per_s.window(now, span),

@@ -321,6 +321,7 @@ fn database(at: DateTime<Utc>, names: &[&str], markers: &[TimelineMarker]) -> Op
             claimed_at: now() - Duration::seconds(140),
             age_seconds: 140,
             attempts: 2,
+            released: false,
         }],
         dead_letters: vec![
             DeadLetterGroup {
@@ -537,6 +538,7 @@ fn charts(names: &[&str]) -> Vec<ConsumerChart> {
             target: "demo-engine".into(),
             consumer: c.to_string(),
             span_seconds: 900,
+            span_fitted: false,
             history_until: None,
             processed_per_s: ratio_series(0.0)
                 .into_iter()

@@ -449,7 +449,12 @@ fn claims(out: &mut String, r: &Report) {
                 vec![
                     c.consumer.clone(),
                     c.message_key.clone(),
-                    clock(c.claimed_at),
+                    // A released claim's time is gone (the epoch): its retry is due.
+                    if c.released {
+                        "retry due".to_string()
+                    } else {
+                        clock(c.claimed_at)
+                    },
                     c.attempts.to_string(),
                 ]
             })
