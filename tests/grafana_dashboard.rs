@@ -436,12 +436,14 @@ fn serve(run: &Run<'_>, port: u16) -> KillOnDrop {
 
 /// The panels the trace must move above zero, every query of each (the others
 /// return their series at 0: no claim is in doubt and no consumer paused here).
-const MOVED_BY_THE_TRACE: [&str; 5] = [
+const MOVED_BY_THE_TRACE: [&str; 7] = [
     "Duplicate ratio per consumer",
     "Processed / s",
     "Duplicates dropped / s",
     "Redelivered / s",
     "Dead-lettered / s",
+    "Duplicate ratio in the deploy window",
+    "Duplicates dropped in the deploy window",
 ];
 /// With the run's queue on RabbitMQ, the broker's own count of its redeliveries.
 const BROKER_REDELIVERED: &str = "rabbitmq_global_messages_redelivered_total";
@@ -578,6 +580,14 @@ async fn every_panel_returns_data_from_a_real_prometheus_scraping_serve() {
     for query in [
         format!("sum(idem_messages_redelivered_total{{{job}}})"),
         format!("sum(instance_consumer:idem_messages_redelivered:rate1m{{{job}}})"),
+        // The deploy's window (the new process's first 10 minutes) counts the
+        // unacked batch it dropped as duplicates: the deploy's own cost.
+        format!(
+            "sum({}{{{job}}})",
+            idemwatch::monitor::promql::deploy_recorded(
+                idemwatch::monitor::promql::DEPLOY_DUPLICATES
+            )
+        ),
     ] {
         wait_for(&url, &query, Duration::from_secs(90), |v| v > 0.0).await;
     }
