@@ -4,12 +4,13 @@
 //! that shows the spike.
 //!
 //! ```text
-//! ┌ Deploys: duplicates per window against the budget (2, newest first) ────────────┐
-//! │ deploy / consumer                  dups  deliveries   dup %  budget  peak 1m  settled  verdict │
-//! │ D  04:12:40 demo deploy #2      9       1430   0.63%                   OVER so far  window open, 45s so far │
-//! │    demo-engine/vehicle-state    6        720   0.83%  0.400%   3.1%       —  OVER so far                │
-//! │ D  04:10:40 demo deploy #1     14       1920   0.73%                   within  window 2m 00s, to the next marker │
-//! └──────────────────────────────────────────────────────────────────────────────────┘
+//! ┌ Deploys: duplicates per window against the budget (2, newest first) ─────────────────┐
+//! │deploy / consumer             dups deliveries   dup %  budget peak 1m  settled  verdict │
+//! │ D  07:51:06 demo deploy #2     11        447   2.46% open 46s                OVER so far│
+//! │    demo-engine/trip-counter     1         25   4.00%  0.400%   3.70%        —  OVER so far│
+//! │ D  07:49:06 demo deploy #1     13       1142   1.14% 2m 00s → next           OVER     │
+//! │    demo-engine/vehicle-state    9        968  0.930%  0.400%   2.30%   1m 09s  OVER     │
+//! └───────────────────────────────────────────────────────────────────────────────────────┘
 //! ```
 //! The figures are `snapshot --json`'s `deploys` (`idemwatch_monitor::deploys`);
 //! an open window's verdict is provisional ("so far"): its first minute is all
@@ -64,13 +65,15 @@ fn verdict_span(verdict: Verdict, open: bool, theme: &Theme) -> Span<'static> {
     Span::styled(text, style)
 }
 
-/// Where the window ends, as read: "open, 45s so far", "2m 00s, to the next deploy".
+/// The window, in the blank columns of a deploy's row: "open 45s" (so far),
+/// "2m 00s → next" (ended by the next marker), "10m 00s settle" (by the settle
+/// time).
 fn window_text(d: &DeployBudget) -> String {
     let span = format::duration(d.window_seconds);
     match d.ends {
-        WindowEnd::Open => format!("open, {span} so far"),
-        WindowEnd::NextMarker => format!("{span}, to the next marker"),
-        WindowEnd::SettleTime => format!("{span}, ended by the settle time"),
+        WindowEnd::Open => format!("open {span}"),
+        WindowEnd::NextMarker => format!("{span} → next"),
+        WindowEnd::SettleTime => format!("{span} settle"),
     }
 }
 
@@ -113,10 +116,22 @@ pub(super) fn deploys_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Th
         .filter(|c| !compact || c.2)
         .map(|c| c.1 + 1)
         .sum();
-    // What is left beside the numbers and a verdict ("within so far").
-    let name_width = usize::from(area.width.saturating_sub(2))
+    // As wide as the longest name shown, within what is left beside the numbers
+    // and a verdict ("within so far").
+    let room = usize::from(area.width.saturating_sub(2))
         .saturating_sub(numbers + 16)
         .clamp(16, 40);
+    let longest = snap
+        .deploys
+        .iter()
+        .flat_map(|d| {
+            consumers(app, d)
+                .map(|c| c.target.chars().count() + c.consumer.chars().count() + 1)
+                .chain([9 + d.label.chars().count()])
+        })
+        .max()
+        .unwrap_or(0);
+    let name_width = (longest + 4).max(16).min(room);
     let header = COLUMNS.map(|c| c.0.to_string());
     let mut lines: Vec<Line> = vec![Line::styled(
         format!(
@@ -129,32 +144,42 @@ pub(super) fn deploys_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Th
         let open = d.ends == WindowEnd::Open;
         let head = format!("{} {}", format::clock(d.at), d.label);
         let blank = String::new;
+        // The window where the deploy row has no budget, peak or settle time.
+        let tail: usize = COLUMNS[3..]
+            .iter()
+            .filter(|c| !compact || c.2)
+            .map(|c| c.1 + 1)
+            .sum();
+        let mut row = cells(
+            &head,
+            name_width.saturating_sub(4),
+            [
+                count(d.duplicates),
+                count(d.processed + d.duplicates),
+                format::pct(d.ratio),
+                blank(),
+                blank(),
+                blank(),
+            ],
+            compact,
+        );
+        // The tail and the two spaces before the verdict are ASCII blanks.
+        row.truncate(row.len().saturating_sub(tail + 2));
+        row.push_str(&format!(
+            " {:<w$}  ",
+            window_text(d),
+            w = tail.saturating_sub(1)
+        ));
         lines.push(Line::from(vec![
             Span::styled(
                 format!(" {} ", glyph(&d.kind)),
                 theme.marker(&d.kind).add_modifier(Modifier::REVERSED),
             ),
             Span::styled(
-                format!(
-                    " {}",
-                    cells(
-                        &head,
-                        name_width.saturating_sub(4),
-                        [
-                            count(d.duplicates),
-                            count(d.processed + d.duplicates),
-                            format::pct(d.ratio),
-                            blank(),
-                            blank(),
-                            blank(),
-                        ],
-                        compact,
-                    )
-                ),
+                format!(" {row}"),
                 Style::default().add_modifier(Modifier::BOLD),
             ),
             verdict_span(d.verdict, open, theme),
-            Span::styled(format!("  window {}", window_text(d)), theme.dim),
         ]));
         for c in consumers(app, d) {
             let name = format!("{}/{}", c.target, c.consumer);
