@@ -651,11 +651,12 @@ fn deploy_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
                 at: d.at,
             },
             format!(
-                "{}/{}: \"{}\" cost {:.0} duplicates, {:.2}% of its {} window (budget {:.2}%)",
+                "{}/{}: \"{}\" cost {:.0} duplicate{}, {:.2}% of its {} window (budget {:.2}%)",
                 c.target,
                 c.consumer,
                 d.label,
                 c.duplicates,
+                if c.duplicates == 1.0 { "" } else { "s" },
                 ratio * 100.0,
                 humantime::format_duration(Duration::from_secs(
                     u64::try_from(d.window_seconds).unwrap_or_default()

@@ -71,10 +71,16 @@ pub struct ConsumerSteps {
 /// the interval the rate was measured over (a failed scrape in between is a gap
 /// point, and the rate after it spans the gap: the counter was read last before it).
 /// A rate missing on one side of a scrape is zero (the exporter has no such counter
-/// yet); a point without either is a gap.
-pub fn steps_from_rates(processed: &[Point], duplicates: &[Point]) -> Vec<Step> {
+/// yet); a point without either is a gap. The first point's interval starts at
+/// `first_reading` when given (the scrape that read the counters first, which
+/// pushed no rate), else the first point only opens the next one.
+pub fn steps_from_rates(
+    processed: &[Point],
+    duplicates: &[Point],
+    first_reading: Option<DateTime<Utc>>,
+) -> Vec<Step> {
     let mut out = Vec::new();
-    let mut last: Option<DateTime<Utc>> = None;
+    let mut last: Option<DateTime<Utc>> = first_reading;
     for (p, d) in processed.iter().zip(duplicates) {
         if p.at != d.at || (p.value.is_none() && d.value.is_none()) {
             continue;
@@ -97,9 +103,18 @@ pub fn steps_from_rates(processed: &[Point], duplicates: &[Point]) -> Vec<Step> 
 /// Steps of one consumer's series over the `span` before `now`: the last hour at
 /// each scrape ([`steps_from_rates`] of the raw points), older ones from the minute
 /// means the series keep beyond it (a minute's mean rate times the minute, counted
-/// at the minute's start).
-pub fn steps_from_series(series: &ConsumerSeries, now: DateTime<Utc>, span: Duration) -> Vec<Step> {
+/// at the minute's start). `watched_since` is the consumer's first reading
+/// ([`crate::targets::Totals::since`]): when the window reaches back to it, the
+/// first rate's interval starts there (a two-poll `snapshot` has that one step).
+pub fn steps_from_series(
+    series: &ConsumerSeries,
+    now: DateTime<Utc>,
+    span: Duration,
+    watched_since: Option<DateTime<Utc>>,
+) -> Vec<Step> {
     let raw_span = span.min(RAW_RETENTION);
+    let from = now - TimeDelta::from_std(raw_span).unwrap_or_default();
+    let first_reading = watched_since.filter(|since| *since >= from);
     let processed = series.processed_per_s.window(now, raw_span);
     let duplicates = series.duplicates_per_s.window(now, raw_span);
     let mut steps = Vec::new();
@@ -113,9 +128,10 @@ pub fn steps_from_series(series: &ConsumerSeries, now: DateTime<Utc>, span: Dura
         steps = steps_from_rates(
             &older(series.processed_per_s.window(now, span)),
             &older(series.duplicates_per_s.window(now, span)),
+            None,
         );
     }
-    steps.extend(steps_from_rates(&processed, &duplicates));
+    steps.extend(steps_from_rates(&processed, &duplicates, first_reading));
     steps
 }
 
@@ -261,7 +277,8 @@ impl DeployBudget {
 /// Counts kept to the thousandth: a rate times its interval is the counter's whole
 /// increase up to floating-point noise, which a reader should not see as 13.999999.
 fn tidy(count: f64) -> f64 {
-    (count * 1000.0).round() / 1000.0
+    // + 0.0: an empty sum is -0.0, which JSON would print as such.
+    (count * 1000.0).round() / 1000.0 + 0.0
 }
 
 /// Sum of the steps ending in `(from, to]` (found by bisection: a poll reads a
@@ -638,7 +655,7 @@ mod tests {
             p(2, None),
             p(4, Some(1.0)),
         ];
-        let steps = steps_from_rates(&processed, &duplicates);
+        let steps = steps_from_rates(&processed, &duplicates, None);
         assert_eq!(
             steps,
             vec![
@@ -653,6 +670,17 @@ mod tests {
                     duplicates: 3.0
                 },
             ]
+        );
+        // The counters read first a second before the first rate: its step too.
+        let steps = steps_from_rates(&processed, &duplicates, Some(t(-1)));
+        assert_eq!(steps.len(), 3);
+        assert_eq!(
+            steps[0],
+            Step {
+                end: t(0),
+                processed: 9.0,
+                duplicates: 0.0
+            }
         );
         let history = [HistoryPoint {
             t: 1_800_000_060,

@@ -676,7 +676,11 @@ impl Monitor {
                 let Some(s) = t.series(c) else {
                     continue;
                 };
-                let steps = deploys::steps_from_series(s, now, span);
+                let since = t
+                    .consumers()
+                    .find(|status| status.consumer == c)
+                    .and_then(|status| status.totals.since);
+                let steps = deploys::steps_from_series(s, now, span, since);
                 out.push(ConsumerSteps {
                     target: t.status().name.clone(),
                     consumer: c.to_string(),

@@ -95,6 +95,10 @@ fn two_deploys_of_known_duplicate_counts_read_from_scrapes() {
                 tracker.series(c).unwrap(),
                 t(now),
                 Duration::from_secs(1400),
+                tracker
+                    .consumers()
+                    .find(|s| s.consumer == c)
+                    .and_then(|s| s.totals.since),
             ),
         })
         .collect();
@@ -116,10 +120,10 @@ fn two_deploys_of_known_duplicate_counts_read_from_scrapes() {
     assert_eq!((sms.processed, sms.duplicates), (3000.0, 2.0));
     assert_eq!(sms.ratio, Some(2.0 / 3002.0));
     assert_eq!((sms.budget, sms.verdict), (0.001, Verdict::Within));
-    // Its baseline: the 300 s before the mark, less the first scrape's interval
-    // (a rate needs two readings): 2990 processed, the normal day's 1 duplicate.
+    // Its baseline: the 300 s before the mark (from the first reading at 0), 3000
+    // processed and the normal day's 1 duplicate.
     assert_eq!(sms.baseline_source, BaselineSource::BeforeMarker);
-    assert_eq!(sms.baseline_ratio, 1.0 / 2991.0);
+    assert_eq!(sms.baseline_ratio, 1.0 / 3001.0);
     assert_eq!(
         (sms.peak_ratio, sms.peak_at),
         (Some(2.0 / 602.0), Some(t(301)))

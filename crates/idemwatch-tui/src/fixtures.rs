@@ -260,7 +260,7 @@ fn deploys(
         .map(|c| ConsumerSteps {
             target: c.target.clone(),
             consumer: c.consumer.clone(),
-            steps: steps_from_rates(&c.processed_per_s, &c.duplicates_per_s),
+            steps: steps_from_rates(&c.processed_per_s, &c.duplicates_per_s, None),
         })
         .collect();
     budgets(
