@@ -344,11 +344,18 @@ fn consumer_budget(
     c: &ConsumerSteps,
     at: DateTime<Utc>,
     until: DateTime<Utc>,
+    open: bool,
     quiet_from: Option<DateTime<Utc>>,
     rules: &AlertRules,
 ) -> Option<(ConsumerBudget, DateTime<Utc>)> {
     let start = c.steps.partition_point(|s| s.end <= at);
-    let end = c.steps.partition_point(|s| s.end <= until);
+    // An open window has every reading since its marker: the poll's own scrape
+    // finished after the poll's `now` (a two-poll snapshot has no other).
+    let end = if open {
+        c.steps.len()
+    } else {
+        c.steps.partition_point(|s| s.end <= until)
+    };
     if start == end {
         // No reading in the window: nothing known (a consumer that started later,
         // or a window before the dashboard's data).
@@ -439,9 +446,14 @@ pub fn budgets(
         let mut per_consumer = Vec::new();
         for c in consumers {
             let key = (c.target.as_str(), c.consumer.as_str());
-            let Some((budget, settled_at)) =
-                consumer_budget(c, m.at, until, quiet_from.get(&key).copied(), rules)
-            else {
+            let Some((budget, settled_at)) = consumer_budget(
+                c,
+                m.at,
+                until,
+                ends == WindowEnd::Open,
+                quiet_from.get(&key).copied(),
+                rules,
+            ) else {
                 continue;
             };
             quiet_from.insert(key, settled_at);
@@ -571,7 +583,8 @@ mod tests {
             consumer("counter", trace(-10, 200, 10.0, &dups)),
             consumer("sms", trace(-10, 200, 10.0, &dups)),
         ];
-        let out = budgets(&[deploy(0, "v3")], &consumers, &rules, t(200));
+        // The poll's scrape ended after its `now` (199): still the open window's.
+        let out = budgets(&[deploy(0, "v3")], &consumers, &rules, t(199));
         let d = &out[0];
         assert_eq!(d.ends, WindowEnd::Open, "200 s of a 600 s window");
         assert!(!d.closed());
