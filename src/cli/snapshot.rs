@@ -175,7 +175,7 @@ pub fn render_text(s: &Snapshot) -> String {
             for c in &d.consumers {
                 let _ = writeln!(
                     out,
-                    "    {:<24} {:>6.0} dups of {:>8.0} {:>9} (budget {}) {}",
+                    "    {:<28} {:>6.0} dups of {:>8.0} {:>9} (budget {}) {}",
                     p(&format!("{}/{}", c.target, c.consumer)),
                     c.duplicates,
                     c.processed + c.duplicates,
