@@ -541,12 +541,14 @@ fn device_publish(broker: &PrivateMosquitto, body: &str) {
 
 /// The panels the trace must move above zero, every query of each (the others
 /// return their series, at 0 where nothing happened to them).
-const MOVED_BY_THE_TRACE: [&str; 5] = [
+const MOVED_BY_THE_TRACE: [&str; 7] = [
     "Duplicate ratio per consumer",
     "Processed / s",
     "Duplicates dropped / s",
     "Redelivered / s",
     "Dead-lettered / s",
+    "Duplicate ratio in the deploy window",
+    "Duplicates dropped in the deploy window",
 ];
 /// The panels the stall, the repeat calls and the device ingress must move above
 /// zero, every query of each (docs/CONTRACT.md §9): the provider's outage pauses two
@@ -819,6 +821,14 @@ async fn every_panel_returns_data_from_a_real_prometheus_scraping_serve() {
     for query in [
         format!("sum(idem_messages_redelivered_total{{{job}}})"),
         format!("sum(instance_consumer:idem_messages_redelivered:rate1m{{{job}}})"),
+        // The deploy's window (the new process's first 10 minutes) counts the
+        // unacked batch it dropped as duplicates: the deploy's own cost.
+        format!(
+            "sum({}{{{job}}})",
+            idemwatch::monitor::promql::deploy_recorded(
+                idemwatch::monitor::promql::DEPLOY_DUPLICATES
+            )
+        ),
     ] {
         wait_for(&url, &query, Duration::from_secs(90), |v| v > 0.0).await;
     }

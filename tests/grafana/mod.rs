@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use idemwatch::config::MetricNames;
+use idemwatch::config::{AlertRules, MetricNames};
 use idemwatch::engine::metrics::names;
 use idemwatch::monitor::alerts::{DEPLOY_DAY_RATIO, DEPLOY_WINDOW, DUPLICATE_RATIO_ALERT};
 use idemwatch::monitor::promql::{self, PAUSED_FOR};
@@ -130,6 +130,73 @@ fn broker(expr_of: impl Fn(&str) -> String, family: &str) -> String {
 }
 
 const PER_CONSUMER: &str = "{{consumer}} · {{instance}}";
+
+/// A per-deploy recording rule of the rules file, per consumer of the selected jobs.
+fn deploy_recorded(stem: &str) -> String {
+    let n = MetricNames::default();
+    selected(
+        &promql::deploy_recorded(stem),
+        &[(JOB, JOB), (n.consumer_label.as_str(), CONSUMER)],
+    )
+}
+
+/// "Deploy day: duplicate budget" (issue 41): each deploy's window (a new process,
+/// the settle time after its start) with its duplicates and their ratio against the
+/// budget — what IdemDeployOverBudget and the dashboard's Deploys panel judge.
+fn deploy_budget_row() -> Row {
+    let budget = AlertRules::default().deploy_duplicate_budget;
+    let window = promql::duration(promql::DEPLOY_WINDOW_RULES);
+    Row {
+        title: "Deploy day: duplicate budget",
+        panels: vec![
+            Panel {
+                title: "Duplicate ratio in the deploy window",
+                description: format!(
+                    "dup / (processed + dup) of each consumer since its process started, during the {window} \
+                     after the start (a deploy as Prometheus sees it; recording rule {}). The line is the \
+                     budget {} % ([alerts] deploy_duplicate_budget); IdemDeployOverBudget fires when the \
+                     window closed above it.",
+                    promql::deploy_recorded(promql::DEPLOY_RATIO),
+                    budget * 100.0,
+                ),
+                draw: Draw::Lines {
+                    unit: "percentunit",
+                    thresholds: vec![(budget, "red")],
+                },
+                targets: vec![Target {
+                    expr: deploy_recorded(promql::DEPLOY_RATIO),
+                    legend: PER_CONSUMER,
+                }],
+                width: 12,
+            },
+            Panel {
+                title: "Duplicates dropped in the deploy window",
+                description: format!(
+                    "Duplicates each consumer dropped since its process started, during the {window} after \
+                     the start (recording rule {}): the deploy's cost in messages, beside the deliveries \
+                     processed in the same window ({}).",
+                    promql::deploy_recorded(promql::DEPLOY_DUPLICATES),
+                    promql::deploy_recorded(promql::DEPLOY_PROCESSED),
+                ),
+                draw: Draw::Lines {
+                    unit: "short",
+                    thresholds: vec![],
+                },
+                targets: vec![
+                    Target {
+                        expr: deploy_recorded(promql::DEPLOY_DUPLICATES),
+                        legend: "duplicates · {{consumer}} · {{instance}}",
+                    },
+                    Target {
+                        expr: deploy_recorded(promql::DEPLOY_PROCESSED),
+                        legend: "processed · {{consumer}} · {{instance}}",
+                    },
+                ],
+                width: 12,
+            },
+        ],
+    }
+}
 
 /// The panels, row by row.
 fn rows() -> Vec<Row> {
@@ -248,6 +315,7 @@ fn rows() -> Vec<Row> {
         // what the consumers do and what the broker sees: a `Row` whose panels read the
         // rules file's names as the ones above do. The live test then queries them too.
         stalls_and_side_effects(),
+        deploy_budget_row(),
         device_ingress(),
         Row {
             title: "RabbitMQ (its own exporter, rabbitmq_prometheus)",

@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::db::{DbStats, SourceStatus};
+use super::deploys::{DeployBudget, Verdict};
 use super::markers::TimelineMarker;
 use super::targets::{ConsumerStatus, Flow, TargetStatus, WindowCounts};
 use super::vehicles::VehicleAnomaly;
@@ -91,6 +92,12 @@ pub enum AlertObject {
     Device {
         device_id: String,
     },
+    /// One consumer in one deploy's window.
+    Deploy {
+        target: String,
+        consumer: String,
+        at: DateTime<Utc>,
+    },
 }
 
 impl AlertObject {
@@ -106,6 +113,14 @@ impl AlertObject {
             } => format!("{consumer} {message_key}"),
             AlertObject::DeadLetters { consumer, reason } => format!("{consumer} {reason}"),
             AlertObject::Device { device_id } => format!("vehicle {device_id}"),
+            AlertObject::Deploy {
+                target,
+                consumer,
+                at,
+            } => format!(
+                "{target}/{consumer} deploy at {}",
+                idemwatch_base::clock::clock(*at)
+            ),
         }
     }
 }
@@ -235,6 +250,18 @@ pub enum AlertKind {
     DuplicateHistoryRows {
         devices: usize,
     },
+    /// The newest closed deploy window cost this consumer more duplicates than its
+    /// budget (`[alerts] deploy_duplicate_budget`, [`super::deploys`]).
+    DeployOverBudget {
+        target: String,
+        consumer: String,
+        deploy: String,
+        deploy_at: DateTime<Utc>,
+        duplicates: f64,
+        ratio: f64,
+        budget: f64,
+        window_seconds: i64,
+    },
 }
 
 impl AlertKind {
@@ -254,6 +281,7 @@ impl AlertKind {
             AlertKind::DeadLetterBurst { .. } => "dead_letter_burst",
             AlertKind::StateBehind { .. } => "state_behind",
             AlertKind::DuplicateHistoryRows { .. } => "duplicate_history_rows",
+            AlertKind::DeployOverBudget { .. } => "deploy_over_budget",
         }
     }
 
@@ -276,6 +304,8 @@ pub struct AlertInputs<'a> {
     pub database: Option<&'a DbStats>,
     /// Deploys and restarts open a deploy window; drills a drill window.
     pub markers: &'a [TimelineMarker],
+    /// Each deploy's duplicates against its budget ([`super::deploys`]).
+    pub deploys: &'a [DeployBudget],
     pub rules: &'a AlertRules,
 }
 
@@ -298,6 +328,7 @@ pub fn evaluate(
         consumers,
         database,
         markers: &[],
+        deploys: &[],
         rules: &AlertRules::default(),
     })
 }
@@ -308,6 +339,7 @@ pub fn evaluate_at(input: &AlertInputs<'_>) -> Vec<Alert> {
     let mut out = Vec::new();
     target_alerts(input, &mut out);
     consumer_alerts(input, &mut out);
+    deploy_alerts(input, &mut out);
     if let Some(db) = input.database {
         database_alerts(db, input, &mut out);
     }
@@ -575,6 +607,65 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
                 },
             ));
         }
+    }
+}
+
+/// How long after its window closed an over-budget deploy stays an alert, unless
+/// the next deploy's window closes first: long enough for the on-call engineer back
+/// from the rollout's follow-ups to see it; older verdicts live in the Deploys panel
+/// and the report.
+pub const OVER_BUDGET_HELD: Duration = Duration::from_secs(3600);
+
+/// The newest deploy whose window closed, for each consumer it cost more than its
+/// budget. Only a closed window is judged: its first minute is all spike, so a
+/// ratio read while it lasts looks over budget for every deploy (the Deploys panel
+/// shows it so far, marked open). The alert holds from the window's end.
+fn deploy_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
+    let held = chrono::Duration::from_std(OVER_BUDGET_HELD).unwrap_or_default();
+    let Some(d) = input
+        .deploys
+        .iter()
+        .filter(|d| d.closed())
+        .max_by_key(|d| d.until)
+        .filter(|d| input.now - d.until <= held)
+    else {
+        return;
+    };
+    for c in d.consumers.iter().filter(|c| c.verdict == Verdict::Over) {
+        let ratio = c.ratio.unwrap_or(0.0);
+        let mut alert = Alert::new(
+            Severity::Warning,
+            AlertKind::DeployOverBudget {
+                target: c.target.clone(),
+                consumer: c.consumer.clone(),
+                deploy: d.label.clone(),
+                deploy_at: d.at,
+                duplicates: c.duplicates,
+                ratio,
+                budget: c.budget,
+                window_seconds: d.window_seconds,
+            },
+            AlertObject::Deploy {
+                target: c.target.clone(),
+                consumer: c.consumer.clone(),
+                at: d.at,
+            },
+            format!(
+                "{}/{}: \"{}\" cost {:.0} duplicate{}, {:.2}% of its {} window (budget {:.2}%)",
+                c.target,
+                c.consumer,
+                d.label,
+                c.duplicates,
+                if c.duplicates == 1.0 { "" } else { "s" },
+                ratio * 100.0,
+                humantime::format_duration(Duration::from_secs(
+                    u64::try_from(d.window_seconds).unwrap_or_default()
+                )),
+                c.budget * 100.0
+            ),
+        );
+        alert.since = Some(d.until);
+        out.push(alert);
     }
 }
 

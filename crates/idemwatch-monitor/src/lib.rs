@@ -25,6 +25,7 @@ pub mod alerts;
 pub mod bytes;
 pub mod config;
 pub mod db;
+pub mod deploys;
 pub mod history;
 pub mod jetstream;
 pub mod markers;
@@ -42,6 +43,7 @@ pub mod zoom;
 
 use alerts::{Alert, AlertInputs, AlertLog, AlertRecord};
 use db::{DbError, DbPoller, DbStats, DeadLetterDetail};
+use deploys::{ConsumerSteps, DeployBudget};
 use history::{Fetched, History, HistoryClient, HistoryRequest, HistoryState, HistoryStatus};
 use markers::TimelineMarker;
 use prometheus::Scraper;
@@ -125,6 +127,9 @@ pub struct Snapshot {
     /// Database markers, scraped restarts and the restarts found in the Prometheus
     /// history, newest first.
     pub markers: Vec<TimelineMarker>,
+    /// Each deploy or restart marker's window with its duplicates per consumer
+    /// against the budget ([`deploys`]), newest first.
+    pub deploys: Vec<DeployBudget>,
     /// The Prometheus server's history of the window before the dashboard's own
     /// scrapes (docs/CONTRACT.md §6); absent without a server or before its first answer.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -508,12 +513,19 @@ impl Monitor {
             .map(|d| d.markers.as_slice())
             .unwrap_or(&[]);
         let markers = markers::merge(db_markers, &scraped, MARKERS_SHOWN);
+        let deploys = deploys::budgets(
+            &markers,
+            &self.deploy_steps(now, history.as_ref(), &markers),
+            &self.config.alerts,
+            now,
+        );
         let mut alerts = alerts::evaluate_at(&AlertInputs {
             now,
             targets: &targets,
             consumers: &consumers,
             database: database.as_ref(),
             markers: &markers,
+            deploys: &deploys,
             rules: &self.config.alerts,
         });
         self.alert_log.track(now, &mut alerts);
@@ -532,6 +544,7 @@ impl Monitor {
             alerts,
             ended_alerts,
             markers,
+            deploys,
             history_source: self.history.as_ref().map(|h| HistoryStatus {
                 url: h.client.shown_url().to_string(),
                 state: h.state.clone(),
@@ -645,6 +658,80 @@ impl Monitor {
                 .splice(0..0, part(|p| p.dead_lettered_per_second));
         }
         charts
+    }
+
+    /// Every consumer's deliveries as counts ([`deploys::Step`]) from the baseline
+    /// before the oldest deploy or restart marker up to now: the Prometheus history
+    /// before the first poll, the dashboard's own scrapes after it (the last hour
+    /// at each scrape, older ones by the minute means the series keep).
+    fn deploy_steps(
+        &self,
+        now: DateTime<Utc>,
+        history: Option<&History>,
+        markers: &[TimelineMarker],
+    ) -> Vec<ConsumerSteps> {
+        let Some(oldest) = markers
+            .iter()
+            .filter(|m| deploys::DEPLOY_KINDS.contains(&m.kind.as_str()))
+            .map(|m| m.at)
+            .min()
+        else {
+            return Vec::new();
+        };
+        let lead = deploys::BASELINE_SPAN + deploys::PEAK_SPAN;
+        let span = (now - oldest)
+            .to_std()
+            .unwrap_or_default()
+            .saturating_add(lead)
+            .min(MAX_RETENTION);
+        let mut out: Vec<ConsumerSteps> = Vec::new();
+        for t in &self.targets {
+            for c in t.consumer_names() {
+                let Some(s) = t.series(c) else {
+                    continue;
+                };
+                let since = t
+                    .consumers()
+                    .find(|status| status.consumer == c)
+                    .and_then(|status| status.totals.since);
+                let steps = deploys::steps_from_series(s, now, span, since);
+                out.push(ConsumerSteps {
+                    target: t.status().name.clone(),
+                    consumer: c.to_string(),
+                    steps,
+                });
+            }
+        }
+        if let (Some(history), Some(own_start)) = (history, self.first_poll_at) {
+            for h in &history.consumers {
+                let before: Vec<history::HistoryPoint> = h
+                    .points
+                    .iter()
+                    .filter(|p| p.t < own_start.timestamp())
+                    .copied()
+                    .collect();
+                let steps = deploys::steps_from_history(&before, history.step_seconds);
+                match out
+                    .iter_mut()
+                    .find(|c| c.target == h.target && c.consumer == h.consumer)
+                {
+                    Some(c) => {
+                        c.steps.splice(0..0, steps);
+                    }
+                    None => out.push(ConsumerSteps {
+                        target: h.target.clone(),
+                        consumer: h.consumer.clone(),
+                        steps,
+                    }),
+                }
+            }
+        }
+        // In time order for the windows' bisection (a clock that went back leaves
+        // the series' points out of order).
+        for c in &mut out {
+            c.steps.sort_by_key(|s| s.end);
+        }
+        out
     }
 
     /// The series of one consumer of one target (the whole bounded history).

@@ -253,6 +253,38 @@ pub fn stall_and_ingress_rules() -> Vec<Recording> {
     ]
 }
 
+/// The deploy window's length in the shipped rules: the dashboard's default settle
+/// time (`[alerts] deploy_settle_time`).
+pub const DEPLOY_WINDOW_RULES: Duration = crate::config::DEFAULT_DEPLOY_SETTLE_TIME;
+
+/// A per-deploy recording rule's name:
+/// `instance_consumer:{stem}:window{settle}` (e.g.
+/// `instance_consumer:idem_deploy_duplicate_ratio:window10m`).
+pub fn deploy_recorded(stem: &str) -> String {
+    format!(
+        "instance_consumer:{stem}:window{}",
+        duration(DEPLOY_WINDOW_RULES)
+    )
+}
+
+/// The stems of the per-deploy rules: duplicates, deliveries processed, their ratio.
+pub const DEPLOY_DUPLICATES: &str = "idem_deploy_duplicate_dropped";
+pub const DEPLOY_PROCESSED: &str = "idem_deploy_messages_processed";
+pub const DEPLOY_RATIO: &str = "idem_deploy_duplicate_ratio";
+
+/// A deploy as Prometheus sees it: the server has no markers table, so a deploy is a
+/// new process (`process_start_time_seconds`), and its window is the settle time
+/// after the start. A counter starts at zero with its process, so its value in
+/// the window is what the deploy's process did since it started: the deploy's own
+/// count, no range or offset needed.
+pub fn in_deploy_window(names: &MetricNames) -> String {
+    format!(
+        "time() - {} <= {}",
+        names.process_start_time,
+        DEPLOY_WINDOW_RULES.as_secs()
+    )
+}
+
 /// The recording rules: per target and consumer, the rates the dashboard charts.
 pub fn recording_rules() -> Vec<Recording> {
     let n = MetricNames::default();
@@ -277,6 +309,27 @@ pub fn recording_rules() -> Vec<Recording> {
         });
     }
     out.extend(stall_and_ingress_rules());
+    // The deploy budget (crate::deploys): per consumer, since its process started,
+    // while that start is within the window.
+    let window = in_deploy_window(&n);
+    for (stem, counter) in [
+        (DEPLOY_DUPLICATES, &n.duplicate_dropped),
+        (DEPLOY_PROCESSED, &n.processed),
+    ] {
+        out.push(Recording {
+            record: deploy_recorded(stem),
+            expr: format!(
+                "sum by ({}) ({counter})\nand on (job, instance) ({window})",
+                consumer_grouping(&n)
+            ),
+        });
+    }
+    let dup = deploy_recorded(DEPLOY_DUPLICATES);
+    let processed = deploy_recorded(DEPLOY_PROCESSED);
+    out.push(Recording {
+        record: deploy_recorded(DEPLOY_RATIO),
+        expr: format!("{dup} / ({processed} + {dup})"),
+    });
     out
 }
 
@@ -441,6 +494,29 @@ fn consumer_alert_rules() -> Vec<AlertRule> {
             for_: Some(defaults.target_down_after),
             severity: "critical",
             summary: "consumer target {{ $labels.job }}/{{ $labels.instance }} is down".into(),
+        },
+        AlertRule {
+            alert: "IdemDeployOverBudget",
+            dashboard: Some("deploy_over_budget"),
+            // The window's last recorded ratio (at its end, the settle time after
+            // the start), judged once it closed, for as long as the dashboard holds
+            // its alert (an hour) unless a newer start opens the next window.
+            expr: format!(
+                "last_over_time({}[{}]) > {}\nand on (job, instance) (time() - {} > {})",
+                deploy_recorded(DEPLOY_RATIO),
+                duration(super::alerts::OVER_BUDGET_HELD),
+                defaults.deploy_duplicate_budget,
+                n.process_start_time,
+                DEPLOY_WINDOW_RULES.as_secs()
+            ),
+            for_: None,
+            severity: "warning",
+            summary: format!(
+                "{{{{ $labels.instance }}}}/{{{{ $labels.{} }}}}: the deploy (process start) cost more than the {}% duplicate budget over its {} window",
+                n.consumer_label,
+                defaults.deploy_duplicate_budget * 100.0,
+                duration(DEPLOY_WINDOW_RULES)
+            ),
         },
         AlertRule {
             alert: "IdemConsumerPaused",

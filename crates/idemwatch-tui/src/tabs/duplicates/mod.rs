@@ -13,6 +13,7 @@
 //! │      D deploy #1  R restart   X drill…   (the marker lane)               │
 //! │ ── vehicle-state 0.010%  ── trip-counter 0%   cursor 04:08:12: …         │
 //! ├ Broker redeliveries vs duplicates dropped (when a RabbitMQ target exists) ┤
+//! ├ Deploys: each window's duplicates per consumer against the budget ───────┤
 //! ├ Markers in the window (newest first) ─────────────────────────────────────┤
 //! ```
 //! The y axis is clamped at the 95th percentile (×1.5, never below the deploy-day
@@ -20,7 +21,8 @@
 //! onto the zero row; clipped peaks are marked ▲. `g` switches to a log scale.
 //!
 //! `plot.rs` gathers what is drawn, `scale.rs` the y axis, `chart.rs` draws the chart,
-//! `broker.rs` the broker panel; the markers' list is here.
+//! `broker.rs` the broker panel, `deploys.rs` the Deploys panel; the markers' list
+//! is here.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Modifier;
@@ -37,6 +39,7 @@ use idemwatch_monitor::ConsumerChart;
 
 mod broker;
 mod chart;
+mod deploys;
 mod plot;
 mod scale;
 
@@ -65,14 +68,23 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     } else {
         9
     };
+    let has_deploys = !snap.deploys.is_empty();
     let marker_rows = if app.compact() {
         3
     } else {
-        plot.markers.len().clamp(1, 6) as u16 + 2
+        plot.markers.len().clamp(1, if has_deploys { 4 } else { 6 }) as u16 + 2
     };
-    let [chart_area, broker_area, list_area] = Layout::vertical([
+    // The Deploys panel: a compact screen keeps the newest deploy's lines, a wide one
+    // up to a dozen (header, each deploy, its consumers).
+    let deploy_rows = if app.compact() {
+        6
+    } else {
+        deploys::lines_wanted(app).clamp(2, 12) as u16 + 2
+    };
+    let [chart_area, broker_area, deploy_area, list_area] = Layout::vertical([
         Constraint::Min(10),
         Constraint::Length(broker_rows),
+        Constraint::Length(deploy_rows),
         Constraint::Length(marker_rows),
     ])
     .areas(area);
@@ -80,6 +92,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     if broker_rows > 0 {
         broker_panel(frame, broker_area, app, &charts, plot.span, theme);
     }
+    deploys::deploys_panel(frame, deploy_area, app, theme);
     markers_panel(frame, list_area, app, &plot, theme);
 }
 
