@@ -67,6 +67,12 @@ async fn json_snapshot_reports_a_down_target_and_the_database() {
         "unknown_event_type"
     );
     assert_eq!(doc["markers"][0]["label"], "deploy v9");
+    // The deploy's window: open (younger than the settle time), nothing known of its
+    // consumers while the only target is down.
+    assert_eq!(doc["deploys"][0]["label"], "deploy v9");
+    assert_eq!(doc["deploys"][0]["ends"], "open");
+    assert_eq!(doc["deploys"][0]["verdict"], "no_traffic");
+    assert_eq!(doc["deploys"][0]["consumers"], serde_json::json!([]));
     assert!(doc["alerts"]
         .as_array()
         .unwrap()

@@ -7,6 +7,12 @@
 //! `idem_provider_repeat_calls_total` counts exactly those); the woken instance sends
 //! none of the calls it had not started (its claims are another's now), records none
 //! of its answers over the new owner's, and goes on handling new messages.
+//!
+//! On the embedded queue the frozen instance's messages come back when their
+//! visibility timeout runs out; on RabbitMQ (the field report's stack, with
+//! PostgreSQL) when the broker misses two heartbeats of the frozen connection, closes
+//! it and redelivers what it held unacked — and the woken instance finds its channel
+//! gone, so its acks are refused and it dials again.
 
 mod common;
 
@@ -38,13 +44,20 @@ fn key_of(body: &[u8]) -> MessageKey {
     Envelope::parse(body).unwrap().key()
 }
 
-/// `serve --consumer zone-exit-sms` on `db`, its calls to `sandbox` 4 at a time.
-fn serve(db: &TestDb, sandbox: &SandboxHandle, port: u16, log: &str) -> KillOnDrop {
+/// `serve --consumer zone-exit-sms` on `db` and `queue`, its calls to `sandbox` 4 at
+/// a time; on RabbitMQ with a 1 s heartbeat, so the broker finds a frozen link in ~2 s.
+fn serve(db: &TestDb, queue: &str, sandbox: &SandboxHandle, port: u16, log: &str) -> KillOnDrop {
     let lease = LEASE_MS.to_string();
+    let heartbeat: &[&str] = if queue.starts_with("amqp") {
+        &["--heartbeat", "1s"]
+    } else {
+        &[]
+    };
     KillOnDrop(
         Command::new(idemwatch_bin())
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--db", &db.url, "--queue", &db.queue_url()])
+            .args(["--db", &db.url, "--queue", queue])
+            .args(heartbeat)
             .args(["--sms-url", &sandbox.url(), "--consumer", SMS])
             .args(["--claim-lease-ms", &lease, "--visibility-ms", &lease])
             .args(["--retry-ms", "100", "--batch", "16", "--no-pipeline"])
@@ -115,21 +128,36 @@ async fn wait_sent(store: &dyn Store, bodies: &[Vec<u8>], what: &str) {
     panic!("{what}: not every claim sent within 60 s");
 }
 
-async fn a_frozen_instance_repeats_only_its_calls_in_flight(kind: Kind) {
+/// Which queue the two instances share.
+enum Queue {
+    Embedded,
+    RabbitMq,
+}
+
+async fn a_frozen_instance_repeats_only_its_calls_in_flight(kind: Kind, queue: Queue) {
     let Some(db) = TestDb::new(kind).await else {
         return;
+    };
+    let queue_url = match queue {
+        Queue::Embedded => db.queue_url(),
+        Queue::RabbitMq => {
+            let Some(url) = common::amqp::amqp_url().await else {
+                return;
+            };
+            format!("{url}?prefix={}", common::amqp::namespace("frozen"))
+        }
     };
     let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
         .await
         .unwrap();
     sandbox.state().set_latency(Duration::from_secs(3));
-    let mut cfg = EngineConfig::new(&db.url, &db.queue_url(), &sandbox.url(), &sandbox.url());
+    let mut cfg = EngineConfig::new(&db.url, &queue_url, &sandbox.url(), &sandbox.url());
     cfg.consumers = vec![SMS.into()];
     let publisher = Engine::open(&cfg).await.unwrap();
     let store: Arc<dyn Store> = store::open(&db.url).await.unwrap();
     let (port_a, port_b) = (common::services::free_port(), common::services::free_port());
 
-    let mut a = serve(&db, &sandbox, port_a, "a.log");
+    let mut a = serve(&db, &queue_url, &sandbox, port_a, "a.log");
     let bodies: Vec<Vec<u8>> = (0..8)
         .map(|i| zone_exit_line(&format!("FROZEN-{i}")))
         .collect();
@@ -144,7 +172,7 @@ async fn a_frozen_instance_repeats_only_its_calls_in_flight(kind: Kind) {
     // The keys whose calls were in flight when A froze: the sandbox logs a request when
     // it answers, 3 s later, so read the claims A's calls went out under later, from
     // the calls B repeats.
-    let mut b = serve(&db, &sandbox, port_b, "b.log");
+    let mut b = serve(&db, &queue_url, &sandbox, port_b, "b.log");
     wait_sent(store.as_ref(), &bodies, "B takes A's work over").await;
     assert!(
         frozen_at.elapsed() > Duration::from_millis(2 * LEASE_MS),
@@ -224,10 +252,17 @@ async fn a_frozen_instance_repeats_only_its_calls_in_flight(kind: Kind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_instance_on_sqlite_repeats_only_its_calls_in_flight() {
-    a_frozen_instance_repeats_only_its_calls_in_flight(Kind::Sqlite).await;
+    a_frozen_instance_repeats_only_its_calls_in_flight(Kind::Sqlite, Queue::Embedded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_instance_on_postgres_repeats_only_its_calls_in_flight() {
-    a_frozen_instance_repeats_only_its_calls_in_flight(Kind::Postgres).await;
+    a_frozen_instance_repeats_only_its_calls_in_flight(Kind::Postgres, Queue::Embedded).await;
+}
+
+/// The issue's own run: RabbitMQ + PostgreSQL, the instance frozen past the broker's
+/// heartbeat and the claims' lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_instance_on_rabbitmq_and_postgres_repeats_only_its_calls_in_flight() {
+    a_frozen_instance_repeats_only_its_calls_in_flight(Kind::Postgres, Queue::RabbitMq).await;
 }

@@ -122,6 +122,11 @@ async fn dedup_claims_dead_letters_markers_and_drills_are_polled(db: &TestDb) {
     assert_eq!(claim.consumer, "zone-exit-sms");
     assert_eq!(claim.message_key, "34-ABC-123:7:zone_exit");
     assert_eq!(claim.attempts, 1);
+    assert!(!claim.released);
+    assert!(
+        claim.age_seconds >= 0 && claim.age_seconds < 60,
+        "{claim:?}"
+    );
 
     let groups: Vec<(&str, &str, i64, i64)> = stats
         .dead_letters
@@ -161,6 +166,21 @@ async fn dedup_claims_dead_letters_markers_and_drills_are_polled(db: &TestDb) {
     // Within the lease the claim is not in doubt.
     let poller = DbPoller::new(&DatabaseConfig::with_url(&f.url)).unwrap();
     assert_eq!(poller.poll(Utc::now()).await.claims_in_doubt_total, 0);
+
+    // Given back after a provider timeout, it is in doubt at once, as `released`:
+    // its claim time (the epoch) is no age to show.
+    s.release_claim(
+        "zone-exit-sms",
+        &sms.key(),
+        "provider did not answer in time",
+    )
+    .await
+    .expect("release");
+    let stats = poller.poll(Utc::now()).await;
+    assert_eq!(stats.claims_in_doubt_total, 1);
+    let claim = &stats.claims_in_doubt[0];
+    assert!(claim.released, "{claim:?}");
+    assert_eq!(claim.age_seconds, 0);
 }
 
 async fn a_purge_that_stopped_shows(db: &TestDb) {

@@ -185,7 +185,9 @@ async fn spawned_monitor_publishes_snapshots_and_obeys_commands() {
         .expect("a snapshot within 5 s")
         .unwrap();
     let first = handle.snapshots.borrow().clone().expect("a snapshot");
-    handle.commands.send(MonitorCommand::ZoomIn).await.unwrap();
+    // A fresh monitor's chart spans the data it has (1 min, zoom.rs): zooming out
+    // goes to the level above it (5 min) and holds there.
+    handle.commands.send(MonitorCommand::ZoomOut).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             handle.snapshots.changed().await.unwrap();

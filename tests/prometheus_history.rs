@@ -331,6 +331,12 @@ fn a_report_from_the_history_shows_the_duplicates_and_the_restart() {
     let Some(fleet) = fleet_with_history() else {
         return;
     };
+    // A few of Prometheus's 1 s scrapes after the restart, so that its deploy
+    // window has history of its own.
+    let since_restart = chrono::Utc::now().timestamp_millis() as f64 / 1000.0 - fleet.restarted_at;
+    if since_restart < 10.0 {
+        std::thread::sleep(Duration::from_secs_f64(10.0 - since_restart));
+    }
     let asked_at = chrono::Utc::now().timestamp();
     let report: serde_json::Value =
         serde_json::from_str(&fleet.report(&["--from", "10m"], "json")).unwrap();
@@ -378,6 +384,23 @@ fn a_report_from_the_history_shows_the_duplicates_and_the_restart() {
         }
     }
     fleet.assert_restart_from_prometheus(&report["markers"]);
+    // The restart's deploy window, judged from the history alone: its consumers
+    // read from Prometheus's rates, their baseline from the duplicates before it.
+    let restart = report["deploys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "restart" && d["source"] == "prometheus")
+        .unwrap_or_else(|| panic!("no deploy window for the restart: {report:#}"));
+    let judged = restart["consumers"].as_array().unwrap();
+    assert!(!judged.is_empty(), "{restart:#}");
+    assert!(
+        judged
+            .iter()
+            .any(|c| c["baseline_source"] == "before_marker"
+                && c["baseline_ratio"].as_f64().unwrap() > 0.0),
+        "the duplicates before the restart are its consumers' baseline: {restart:#}"
+    );
 }
 
 /// The dashboard started after it all: its chart draws the history left of the seam

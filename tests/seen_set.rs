@@ -518,6 +518,7 @@ async fn a_seen_set_ttl_shorter_than_twice_the_oldest_duplicate_warns() {
         consumers: &consumers,
         database: None,
         markers: &[],
+        deploys: &[],
         rules: &Default::default(),
         windows: &w,
     });

@@ -22,10 +22,20 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::backends::{required, Kind, TestDb};
-use common::services::{free_port, reachable};
+use common::mqtt::{password_file, test_pki, PrivateMosquitto};
+use common::services::free_port;
 use common::{idemwatch_bin, KillOnDrop, TempEnv};
 
-const UNITS: [&str; 2] = ["idemwatch-serve.service", "idemwatch-ingest-mqtt.service"];
+const UNITS: [&str; 3] = [
+    "idemwatch-serve.service",
+    "idemwatch-ingest-mqtt.service",
+    TEMPLATE,
+];
+const INGEST: &str = "idemwatch-ingest-mqtt.service";
+/// The share-group members' template; an instance's name is its /metrics port.
+const TEMPLATE: &str = "idemwatch-ingest-mqtt@.service";
+/// The instance `systemd-analyze` checks beside the template.
+const INSTANCE: &str = "idemwatch-ingest-mqtt@9467.service";
 /// Where the units say the binary is (`cargo install --root /usr/local`).
 const INSTALLED_BIN: &str = "/usr/local/bin/idemwatch";
 
@@ -39,6 +49,8 @@ fn unit_path(name: &str) -> PathBuf {
 struct Unit {
     name: &'static str,
     lines: Vec<(String, String)>,
+    /// What `%i` expands to (a template's instance name).
+    instance: String,
 }
 
 impl Unit {
@@ -51,7 +63,19 @@ impl Unit {
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
             .collect();
-        Unit { name, lines }
+        Unit {
+            name,
+            lines,
+            instance: String::new(),
+        }
+    }
+
+    /// A template unit as its instance `instance` (`%i`).
+    fn instance(name: &'static str, instance: &str) -> Unit {
+        Unit {
+            instance: instance.to_string(),
+            ..Unit::read(name)
+        }
     }
 
     fn all(&self, key: &str) -> Vec<&str> {
@@ -76,7 +100,7 @@ impl Unit {
             .into_iter()
             .map(|kv| {
                 let (k, v) = kv.split_once('=').expect("NAME=value");
-                (k.to_string(), expand(v, credentials, state_root))
+                (k.to_string(), self.expand(v, credentials, state_root))
             })
             .collect()
     }
@@ -85,15 +109,26 @@ impl Unit {
     fn exec_start(&self, credentials: &Path, state_root: &Path) -> Vec<String> {
         self.one("ExecStart")
             .split_whitespace()
-            .map(|w| expand(w, credentials, state_root))
+            .map(|w| self.expand(w, credentials, state_root))
             .collect()
     }
-}
 
-fn expand(value: &str, credentials: &Path, state_root: &Path) -> String {
-    value
-        .replace("%d", credentials.to_str().unwrap())
-        .replace("%S", state_root.to_str().unwrap())
+    /// The specifiers the units use: `%d` the credentials directory, `%S` the state
+    /// root (`/var/lib`), `%i` the instance.
+    fn expand(&self, value: &str, credentials: &Path, state_root: &Path) -> String {
+        value
+            .replace("%d", credentials.to_str().unwrap())
+            .replace("%S", state_root.to_str().unwrap())
+            .replace("%i", &self.instance)
+    }
+
+    /// The credentials the unit loads: `LoadCredential=NAME:PATH` → (NAME, PATH).
+    fn credentials(&self) -> Vec<(&str, &str)> {
+        self.all("LoadCredential")
+            .into_iter()
+            .map(|c| c.split_once(':').expect("NAME:PATH"))
+            .collect()
+    }
 }
 
 /// `systemd-analyze ARGS`: None (skip) without it outside CI. (success, all output)
@@ -116,14 +151,16 @@ fn systemd_analyze(args: &[&str]) -> Option<(bool, String)> {
 }
 
 /// The units as installed, but pointing at this build's binary (verify checks that
-/// `ExecStart=`'s program exists).
+/// `ExecStart=`'s program exists), and the template as one of its instances too.
 fn units_for_this_build(env: &TempEnv) -> Vec<PathBuf> {
     UNITS
         .iter()
-        .map(|name| {
+        .map(|name| (*name, *name))
+        .chain([(TEMPLATE, INSTANCE)])
+        .map(|(name, installed_as)| {
             let text = std::fs::read_to_string(unit_path(name)).unwrap();
             assert!(text.contains(INSTALLED_BIN), "{name} runs {INSTALLED_BIN}");
-            let path = env.path(name);
+            let path = env.path(installed_as);
             std::fs::write(
                 &path,
                 text.replace(INSTALLED_BIN, idemwatch_bin().to_str().unwrap()),
@@ -266,6 +303,87 @@ fn units_take_secrets_from_credentials_never_from_the_command_line() {
             }
         }
     }
+    let deploy_doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/DEPLOY.md"))
+            .unwrap();
+    for name in UNITS {
+        let unit = Unit::read(name);
+        let exec = unit.one("ExecStart");
+        // No password flag of any kind but a file's, no password variable.
+        assert!(
+            !exec
+                .split_whitespace()
+                .any(|w| w == "--password" || w.starts_with("--password=")),
+            "{name}: a password on ExecStart"
+        );
+        for value in unit.all("Environment") {
+            assert!(
+                !value.contains("PASSWORD"),
+                "{name}: a password in Environment= (use a credential): {value}"
+            );
+        }
+        // Every credential the unit loads is read by something (`%d/NAME` on
+        // ExecStart or in Environment=), every `%d/NAME` read is loaded, each comes
+        // from /etc/idemwatch, and docs/DEPLOY.md says how to make its file.
+        let loaded: Vec<(&str, &str)> = unit.credentials();
+        let mut read: Vec<&str> = exec.split_whitespace().collect();
+        read.extend(unit.all("Environment"));
+        let read_names: Vec<&str> = read
+            .iter()
+            .filter_map(|w| w.split_once("%d/").map(|(_, n)| n))
+            .collect();
+        for (cred, source) in &loaded {
+            assert!(
+                read_names.contains(cred),
+                "{name}: credential {cred} read by nothing"
+            );
+            assert_eq!(
+                *source,
+                format!("/etc/idemwatch/{cred}"),
+                "{name}: credential {cred} from elsewhere"
+            );
+            assert!(
+                deploy_doc.contains(source),
+                "{name}: docs/DEPLOY.md does not say how to make {source}"
+            );
+        }
+        for cred in read_names {
+            assert!(
+                loaded.iter().any(|(n, _)| *n == cred),
+                "{name}: %d/{cred} is read but never loaded"
+            );
+        }
+    }
+    for name in [INGEST, TEMPLATE] {
+        let unit = Unit::read(name);
+        let exec = unit.one("ExecStart");
+        for (flag, cred) in [
+            ("--password-file", "mqtt-password"),
+            ("--ca-file", "mqtt-ca.pem"),
+            ("--client-cert", "mqtt-client.pem"),
+            ("--client-key", "mqtt-client.key"),
+        ] {
+            assert!(
+                exec.contains(&format!("{flag} %d/{cred}")),
+                "{name}: {flag} %d/{cred} on ExecStart"
+            );
+        }
+        let broker = exec
+            .split_whitespace()
+            .skip_while(|w| *w != "--broker")
+            .nth(1)
+            .expect("--broker");
+        let url = url::Url::parse(broker).unwrap();
+        assert!(
+            url.scheme() == "mqtts" && !url.username().is_empty(),
+            "{name}: TLS with a login: {broker}"
+        );
+        assert!(
+            unit.all("Environment")
+                .contains(&"IDEMWATCH_DB_FILE=%d/db-url"),
+            "{name}: the door's dead letters go to serve's database"
+        );
+    }
     let serve = Unit::read("idemwatch-serve.service");
     assert!(serve
         .all("LoadCredential")
@@ -277,6 +395,35 @@ fn units_take_secrets_from_credentials_never_from_the_command_line() {
         .all("Environment")
         .contains(&"IDEMWATCH_DB_FILE=%d/db-url"));
     assert!(serve.one("ExecStart").contains("--api-keys %d/api-keys"));
+}
+
+/// The share-group template is the single ingest unit line for line, but for its
+/// description and, on ExecStart, the group and an instance's own session and port.
+#[test]
+fn the_template_is_the_ingest_unit_with_a_share_group_and_an_instances_session() {
+    let single = Unit::read(INGEST);
+    let template = Unit::read(TEMPLATE);
+    let differing = |u: &Unit| -> Vec<(String, String)> {
+        u.lines
+            .iter()
+            .filter(|(k, _)| k != "Description" && k != "ExecStart")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(differing(&single), differing(&template));
+    let exec = template.one("ExecStart");
+    for part in [
+        "--share-group idemwatch-ingest",
+        "--client-id idemwatch-ingest-%i",
+        "--listen 127.0.0.1:%i",
+    ] {
+        assert!(exec.contains(part), "{TEMPLATE}: {part} on ExecStart");
+    }
+    let as_single = exec
+        .replace(" --share-group idemwatch-ingest", "")
+        .replace("idemwatch-ingest-%i", "idemwatch-ingest")
+        .replace("127.0.0.1:%i", "127.0.0.1:9466");
+    assert_eq!(as_single, single.one("ExecStart"));
 }
 
 /// A unit's process, started as systemd would: this build's binary, the unit's
@@ -299,8 +446,16 @@ impl UnitProcess {
                 let port = free_port();
                 ports.insert(w.clone(), port);
                 *w = format!("127.0.0.1:{port}");
-            } else if w.starts_with("mqtt://") {
-                *w = broker.expect("a broker for the ingest unit").to_string();
+            } else if w.starts_with("mqtt://") || w.starts_with("mqtts://") {
+                // The unit's broker URL (its scheme and user) at the test's broker.
+                let at: std::net::SocketAddr = broker
+                    .expect("a broker for the ingest unit")
+                    .parse()
+                    .unwrap();
+                let mut url = url::Url::parse(w).unwrap();
+                url.set_host(Some(&at.ip().to_string())).unwrap();
+                url.set_port(Some(at.port())).unwrap();
+                *w = url.to_string().trim_end_matches('/').to_string();
             }
         }
         let stderr = dirs.root.path(&format!("{}.stderr", unit.name));
@@ -401,39 +556,55 @@ fn with_password(url: &str, password: &str) -> (String, String) {
     (u.to_string(), password.to_string())
 }
 
-/// A private Mosquitto logging everything (its log says when ingest has subscribed).
-fn private_mosquitto(dirs: &UnitDirs) -> Option<(KillOnDrop, String, PathBuf)> {
-    if Command::new("mosquitto").arg("-h").output().is_err() {
-        assert!(
-            !required(),
-            "mosquitto is required (IDEMWATCH_REQUIRE_SERVICES=1)"
-        );
-        eprintln!("SKIP: mosquitto not installed");
-        return None;
-    }
-    let port = free_port();
-    let log = dirs.root.path("mosquitto.log");
-    let conf = dirs.root.path("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "user root\nlistener {port} 127.0.0.1\nallow_anonymous true\nlog_dest file {}\nlog_type all\n",
-            log.display()
+/// The fleet broker the ingest units expect, private to the test: the devices
+/// publish anonymously on its plain listener ([`PrivateMosquitto::port`]); the
+/// ingest's listener (the returned address) wants TLS with a client certificate of
+/// the test's CA and the login `user`/`password` (`allow_anonymous false`). The
+/// ingest's credential files are written into `dirs`' credentials directory.
+fn fleet_broker(dirs: &UnitDirs, user: &str, password: &str) -> Option<(PrivateMosquitto, String)> {
+    let passwd = password_file(&dirs.root, user, password)?;
+    let (pki, server_cert, server_key) = test_pki(&dirs.root, user);
+    let tls = free_port();
+    let broker = PrivateMosquitto::with_listeners(
+        &dirs.root,
+        &format!(
+            "listener {tls} 127.0.0.1\nallow_anonymous false\npassword_file {}\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+            passwd.display(),
+            pki.ca.display(),
+            server_cert.display(),
+            server_key.display()
         ),
-    )
-    .unwrap();
-    let child = Command::new("mosquitto")
-        .arg("-c")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("mosquitto starts");
-    let url = format!("mqtt://127.0.0.1:{port}");
-    wait_until("the private mosquitto", Duration::from_secs(20), || {
-        reachable(&url).is_ok()
-    });
-    Some((KillOnDrop(child), url, log))
+    )?;
+    dirs.credential("mqtt-password", &format!("{password}\n"));
+    for (cred, file) in [
+        ("mqtt-ca.pem", &pki.ca),
+        ("mqtt-client.pem", &pki.client_cert),
+        ("mqtt-client.key", &pki.client_key),
+    ] {
+        dirs.credential(cred, &std::fs::read_to_string(file).unwrap());
+    }
+    Some((broker, format!("127.0.0.1:{tls}")))
+}
+
+/// The ingest units' login on the broker (their URL's user) and a password.
+fn ingest_login(unit: &Unit) -> String {
+    let exec = unit.one("ExecStart");
+    let broker = exec
+        .split_whitespace()
+        .skip_while(|w| *w != "--broker")
+        .nth(1)
+        .expect("--broker");
+    url::Url::parse(broker).unwrap().username().to_string()
+}
+
+/// A device's message, QoS 1, on the broker's anonymous listener.
+fn device_publish(broker: &PrivateMosquitto, body: &str) {
+    let published = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string(), "-q", "1"])
+        .args(["-t", "fleet/TRUCK-7/events", "-m", body])
+        .status()
+        .expect("mosquitto_pub (Debian package mosquitto-clients)");
+    assert!(published.success());
 }
 
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
@@ -457,9 +628,29 @@ fn sample(url: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
+/// The client id an ingest unit's ExecStart names.
+fn client_id_of(unit: &Unit) -> String {
+    let exec = unit.one("ExecStart");
+    let id = exec
+        .split_whitespace()
+        .skip_while(|w| *w != "--client-id")
+        .nth(1)
+        .expect("the ingest unit names its session");
+    unit.expand(id, Path::new(""), Path::new(""))
+}
+
+const ZONE_EXIT: &str = r#"{"device_id":"TRUCK-7","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}"#;
+
+/// Longest a clean stop on the unit's KillSignal= may take here: the ingest's own
+/// waits (the last PUBACKs, the DISCONNECT) are bounded at 2 s each, far inside
+/// the units' TimeoutStopSec=.
+const PROMPT_STOP: Duration = Duration::from_secs(10);
+
 /// The two units' processes as systemd would run them, on one state directory: a
-/// device's zone exit in through the ingest unit, processed once by the serve unit,
-/// on PostgreSQL through a credential's URL, whose password shows nowhere.
+/// device's zone exit in through the ingest unit (TLS with a client certificate and
+/// a login, every secret from its credential), processed once by the serve unit, on
+/// PostgreSQL through a credential's URL, whose password shows nowhere; a device's
+/// bad message dead-lettered at the ingest's door into that same database.
 #[test]
 fn the_units_run_as_written_ingest_to_serve_with_credentials() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -467,7 +658,10 @@ fn the_units_run_as_written_ingest_to_serve_with_credentials() {
         return;
     };
     let dirs = UnitDirs::new();
-    let Some((_mosquitto, broker, broker_log)) = private_mosquitto(&dirs) else {
+    let ingest_unit = Unit::read(INGEST);
+    let mqtt_password = "mqtt-credential-pw-9a41";
+    let Some((mosquitto, broker)) = fleet_broker(&dirs, &ingest_login(&ingest_unit), mqtt_password)
+    else {
         return rt.block_on(db.cleanup());
     };
     let (db_url, password) = with_password(&db.url, "unit-credential-pw-5c1e");
@@ -476,43 +670,39 @@ fn the_units_run_as_written_ingest_to_serve_with_credentials() {
     dirs.credential("api-keys", &format!("fleet-ops {token}\n"));
 
     // The ingest unit: subscribed once the broker says so, then a device publishes.
-    let ingest_unit = Unit::read("idemwatch-ingest-mqtt.service");
     let mut ingest = UnitProcess::start(&ingest_unit, &dirs, Some(&broker));
-    let client_id = ingest_unit
-        .one("ExecStart")
-        .split_whitespace()
-        .skip_while(|w| *w != "--client-id")
-        .nth(1)
-        .expect("the ingest unit names its session")
-        .to_string();
+    let client_id = client_id_of(&ingest_unit);
     wait_until("ingest's subscription", Duration::from_secs(30), || {
-        std::fs::read_to_string(&broker_log)
-            .is_ok_and(|l| l.contains(&format!("Received SUBSCRIBE from {client_id}")))
+        mosquitto.log_has(&format!("Received SUBSCRIBE from {client_id}"))
     });
-    let port = broker.rsplit(':').next().unwrap();
-    let zone_exit = r#"{"device_id":"TRUCK-7","seq":1,"event_type":"zone_exit","occurred_at":"2026-11-30T04:12:03Z","payload":{"zone":"X","phone":"+905551112233"}}"#;
-    let published = Command::new("mosquitto_pub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            port,
-            "-q",
-            "1",
-            "-t",
-            "fleet/TRUCK-7/events",
-        ])
-        .args(["-m", zone_exit])
-        .status()
-        .expect("mosquitto_pub (Debian package mosquitto-clients)");
-    assert!(published.success());
+    device_publish(&mosquitto, ZONE_EXIT);
+    device_publish(&mosquitto, "firmware 2.1 says hello");
     let ingest_metrics = ingest.url("127.0.0.1:9466", "/metrics");
     wait_until("the message on the queue", Duration::from_secs(30), || {
         sample(
             &ingest_metrics,
             r#"idem_ingress_messages_total{source="mqtt",dup_flag="false"}"#,
-        ) == Some(1.0)
+        ) == Some(2.0)
+            && sample(
+                &ingest_metrics,
+                r#"idem_ingress_dead_lettered_total{source="mqtt",reason="malformed_json"}"#,
+            ) == Some(1.0)
     });
+    // The door's dead letter is in the credential's database, beside serve's.
+    let door = rt.block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE consumer = $1")
+            .bind(idemwatch::engine::ingress::DEAD_LETTER_CONSUMER)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        n
+    });
+    assert_eq!(
+        door, 1,
+        "the ingest's dead letter in the credential's database"
+    );
 
     // The serve unit on the same state directory: the queue ingest wrote.
     let serve_unit = Unit::read("idemwatch-serve.service");
@@ -555,12 +745,19 @@ fn the_units_run_as_written_ingest_to_serve_with_credentials() {
         "serve: {serve_exit:?}\n{}",
         serve.stderr()
     );
+    let stopping = Instant::now();
     let ingest_exit = ingest.stop_as_systemd_would(&ingest_unit);
+    let took = stopping.elapsed();
+    println!(
+        "ingest mqtt stopped on {} in {took:?}",
+        ingest_unit.one("KillSignal")
+    );
     assert!(
         ingest_exit.success(),
         "ingest: {ingest_exit:?}\n{}",
         ingest.stderr()
     );
+    assert!(took < PROMPT_STOP, "ingest took {took:?} to stop");
 
     // Everything written lives in the state directory: the queue, the log.
     let state = dirs.state_dir();
@@ -579,6 +776,10 @@ fn the_units_run_as_written_ingest_to_serve_with_credentials() {
         assert!(
             !text.contains(&password),
             "{what} shows the database password"
+        );
+        assert!(
+            !text.contains(mqtt_password),
+            "{what} shows the broker password"
         );
     }
     rt.block_on(db.cleanup());
@@ -656,4 +857,97 @@ fn a_database_url_file_is_read_by_every_subcommand() {
             .exists(),
         "not the default database"
     );
+}
+
+/// Two instances of the share-group template, as systemd would run
+/// `idemwatch-ingest-mqtt@PORT` twice: each its own session and /metrics port, one
+/// subscription shared between them ($share/…), so the broker gives each device
+/// message to one of them: every message enqueued, none twice, both members busy.
+/// Each stops cleanly, promptly, on the unit's KillSignal=.
+#[test]
+fn two_template_instances_share_the_fleet_and_stop_cleanly() {
+    let dirs = UnitDirs::new();
+    let login = ingest_login(&Unit::read(TEMPLATE));
+    let Some((mosquitto, broker)) = fleet_broker(&dirs, &login, "mqtt-member-pw-77e0") else {
+        return;
+    };
+    // The database credential names a SQLite file (no server needed here): the
+    // door's dead letters and the remembered filters.
+    dirs.credential(
+        "db-url",
+        &format!("sqlite://{}/members.db\n", dirs.state_root.display()),
+    );
+    // One after the other: the first creates the database and the embedded queue.
+    let members: Vec<(Unit, UnitProcess)> = [free_port(), free_port()]
+        .into_iter()
+        .map(|port| {
+            let unit = Unit::instance(TEMPLATE, &port.to_string());
+            let process = UnitProcess::start(&unit, &dirs, Some(&broker));
+            let client_id = client_id_of(&unit);
+            wait_until(
+                "a member's shared subscription",
+                Duration::from_secs(30),
+                || mosquitto.log_has(&format!("Received SUBSCRIBE from {client_id}")),
+            );
+            (unit, process)
+        })
+        .collect();
+    assert!(
+        mosquitto.log_has("$share/idemwatch-ingest/fleet/+/events"),
+        "subscribed as a share group"
+    );
+    const MESSAGES: u32 = 20;
+    for seq in 1..=MESSAGES {
+        device_publish(
+            &mosquitto,
+            &ZONE_EXIT.replace(r#""seq":1"#, &format!(r#""seq":{seq}"#)),
+        );
+    }
+    let taken = |p: &UnitProcess, unit: &Unit| {
+        sample(
+            &p.url(&format!("127.0.0.1:{}", unit.instance), "/metrics"),
+            r#"idem_ingress_messages_total{source="mqtt",dup_flag="false"}"#,
+        )
+        .unwrap_or(0.0)
+    };
+    wait_until(
+        "every message taken in once",
+        Duration::from_secs(30),
+        || members.iter().map(|(u, p)| taken(p, u)).sum::<f64>() >= f64::from(MESSAGES),
+    );
+    // A moment for a message given to both (it would be a share group not working).
+    std::thread::sleep(Duration::from_secs(1));
+    let each: Vec<f64> = members.iter().map(|(u, p)| taken(p, u)).collect();
+    println!("share-group members took {each:?} of {MESSAGES}");
+    assert_eq!(
+        each.iter().sum::<f64>(),
+        f64::from(MESSAGES),
+        "each message once: {each:?}"
+    );
+    assert!(
+        each.iter().all(|n| *n > 0.0),
+        "both members took some: {each:?}"
+    );
+
+    for (unit, mut process) in members {
+        let stopping = Instant::now();
+        let exit = process.stop_as_systemd_would(&unit);
+        let took = stopping.elapsed();
+        println!(
+            "{} stopped on {} in {took:?}",
+            unit.instance,
+            unit.one("KillSignal")
+        );
+        assert!(
+            exit.success(),
+            "{}: {exit:?}\n{}",
+            unit.instance,
+            process.stderr()
+        );
+        assert!(
+            took < PROMPT_STOP,
+            "{} took {took:?} to stop",
+            unit.instance
+        );
+    }
 }

@@ -100,6 +100,99 @@ fn demo_dashboard_end_to_end_in_a_real_terminal() {
     assert!(!t.screen().contains("1 Overview │"), "{}", t.screen());
 }
 
+/// What the tool is for, within the demo's first minute and a half, as a new user
+/// sees it: the Duplicates chart spans the data there is (not a 15-minute window
+/// with a sliver at its edge), the Vehicles tab lists a real ordering anomaly (a
+/// tunnel device's flushed events, kept in history by the seq-guarded upsert) and
+/// opens that vehicle's state beside its history, and after the first deploy (40 s
+/// in) a claim in doubt appears and resolves by itself.
+#[test]
+fn demo_shows_an_ordering_anomaly_and_a_claim_in_doubt_within_its_first_minutes() {
+    let env = TempEnv::new();
+    let command = format!(
+        "IDEMWATCH_LOG_FILE={log} {bin}; sleep 600",
+        log = env.path("tui.log").display(),
+        bin = idemwatch_bin().display(),
+    );
+    let started = Instant::now();
+    let Some(t) = Tmux::start(&env, &command, 140, 40) else {
+        return;
+    };
+    t.wait_for("live demo data", Duration::from_secs(30), |s| {
+        s.contains("DEMO") && s.contains("vehicle-state  flowing")
+    });
+    t.keys(&["2"]);
+    let s = t.wait_for("the fitted chart", Duration::from_secs(10), |s| {
+        s.contains("Duplicate rate")
+    });
+    assert!(
+        s.contains("last 1 min (all so far)"),
+        "the chart opens on the one minute of data there is, not 15 min:\n{s}"
+    );
+
+    t.keys(&["3"]);
+    let left = Duration::from_secs(90).saturating_sub(started.elapsed());
+    let s = t.wait_for("an ordering anomaly within 90 s", left, |s| {
+        s.contains("Vehicle anomalies") && s.contains("late event")
+    });
+    let at = started.elapsed();
+    eprintln!("first anomaly listed {:.0} s after start", at.as_secs_f64());
+    assert!(
+        s.contains("arrived behind a newer one: history only"),
+        "{s}"
+    );
+    // The first late event's vehicle opens: the state, at the newer seq, beside the
+    // history where the flushed events are marked.
+    let row = s
+        .lines()
+        .filter(|l| l.contains("34-SIM-"))
+        .position(|l| l.contains("late event"))
+        .expect("a late event row");
+    t.keys(&vec!["Down"; row + 1]);
+    t.keys(&["Enter"]);
+    let s = t.wait_for("state beside history", Duration::from_secs(10), |s| {
+        s.contains("current state") && s.contains("LATE: history only")
+    });
+    assert!(
+        s.contains("last seq") && s.contains("in arrival order"),
+        "{s}"
+    );
+    t.keys(&["Escape"]);
+
+    // The first deploy (40 s in) kills a provider call in flight: its claim is in
+    // doubt once the demo's 20 s lease runs out, then the sweeper or a redelivery
+    // resends it under the same key and it is gone.
+    t.keys(&["1"]);
+    let in_doubt = |s: &str| {
+        s.lines().any(|l| {
+            l.split("claims in doubt: ")
+                .nth(1)
+                .and_then(|n| n.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|n| n > 0)
+        })
+    };
+    let s = t.wait_for(
+        "a claim in doubt",
+        Duration::from_secs(150).saturating_sub(started.elapsed()),
+        in_doubt,
+    );
+    eprintln!(
+        "claim in doubt {:.0} s after start:\n{s}",
+        started.elapsed().as_secs_f64()
+    );
+    t.wait_for(
+        "the claim in doubt resolved",
+        Duration::from_secs(60),
+        |s| s.contains("claims in doubt: 0"),
+    );
+    eprintln!(
+        "resolved {:.0} s after start",
+        started.elapsed().as_secs_f64()
+    );
+    t.keys(&["q"]);
+}
+
 /// The dashboard's command line watching `serve` on `port` (target `fleet-1`) and the
 /// env's database (its queue for replays), polling every 500 ms; the shell stays
 /// after it exits.

@@ -77,7 +77,7 @@ pub async fn run(
                 drill_target: Some(DrillTarget::new(
                     &e.db_url,
                     &e.queue_url,
-                    Some(e.sms_url.clone()),
+                    Some(e.drill_sms_url.clone()),
                     Some(e.metrics_url.clone()),
                     None,
                 )),

@@ -155,11 +155,13 @@ pub async fn run(args: IngestArgs) -> CliResult {
         let app = exporter::router(metrics.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
     }
+    // SIGINT or SIGTERM (what systemd, Docker and Kubernetes send to stop a
+    // service): finish the batch in hand, send its PUBACKs, disconnect, exit 0. The
+    // session keeps what is not acked for the next start.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = stop.send(true);
-        }
+        super::serve::shutdown_signal().await;
+        let _ = stop.send(true);
     });
     let ran = ingress::run_mqtt(&cfg, queue.clone(), store, metrics, stopped).await;
     queue.close().await;

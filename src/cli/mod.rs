@@ -250,7 +250,7 @@ pub struct EngineArgs {
 
     /// The longest one store call (a transaction) may take before the consumer
     /// pauses and retries on a fresh connection; the database is told the same per
-    /// statement. Overrides `[engine] statement_timeout` (default 30s).
+    /// statement. Overrides `[engine] statement_timeout` (default 20s).
     #[arg(long, value_parser = parse_deadline, value_name = "DURATION")]
     pub statement_timeout: Option<Duration>,
     /// The longest opening a database or broker connection may take. Overrides

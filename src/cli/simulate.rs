@@ -25,6 +25,11 @@ pub struct SimulateArgs {
     /// Fraction of events held back and delivered late.
     #[arg(long, default_value_t = 0.001)]
     pub late_rate: f64,
+    /// Chance per event that its device enters a tunnel: it buffers its next 3–8
+    /// events and flushes them after its newer live one (older seqs behind a newer
+    /// one, the field report's ghost "engine running"). The live demo uses 0.004.
+    #[arg(long, default_value_t = 0.0)]
+    pub tunnel_rate: f64,
     /// Publish the fleet to this MQTT broker (QoS 1, topic `{topic-prefix}/{device}/events`)
     /// instead of printing it.
     #[arg(long, value_name = "URL")]
@@ -44,6 +49,7 @@ pub async fn run(args: SimulateArgs) -> CliResult {
     for (name, rate) in [
         ("redelivery-rate", args.redelivery_rate),
         ("late-rate", args.late_rate),
+        ("tunnel-rate", args.tunnel_rate),
         ("dup-rate", args.dup_rate),
     ] {
         if !(0.0..=1.0).contains(&rate) {
@@ -55,6 +61,7 @@ pub async fn run(args: SimulateArgs) -> CliResult {
         seed: args.seed,
         redelivery_rate: args.redelivery_rate,
         late_rate: args.late_rate,
+        tunnel_rate: args.tunnel_rate,
         ..FleetConfig::default()
     });
     if let Some(broker) = &args.mqtt {

@@ -170,6 +170,36 @@ pub fn render_text(s: &Snapshot) -> String {
             SourceStatus::Up => render_db(&mut out, db),
         }
     }
+    if !s.deploys.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nDeploys (newest first): duplicates per window against the budget"
+        );
+        for d in s.deploys.iter().take(5) {
+            let _ = writeln!(
+                out,
+                "  {} {:<8} {}  {} s ({})  {}",
+                idemwatch::clock::date_time(d.at),
+                d.kind,
+                p(&d.label),
+                d.window_seconds,
+                d.ends.as_str(),
+                d.verdict.as_str()
+            );
+            for c in &d.consumers {
+                let _ = writeln!(
+                    out,
+                    "    {:<28} {:>6.0} dups of {:>8.0} {:>9} (budget {}) {}",
+                    p(&format!("{}/{}", c.target, c.consumer)),
+                    c.duplicates,
+                    c.processed + c.duplicates,
+                    percent(c.ratio),
+                    percent(Some(c.budget)),
+                    c.verdict.as_str()
+                );
+            }
+        }
+    }
     if !s.markers.is_empty() {
         let _ = writeln!(out, "\nMarkers (newest first)");
         for m in s.markers.iter().take(10) {

@@ -302,24 +302,7 @@ pub const INGEST_USER: &str = "fleet-ingest";
 /// second listener, the ingress's (the returned port), takes only logins from its
 /// password file (`allow_anonymous false`): [`INGEST_USER`] with `password`.
 pub fn password_broker(env: &TempEnv, password: &str) -> Option<(PrivateMosquitto, u16)> {
-    let dir = PrivateMosquitto::dir_of(env);
-    let passwd = dir.join("passwd");
-    let made = Command::new("mosquitto_passwd")
-        .arg("-b")
-        .arg("-c")
-        .arg(&passwd)
-        .args([INGEST_USER, password])
-        .output();
-    match made {
-        Ok(o) if o.status.success() => {}
-        other => {
-            if super::backends::required() {
-                panic!("mosquitto_passwd is required: {other:?}");
-            }
-            eprintln!("SKIP: mosquitto_passwd failed: {other:?}");
-            return None;
-        }
-    }
+    let passwd = password_file(env, INGEST_USER, password)?;
     let auth = free_port();
     let broker = PrivateMosquitto::with_listeners(
         env,
@@ -329,6 +312,28 @@ pub fn password_broker(env: &TempEnv, password: &str) -> Option<(PrivateMosquitt
         ),
     )?;
     Some((broker, auth))
+}
+
+/// A Mosquitto password file in the broker's directory with one login, `user` and
+/// `password` (None, a skip, without mosquitto_passwd outside CI).
+pub fn password_file(env: &TempEnv, user: &str, password: &str) -> Option<PathBuf> {
+    let passwd = PrivateMosquitto::dir_of(env).join("passwd");
+    let made = Command::new("mosquitto_passwd")
+        .arg("-b")
+        .arg("-c")
+        .arg(&passwd)
+        .args([user, password])
+        .output();
+    match made {
+        Ok(o) if o.status.success() => Some(passwd),
+        other => {
+            if super::backends::required() {
+                panic!("mosquitto_passwd is required: {other:?}");
+            }
+            eprintln!("SKIP: mosquitto_passwd failed: {other:?}");
+            None
+        }
+    }
 }
 
 /// PEM files of a test PKI, written by [`tls_broker`].
@@ -346,6 +351,24 @@ pub struct TestPki {
 /// that CA; devices publish on the plain, anonymous one. Certificates made now with
 /// rcgen, nothing from the machine.
 pub fn tls_broker(env: &TempEnv) -> Option<(PrivateMosquitto, u16, TestPki)> {
+    let (pki, server_cert, server_key) = test_pki(env, INGEST_USER);
+    let tls = free_port();
+    let broker = PrivateMosquitto::with_listeners(
+        env,
+        &format!(
+            "listener {tls} 127.0.0.1\nallow_anonymous true\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+            pki.ca.display(),
+            server_cert.display(),
+            server_key.display()
+        ),
+    )?;
+    Some((broker, tls, pki))
+}
+
+/// A test PKI in the broker's directory, made now with rcgen: a CA, the broker's
+/// certificate for 127.0.0.1 and its key (the two paths returned beside), a client
+/// certificate for `client` and its key, and a CA that signed nothing here.
+pub fn test_pki(env: &TempEnv, client: &str) -> (TestPki, PathBuf, PathBuf) {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let dir = PrivateMosquitto::dir_of(env);
     let write = |name: &str, pem: String| {
@@ -371,7 +394,7 @@ pub fn tls_broker(env: &TempEnv) -> Option<(PrivateMosquitto, u16, TestPki)> {
         (cert.pem(), key.serialize_pem())
     };
     let (server_cert, server_key) = signed(vec!["127.0.0.1".into()], "broker");
-    let (client_cert, client_key) = signed(vec![], INGEST_USER);
+    let (client_cert, client_key) = signed(vec![], client);
     let pki = TestPki {
         ca: write("ca.pem", ca_cert.pem()),
         other_ca: write("other-ca.pem", other_cert.pem()),
@@ -380,15 +403,5 @@ pub fn tls_broker(env: &TempEnv) -> Option<(PrivateMosquitto, u16, TestPki)> {
     };
     let server_cert = write("server.pem", server_cert);
     let server_key = write("server.key", server_key);
-    let tls = free_port();
-    let broker = PrivateMosquitto::with_listeners(
-        env,
-        &format!(
-            "listener {tls} 127.0.0.1\nallow_anonymous true\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
-            pki.ca.display(),
-            server_cert.display(),
-            server_key.display()
-        ),
-    )?;
-    Some((broker, tls, pki))
+    (pki, server_cert, server_key)
 }

@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use idemwatch::config::MetricNames;
+use idemwatch::config::{AlertRules, MetricNames};
 use idemwatch::engine::metrics::names;
 use idemwatch::monitor::alerts::{DEPLOY_DAY_RATIO, DEPLOY_WINDOW, DUPLICATE_RATIO_ALERT};
-use idemwatch::monitor::promql;
+use idemwatch::monitor::promql::{self, PAUSED_FOR};
 use idemwatch::monitor::rates::{WINDOW_1M, WINDOW_5M};
 
 pub const UID: &str = "idemwatch-consumers";
@@ -39,6 +39,9 @@ pub const POSTGRES_PLUGIN: &str = "grafana-postgresql-datasource";
 pub const JOB: &str = "job";
 pub const CONSUMER: &str = "consumer";
 pub const BROKER: &str = "broker";
+/// The jobs scraping `idemwatch ingest mqtt --listen` (an ingest exports no consumer
+/// metric, so the `job` variable does not find it).
+pub const INGRESS_JOB: &str = "ingress_job";
 
 /// The deploy markers `idemwatch mark deploy|incident|note` writes (docs/CONTRACT.md §8), and the
 /// drills', read by Grafana's PostgreSQL macros. Restarts come from Prometheus.
@@ -56,6 +59,16 @@ enum Draw {
     },
     /// One band per series, green at 0 and red at 1 (a consumer paused or not).
     States,
+    /// One band per series, each value's (value, text, colour); the first is the
+    /// colour below the others.
+    StatesOf(&'static [(&'static str, &'static str, &'static str)]),
+    /// Lines in `unit` with no threshold, but the target `alarm` (its refId) drawn
+    /// red with a dashed line at `at`: the series that should stay at 0.
+    LinesAlarm {
+        unit: &'static str,
+        alarm: &'static str,
+        at: f64,
+    },
 }
 
 struct Target {
@@ -117,6 +130,73 @@ fn broker(expr_of: impl Fn(&str) -> String, family: &str) -> String {
 }
 
 const PER_CONSUMER: &str = "{{consumer}} · {{instance}}";
+
+/// A per-deploy recording rule of the rules file, per consumer of the selected jobs.
+fn deploy_recorded(stem: &str) -> String {
+    let n = MetricNames::default();
+    selected(
+        &promql::deploy_recorded(stem),
+        &[(JOB, JOB), (n.consumer_label.as_str(), CONSUMER)],
+    )
+}
+
+/// "Deploy day: duplicate budget" (issue 41): each deploy's window (a new process,
+/// the settle time after its start) with its duplicates and their ratio against the
+/// budget — what IdemDeployOverBudget and the dashboard's Deploys panel judge.
+fn deploy_budget_row() -> Row {
+    let budget = AlertRules::default().deploy_duplicate_budget;
+    let window = promql::duration(promql::DEPLOY_WINDOW_RULES);
+    Row {
+        title: "Deploy day: duplicate budget",
+        panels: vec![
+            Panel {
+                title: "Duplicate ratio in the deploy window",
+                description: format!(
+                    "dup / (processed + dup) of each consumer since its process started, during the {window} \
+                     after the start (a deploy as Prometheus sees it; recording rule {}). The line is the \
+                     budget {} % ([alerts] deploy_duplicate_budget); IdemDeployOverBudget fires when the \
+                     window closed above it.",
+                    promql::deploy_recorded(promql::DEPLOY_RATIO),
+                    budget * 100.0,
+                ),
+                draw: Draw::Lines {
+                    unit: "percentunit",
+                    thresholds: vec![(budget, "red")],
+                },
+                targets: vec![Target {
+                    expr: deploy_recorded(promql::DEPLOY_RATIO),
+                    legend: PER_CONSUMER,
+                }],
+                width: 12,
+            },
+            Panel {
+                title: "Duplicates dropped in the deploy window",
+                description: format!(
+                    "Duplicates each consumer dropped since its process started, during the {window} after \
+                     the start (recording rule {}): the deploy's cost in messages, beside the deliveries \
+                     processed in the same window ({}).",
+                    promql::deploy_recorded(promql::DEPLOY_DUPLICATES),
+                    promql::deploy_recorded(promql::DEPLOY_PROCESSED),
+                ),
+                draw: Draw::Lines {
+                    unit: "short",
+                    thresholds: vec![],
+                },
+                targets: vec![
+                    Target {
+                        expr: deploy_recorded(promql::DEPLOY_DUPLICATES),
+                        legend: "duplicates · {{consumer}} · {{instance}}",
+                    },
+                    Target {
+                        expr: deploy_recorded(promql::DEPLOY_PROCESSED),
+                        legend: "processed · {{consumer}} · {{instance}}",
+                    },
+                ],
+                width: 12,
+            },
+        ],
+    }
+}
 
 /// The panels, row by row.
 fn rows() -> Vec<Row> {
@@ -238,6 +318,9 @@ fn rows() -> Vec<Row> {
         // and issue 43 (`idem_provider_repeat_calls_total`) add their rows here, between
         // what the consumers do and what the broker sees: a `Row` whose panels read the
         // rules file's names as the ones above do. The live test then queries them too.
+        stalls_and_side_effects(),
+        deploy_budget_row(),
+        device_ingress(),
         Row {
             title: "Dedup windows: duplicate age",
             panels: vec![Panel {
@@ -354,6 +437,276 @@ fn rows() -> Vec<Row> {
     ]
 }
 
+/// A recording rule of the stall, repeat-call and ingress rules at its `level`, per
+/// consumer of the selected jobs; `extra` matchers after the variables'.
+fn recorded_at(level: &str, stem: &str, operation: &str, extra: &str) -> String {
+    let n = MetricNames::default();
+    let vars = selected(
+        &promql::recorded_at(level, stem, operation),
+        &[(JOB, JOB), (n.consumer_label.as_str(), CONSUMER)],
+    );
+    with_matcher(vars, extra)
+}
+
+/// `metric{a=~"$a"}` with `extra` (`reason="x"`) added inside the braces.
+fn with_matcher(selector: String, extra: &str) -> String {
+    if extra.is_empty() {
+        return selector;
+    }
+    let open = selector
+        .strip_suffix('}')
+        .expect("a selector with matchers");
+    format!("{open},{extra}}}")
+}
+
+/// A recording rule of the ingress rules, per source of the selected ingest jobs.
+fn ingress_recorded(level: &str, stem: &str) -> String {
+    selected(
+        &promql::recorded_at(level, stem, &format!("rate{}", promql::duration(WINDOW_1M))),
+        &[(JOB, INGRESS_JOB)],
+    )
+}
+
+const PER_INGRESS: &str = "{{source}} · {{instance}}";
+
+/// The stall (issue 39: who is paused, under which cause, since when, how many
+/// tries), what the infrastructure answered, and the provider's repeat calls (issue
+/// 43): docs/CONTRACT.md §9.
+fn stalls_and_side_effects() -> Row {
+    let n = MetricNames::default();
+    let rate1m = format!("rate{}", promql::duration(WINDOW_1M));
+    let retries = MetricNames {
+        pause_retries: selected(
+            &n.pause_retries,
+            &[(JOB, JOB), (n.consumer_label.as_str(), CONSUMER)],
+        ),
+        ..n.clone()
+    };
+    let paused_for =
+        promql::recorded_at(promql::CONSUMER_CAUSE, promql::PAUSED_FOR_STEM, "seconds");
+    let repeats = promql::recorded_at(
+        promql::CONSUMER_REASON,
+        names::PROVIDER_REPEAT_CALLS.family,
+        &rate1m,
+    );
+    let unexpected = format!("{}=\"{}\"", n.reason_label, promql::REPEAT_UNEXPECTED);
+    Row {
+        title: "Stalls and side effects",
+        panels: vec![
+            Panel {
+                title: "Paused for, by cause",
+                description: format!(
+                    "How long each paused consumer has stopped leasing, under the cause that \
+                     paused it (store, queue, provider, seen_set): seconds since \
+                     idem_consumer_paused_since_seconds, only while paused (rule {paused_for}). \
+                     Messages wait in the queue; none is dead-lettered. The line: {}, where \
+                     IdemConsumerPaused pages. `idemwatch snapshot --json` says why \
+                     (paused.summary: last error, retries).",
+                    promql::duration(PAUSED_FOR)
+                ),
+                draw: Draw::Lines {
+                    unit: "s",
+                    thresholds: vec![(PAUSED_FOR.as_secs_f64(), "red")],
+                },
+                targets: vec![Target {
+                    expr: recorded_at(
+                        promql::CONSUMER_CAUSE,
+                        promql::PAUSED_FOR_STEM,
+                        "seconds",
+                        "",
+                    ),
+                    legend: "{{consumer}} · {{cause}} · {{instance}}",
+                }],
+                width: 8,
+            },
+            Panel {
+                title: "Failed tries in the pause",
+                description: "idem_consumer_pause_retries: the failure that began the pause, \
+                    then each failed probe or trial (docs/CONTRACT.md §9). Climbing: the peer is \
+                    still gone; back to 0: resumed by itself."
+                    .into(),
+                draw: Draw::Lines {
+                    unit: "short",
+                    thresholds: vec![],
+                },
+                targets: vec![Target {
+                    expr: promql::pause_retries(&retries),
+                    legend: PER_CONSUMER,
+                }],
+                width: 8,
+            },
+            Panel {
+                title: "Infrastructure errors / s by kind",
+                description: format!(
+                    "What the consumers met that was not the message's fault, by kind: store, \
+                     queue, timeout (a deadline fired: docs/CONTRACT.md §9), \
+                     provider_unreachable, provider_unavailable, provider_throttled, seen_set. \
+                     None spends a delivery; each pauses the consumer. Per second over \
+                     {} (rule {}).",
+                    promql::duration(WINDOW_1M),
+                    promql::recorded_at(promql::CONSUMER_KIND, names::INFRA_ERRORS.family, &rate1m)
+                ),
+                draw: Draw::Lines {
+                    unit: "ops",
+                    thresholds: vec![],
+                },
+                targets: vec![Target {
+                    expr: recorded_at(
+                        promql::CONSUMER_KIND,
+                        names::INFRA_ERRORS.family,
+                        &rate1m,
+                        "",
+                    ),
+                    legend: "{{consumer}} · {{kind}} · {{instance}}",
+                }],
+                width: 8,
+            },
+            Panel {
+                title: "Provider repeat calls / s by reason",
+                description: format!(
+                    "A provider call for a key that had been sent before (issue 43, \
+                     idem_provider_repeat_calls_total, rule {repeats}). lease_takeover and \
+                     sweeper_redrive: the price of an owner that died or froze with calls in \
+                     flight; provider_retry: a call that timed out had gone through (the \
+                     provider's timeout is shorter than its answers). unexpected (red) should \
+                     stay 0: the line is one such call within {}; IdemProviderRepeatUnexpected \
+                     warns at the first (a purged claim, a second store).",
+                    promql::duration(WINDOW_1M)
+                ),
+                draw: Draw::LinesAlarm {
+                    unit: "ops",
+                    alarm: "B",
+                    at: 1.0 / WINDOW_1M.as_secs_f64(),
+                },
+                targets: vec![
+                    Target {
+                        expr: recorded_at(
+                            promql::CONSUMER_REASON,
+                            names::PROVIDER_REPEAT_CALLS.family,
+                            &rate1m,
+                            &unexpected.replacen('=', "!=", 1),
+                        ),
+                        legend: "{{consumer}} · {{reason}} · {{instance}}",
+                    },
+                    Target {
+                        expr: recorded_at(
+                            promql::CONSUMER_REASON,
+                            names::PROVIDER_REPEAT_CALLS.family,
+                            &rate1m,
+                            &unexpected,
+                        ),
+                        legend: "{{consumer}} · unexpected · {{instance}}",
+                    },
+                ],
+                width: 24,
+            },
+        ],
+    }
+}
+
+/// `idemwatch ingest mqtt --listen`'s metrics (issue 44): per ingest process and
+/// `source`.
+fn device_ingress() -> Row {
+    let n = MetricNames::default();
+    let rate1m = format!("rate{}", promql::duration(WINDOW_1M));
+    let connected = MetricNames {
+        ingress_connected: selected(&n.ingress_connected, &[(JOB, INGRESS_JOB)]),
+        ..n.clone()
+    };
+    Row {
+        title: "Device ingress",
+        panels: vec![
+            Panel {
+                title: "Ingress connected",
+                description: "idem_ingress_connected: whether each ingest holds its broker \
+                    connection (red: reconnecting; the broker keeps the session's messages \
+                    meanwhile). A band's start is idem_ingress_state_since_seconds; the errors \
+                    panel says what broke it. IdemIngressDisconnected pages after a minute."
+                    .into(),
+                draw: Draw::StatesOf(&[("0", "disconnected", "red"), ("1", "connected", "green")]),
+                targets: vec![Target {
+                    expr: promql::ingress_connected(&connected),
+                    legend: PER_INGRESS,
+                }],
+                width: 8,
+            },
+            Panel {
+                title: "Ingress messages / s",
+                description: format!(
+                    "Device messages taken in and put on the consumers' queues, per second \
+                     over {} (rule {}).",
+                    promql::duration(WINDOW_1M),
+                    promql::recorded_at(promql::SOURCE, names::INGRESS_MESSAGES.family, &rate1m)
+                ),
+                draw: Draw::Lines {
+                    unit: "ops",
+                    thresholds: vec![],
+                },
+                targets: vec![Target {
+                    expr: ingress_recorded(promql::SOURCE, names::INGRESS_MESSAGES.family),
+                    legend: PER_INGRESS,
+                }],
+                width: 8,
+            },
+            Panel {
+                title: "DUP-flag share",
+                description: format!(
+                    "Of the messages taken in, the share that arrived with MQTT's DUP flag: \
+                     the broker sent them again (an ingest died or lost its connection before \
+                     its PUBACK). The consumers' dedup absorbs them; a steady share is a link \
+                     that keeps dropping (rule {}).",
+                    promql::recorded_at(promql::SOURCE, promql::INGRESS_DUP_FLAG_RATIO, &rate1m)
+                ),
+                draw: Draw::Lines {
+                    unit: "percentunit",
+                    thresholds: vec![],
+                },
+                targets: vec![Target {
+                    expr: ingress_recorded(promql::SOURCE, promql::INGRESS_DUP_FLAG_RATIO),
+                    legend: PER_INGRESS,
+                }],
+                width: 8,
+            },
+            Panel {
+                title: "Ingress dead letters / s by reason",
+                description: "Messages the queue cannot take (too_large, malformed_json), kept \
+                    in dead_letters with consumer ingress:mqtt and acked: one device's bad \
+                    message costs only itself (docs/CONTRACT.md §9). `idemwatch dead-letters \
+                    list` shows them."
+                    .into(),
+                draw: Draw::Lines {
+                    unit: "ops",
+                    thresholds: vec![],
+                },
+                targets: vec![Target {
+                    expr: ingress_recorded(
+                        promql::SOURCE_REASON,
+                        names::INGRESS_DEAD_LETTERED.family,
+                    ),
+                    legend: "{{source}} · {{reason}} · {{instance}}",
+                }],
+                width: 12,
+            },
+            Panel {
+                title: "Ingress errors / s by kind",
+                description: "What broke an ingest's link or stopped its batch: connect, \
+                    login_refused, tls, protocol (a refused subscription), queue, store. \
+                    idem_ingress_error_last_seconds says when each kind last happened."
+                    .into(),
+                draw: Draw::Lines {
+                    unit: "ops",
+                    thresholds: vec![],
+                },
+                targets: vec![Target {
+                    expr: ingress_recorded(promql::SOURCE_KIND, names::INGRESS_ERRORS.family),
+                    legend: "{{source}} · {{kind}} · {{instance}}",
+                }],
+                width: 12,
+            },
+        ],
+    }
+}
+
 fn prometheus_ds() -> Value {
     json!({"type": "prometheus", "uid": format!("${{{DATASOURCE}}}")})
 }
@@ -375,60 +728,54 @@ fn panel_json(id: u64, p: &Panel, x: u32, y: u32) -> Value {
         })
         .collect();
     let (kind, field_config, options) = match &p.draw {
-        Draw::Lines { unit, thresholds } => {
-            let mut steps = vec![json!({"color": "green", "value": null})];
-            steps.extend(
-                thresholds
-                    .iter()
-                    .map(|(value, color)| json!({"color": color, "value": value})),
-            );
-            (
-                "timeseries",
-                json!({
-                    "defaults": {
-                        "unit": unit,
-                        "min": 0,
-                        "custom": {
-                            "drawStyle": "line",
-                            "lineInterpolation": "stepAfter",
-                            "spanNulls": false,
-                            "showPoints": "never",
-                            "thresholdsStyle": {"mode": if thresholds.is_empty() { "off" } else { "dashed" }},
-                        },
-                        "thresholds": {"mode": "absolute", "steps": steps},
-                    },
-                    "overrides": [],
-                }),
-                json!({
-                    "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["max", "lastNotNull"]},
-                    "tooltip": {"mode": "multi", "sort": "desc"},
-                }),
+        Draw::LinesAlarm { unit, alarm, at } => {
+            let (kind, mut field_config, options) = lines(unit, &[]);
+            field_config["overrides"] = json!([{
+                "matcher": {"id": "byFrameRefID", "options": alarm},
+                "properties": [
+                    {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
+                    {"id": "thresholds", "value": {"mode": "absolute", "steps": [
+                        {"color": "green", "value": null},
+                        {"color": "red", "value": at},
+                    ]}},
+                    {"id": "custom.thresholdsStyle", "value": {"mode": "dashed"}},
+                ],
+            }]);
+            (kind, field_config, options)
+        }
+        Draw::Lines { unit, thresholds } => lines(unit, thresholds),
+        Draw::StatesOf(states) => {
+            let mut mappings = serde_json::Map::new();
+            let mut steps = Vec::new();
+            for (index, (value, text, color)) in states.iter().enumerate() {
+                mappings.insert(
+                    value.to_string(),
+                    json!({"text": text, "color": color, "index": index}),
+                );
+                let at: Value = if index == 0 {
+                    Value::Null
+                } else {
+                    json!(value.parse::<f64>().expect("a number"))
+                };
+                steps.push(json!({"color": color, "value": at}));
+            }
+            states_panel(
+                json!([{"type": "value", "options": mappings}]),
+                json!({"mode": "absolute", "steps": steps}),
             )
         }
-        Draw::States => (
-            "state-timeline",
-            json!({
-                "defaults": {
-                    "mappings": [{
-                        "type": "value",
-                        "options": {
-                            "0": {"text": "leasing", "color": "green", "index": 0},
-                            "1": {"text": "paused", "color": "red", "index": 1},
-                        },
-                    }],
-                    "thresholds": {"mode": "absolute", "steps": [
-                        {"color": "green", "value": null},
-                        {"color": "red", "value": 1},
-                    ]},
+        Draw::States => states_panel(
+            json!([{
+                "type": "value",
+                "options": {
+                    "0": {"text": "leasing", "color": "green", "index": 0},
+                    "1": {"text": "paused", "color": "red", "index": 1},
                 },
-                "overrides": [],
-            }),
-            json!({
-                "mergeValues": true,
-                "showValue": "never",
-                "legend": {"displayMode": "list", "placement": "bottom"},
-                "tooltip": {"mode": "single"},
-            }),
+            }]),
+            json!({"mode": "absolute", "steps": [
+                {"color": "green", "value": null},
+                {"color": "red", "value": 1},
+            ]}),
         ),
     };
     json!({
@@ -442,6 +789,55 @@ fn panel_json(id: u64, p: &Panel, x: u32, y: u32) -> Value {
         "options": options,
         "targets": targets,
     })
+}
+
+/// A state timeline's kind, field config and options.
+fn states_panel(mappings: Value, thresholds: Value) -> (&'static str, Value, Value) {
+    (
+        "state-timeline",
+        json!({
+            "defaults": {"mappings": mappings, "thresholds": thresholds},
+            "overrides": [],
+        }),
+        json!({
+            "mergeValues": true,
+            "showValue": "never",
+            "legend": {"displayMode": "list", "placement": "bottom"},
+            "tooltip": {"mode": "single"},
+        }),
+    )
+}
+
+/// A time series panel's kind, field config and options.
+fn lines(unit: &str, thresholds: &[(f64, &str)]) -> (&'static str, Value, Value) {
+    let mut steps = vec![json!({"color": "green", "value": null})];
+    steps.extend(
+        thresholds
+            .iter()
+            .map(|(value, color)| json!({"color": color, "value": value})),
+    );
+    (
+        "timeseries",
+        json!({
+            "defaults": {
+                "unit": unit,
+                "min": 0,
+                "custom": {
+                    "drawStyle": "line",
+                    "lineInterpolation": "stepAfter",
+                    "spanNulls": false,
+                    "showPoints": "never",
+                    "thresholdsStyle": {"mode": if thresholds.is_empty() { "off" } else { "dashed" }},
+                },
+                "thresholds": {"mode": "absolute", "steps": steps},
+            },
+            "overrides": [],
+        }),
+        json!({
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["max", "lastNotNull"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }),
+    )
 }
 
 /// The panels laid out: a row header, then its panels left to right, 24 columns wide.
@@ -529,6 +925,12 @@ fn templating() -> Value {
             true,
         ),
         query_var(BROKER, "RabbitMQ job", "label_values(rabbitmq_identity_info, job)".into(), true),
+        query_var(
+            INGRESS_JOB,
+            "Ingest job",
+            format!("label_values({}, job)", n.ingress_messages),
+            true,
+        ),
     ]})
 }
 

@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::db::{DbStats, SourceStatus};
+use super::deploys::{DeployBudget, Verdict};
 use super::markers::TimelineMarker;
 use super::targets::{ConsumerStatus, Flow, TargetStatus, WindowCounts};
 use super::vehicles::VehicleAnomaly;
@@ -24,16 +25,12 @@ use crate::config::AlertRules;
 use crate::windows::ConsumerWindows;
 use idemwatch_engine::store::Durability;
 
-/// Above this duplicate rate (1%) over a minute something is redelivering far more
-/// than the 0.01% of a normal day or the 0.4% of a deploy day.
-pub const DUPLICATE_RATIO_ALERT: f64 = 0.01;
-/// A normal day's duplicate rate (the field report: ~0.01 %).
-pub const NORMAL_DAY_RATIO: f64 = 0.0001;
-/// What a deploy day reaches (~0.4 %): inside a deploy window the five-minute rate
-/// is judged against it.
-pub const DEPLOY_DAY_RATIO: f64 = 0.004;
-/// How long after a deploy or restart marker its duplicates are expected.
-pub const DEPLOY_WINDOW: Duration = Duration::from_secs(300);
+// The ratios live in a leaf (`ratios.rs`) so that the config and the deploy budget
+// read them without an import circle through the alerts; named here too, where
+// the dashboard's users have always found them.
+pub use crate::ratios::{
+    DEPLOY_DAY_RATIO, DEPLOY_WINDOW, DUPLICATE_RATIO_ALERT, NORMAL_DAY_RATIO, OVER_BUDGET_HELD,
+};
 /// How long after a drill ended its effects are still put down to it.
 const DRILL_GRACE: Duration = Duration::from_secs(60);
 /// Drill runs use device ids with this prefix (see `drills::rig`): their states,
@@ -92,6 +89,12 @@ pub enum AlertObject {
     Device {
         device_id: String,
     },
+    /// One consumer in one deploy's window.
+    Deploy {
+        target: String,
+        consumer: String,
+        at: DateTime<Utc>,
+    },
 }
 
 impl AlertObject {
@@ -107,6 +110,14 @@ impl AlertObject {
             } => format!("{consumer} {message_key}"),
             AlertObject::DeadLetters { consumer, reason } => format!("{consumer} {reason}"),
             AlertObject::Device { device_id } => format!("vehicle {device_id}"),
+            AlertObject::Deploy {
+                target,
+                consumer,
+                at,
+            } => format!(
+                "{target}/{consumer} deploy at {}",
+                idemwatch_base::clock::clock(*at)
+            ),
         }
     }
 }
@@ -247,6 +258,18 @@ pub enum AlertKind {
         shortest_seconds: f64,
         oldest_duplicate_seconds: f64,
     },
+    /// The newest closed deploy window cost this consumer more duplicates than its
+    /// budget (`[alerts] deploy_duplicate_budget`, [`super::deploys`]).
+    DeployOverBudget {
+        target: String,
+        consumer: String,
+        deploy: String,
+        deploy_at: DateTime<Utc>,
+        duplicates: f64,
+        ratio: f64,
+        budget: f64,
+        window_seconds: i64,
+    },
 }
 
 impl AlertKind {
@@ -267,6 +290,7 @@ impl AlertKind {
             AlertKind::StateBehind { .. } => "state_behind",
             AlertKind::DuplicateHistoryRows { .. } => "duplicate_history_rows",
             AlertKind::DedupWindowShort { .. } => "dedup_window_short",
+            AlertKind::DeployOverBudget { .. } => "deploy_over_budget",
         }
     }
 
@@ -289,6 +313,8 @@ pub struct AlertInputs<'a> {
     pub database: Option<&'a DbStats>,
     /// Deploys and restarts open a deploy window; drills a drill window.
     pub markers: &'a [TimelineMarker],
+    /// Each deploy's duplicates against its budget ([`super::deploys`]).
+    pub deploys: &'a [DeployBudget],
     pub rules: &'a AlertRules,
     /// Each consumer's duplicate ages against its dedup windows.
     pub windows: &'a [ConsumerWindows],
@@ -313,6 +339,7 @@ pub fn evaluate(
         consumers,
         database,
         markers: &[],
+        deploys: &[],
         rules: &AlertRules::default(),
         windows: &[],
     })
@@ -325,6 +352,7 @@ pub fn evaluate_at(input: &AlertInputs<'_>) -> Vec<Alert> {
     target_alerts(input, &mut out);
     consumer_alerts(input, &mut out);
     window_alerts(input.windows, &mut out);
+    deploy_alerts(input, &mut out);
     if let Some(db) = input.database {
         database_alerts(db, input, &mut out);
     }
@@ -627,6 +655,59 @@ fn consumer_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
                 },
             ));
         }
+    }
+}
+
+/// The newest deploy whose window closed, for each consumer it cost more than its
+/// budget. Only a closed window is judged: its first minute is all spike, so a
+/// ratio read while it lasts looks over budget for every deploy (the Deploys panel
+/// shows it so far, marked open). The alert holds from the window's end.
+fn deploy_alerts(input: &AlertInputs<'_>, out: &mut Vec<Alert>) {
+    let held = chrono::Duration::from_std(OVER_BUDGET_HELD).unwrap_or_default();
+    let Some(d) = input
+        .deploys
+        .iter()
+        .filter(|d| d.closed())
+        .max_by_key(|d| d.until)
+        .filter(|d| input.now - d.until <= held)
+    else {
+        return;
+    };
+    for c in d.consumers.iter().filter(|c| c.verdict == Verdict::Over) {
+        let ratio = c.ratio.unwrap_or(0.0);
+        let mut alert = Alert::new(
+            Severity::Warning,
+            AlertKind::DeployOverBudget {
+                target: c.target.clone(),
+                consumer: c.consumer.clone(),
+                deploy: d.label.clone(),
+                deploy_at: d.at,
+                duplicates: c.duplicates,
+                ratio,
+                budget: c.budget,
+                window_seconds: d.window_seconds,
+            },
+            AlertObject::Deploy {
+                target: c.target.clone(),
+                consumer: c.consumer.clone(),
+                at: d.at,
+            },
+            format!(
+                "{}/{}: \"{}\" cost {:.0} duplicate{}, {:.2}% of its {} window (budget {:.2}%)",
+                c.target,
+                c.consumer,
+                d.label,
+                c.duplicates,
+                if c.duplicates == 1.0 { "" } else { "s" },
+                ratio * 100.0,
+                humantime::format_duration(Duration::from_secs(
+                    u64::try_from(d.window_seconds).unwrap_or_default()
+                )),
+                c.budget * 100.0
+            ),
+        );
+        alert.since = Some(d.until);
+        out.push(alert);
     }
 }
 

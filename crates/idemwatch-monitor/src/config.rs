@@ -218,7 +218,7 @@ pub struct DrillPermissions {
 
 /// Alert thresholds an operator may tune (`[alerts]`); the duplicate-rate ones are
 /// the field report's baselines and live in `monitor::alerts`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlertRules {
     /// A scrape target raises its CRIT only once it has failed this long: one
@@ -228,14 +228,47 @@ pub struct AlertRules {
     /// Dead letters of one reason within five minutes that make a burst (a single
     /// `key_conflict` always does).
     pub dead_letter_burst: u32,
+    /// The share of a deploy's window's deliveries that may be duplicates
+    /// (dup / (processed + dup), docs/CONTRACT.md §5) before the deploy is over
+    /// budget ([`crate::deploys`]). Default: the field report's deploy day, 0.4 %
+    /// ([`crate::ratios::DEPLOY_DAY_RATIO`]): a deploy costing more than deploys
+    /// usually do is worth a look even when nothing else alerts.
+    pub deploy_duplicate_budget: f64,
+    /// Per consumer (by its name), a budget of its own: a consumer whose duplicates
+    /// cost money (an SMS sender) may be held to less than a counter that only
+    /// drops them.
+    pub deploy_duplicate_budget_by_consumer: std::collections::BTreeMap<String, f64>,
+    /// The longest window a deploy owns: from its marker to the next deploy or
+    /// restart, at most this long. A rolling restart plus the broker's visibility
+    /// timeout is over well within it; longer, and a window would also count the
+    /// next ordinary day's duplicates as the deploy's.
+    #[serde(with = "human_duration")]
+    pub deploy_settle_time: Duration,
 }
+
+/// A deploy's window lasts at most this long unless the config says otherwise
+/// ([`AlertRules::deploy_settle_time`]).
+pub const DEFAULT_DEPLOY_SETTLE_TIME: Duration = Duration::from_secs(600);
 
 impl Default for AlertRules {
     fn default() -> Self {
         AlertRules {
             target_down_after: Duration::from_secs(15),
             dead_letter_burst: 5,
+            deploy_duplicate_budget: crate::ratios::DEPLOY_DAY_RATIO,
+            deploy_duplicate_budget_by_consumer: std::collections::BTreeMap::new(),
+            deploy_settle_time: DEFAULT_DEPLOY_SETTLE_TIME,
         }
+    }
+}
+
+impl AlertRules {
+    /// The deploy duplicate budget of one consumer: its own, else the default.
+    pub fn deploy_budget_of(&self, consumer: &str) -> f64 {
+        self.deploy_duplicate_budget_by_consumer
+            .get(consumer)
+            .copied()
+            .unwrap_or(self.deploy_duplicate_budget)
     }
 }
 
@@ -604,6 +637,27 @@ impl Config {
             return Err(bad(
                 "scrape_max_samples".into(),
                 "must be above zero".into(),
+            ));
+        }
+        let budget = |b: f64| b.is_finite() && b > 0.0 && b <= 1.0;
+        if !budget(self.alerts.deploy_duplicate_budget) {
+            return Err(bad(
+                "alerts.deploy_duplicate_budget".into(),
+                "must be a ratio above 0 and at most 1 (0.004 is 0.4 %)".into(),
+            ));
+        }
+        for (consumer, b) in &self.alerts.deploy_duplicate_budget_by_consumer {
+            if !budget(*b) {
+                return Err(bad(
+                    format!("alerts.deploy_duplicate_budget_by_consumer.{consumer}"),
+                    "must be a ratio above 0 and at most 1 (0.004 is 0.4 %)".into(),
+                ));
+            }
+        }
+        if self.alerts.deploy_settle_time < Duration::from_secs(60) {
+            return Err(bad(
+                "alerts.deploy_settle_time".into(),
+                "must be at least 1m (a deploy's redeliveries take a visibility timeout to come back)".into(),
             ));
         }
         let mut names = std::collections::BTreeSet::new();

@@ -25,10 +25,12 @@ pub mod alerts;
 pub mod bytes;
 pub mod config;
 pub mod db;
+pub mod deploys;
 pub mod history;
 pub mod jetstream;
 pub mod markers;
 pub mod promql;
+pub mod ratios;
 /// The Prometheus text parser and scraper live below every layer that reads an
 /// exposition (the monitor here, the live drill): one parser, no backwards arrow.
 pub use idemwatch_base::exposition as prometheus;
@@ -43,6 +45,7 @@ pub mod zoom;
 
 use alerts::{Alert, AlertInputs, AlertLog, AlertRecord};
 use db::{DbError, DbPoller, DbStats, DeadLetterDetail};
+use deploys::{ConsumerSteps, DeployBudget};
 use history::{Fetched, History, HistoryClient, HistoryRequest, HistoryState, HistoryStatus};
 use markers::TimelineMarker;
 use prometheus::Scraper;
@@ -74,6 +77,9 @@ pub struct ConsumerChart {
     pub target: String,
     pub consumer: String,
     pub span_seconds: u64,
+    /// The span fits the data the dashboard has had so far, not a zoom level
+    /// ([`zoom::fitted_span`]): the chart shows everything there is.
+    pub span_fitted: bool,
     /// Points before this time come from the Prometheus server's history, the rest
     /// from the dashboard's own scrapes; None when the chart holds no history.
     pub history_until: Option<DateTime<Utc>>,
@@ -126,6 +132,9 @@ pub struct Snapshot {
     /// Database markers, scraped restarts and the restarts found in the Prometheus
     /// history, newest first.
     pub markers: Vec<TimelineMarker>,
+    /// Each deploy or restart marker's window with its duplicates per consumer
+    /// against the budget ([`deploys`]), newest first.
+    pub deploys: Vec<DeployBudget>,
     /// The Prometheus server's history of the window before the dashboard's own
     /// scrapes (docs/CONTRACT.md §6); absent without a server or before its first answer.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -430,6 +439,16 @@ impl Monitor {
         if self.first_poll_at.is_none() {
             self.first_poll_at = Some(now);
         }
+        // Until there is a history or a full window of own data, the chart spans what
+        // it has (zoom.rs): the first deploy fills it instead of a sliver.
+        let own_data = self
+            .first_poll_at
+            .and_then(|first| (now - first).to_std().ok());
+        self.zoom.fit(if self.history.is_some() {
+            None
+        } else {
+            own_data
+        });
         self.drive_history(now);
         let scrapes = self.scraper.scrape_all(&endpoints);
         let database = async {
@@ -517,12 +536,19 @@ impl Monitor {
             retention: self.config.database.as_ref().map(|d| d.retention),
             provider_key_lifetime: self.config.dedup_windows.provider_key_lifetime,
         });
+        let deploys = deploys::budgets(
+            &markers,
+            &self.deploy_steps(now, history.as_ref(), &markers),
+            &self.config.alerts,
+            now,
+        );
         let mut alerts = alerts::evaluate_at(&AlertInputs {
             now,
             targets: &targets,
             consumers: &consumers,
             database: database.as_ref(),
             markers: &markers,
+            deploys: &deploys,
             rules: &self.config.alerts,
             windows: &windows,
         });
@@ -542,6 +568,7 @@ impl Monitor {
             alerts,
             ended_alerts,
             markers,
+            deploys,
             history_source: self.history.as_ref().map(|h| HistoryStatus {
                 url: h.client.shown_url().to_string(),
                 state: h.state.clone(),
@@ -583,7 +610,7 @@ impl Monitor {
             .flat_map(|t| {
                 t.consumer_names().filter_map(move |c| {
                     t.series(c)
-                        .map(|s| chart(t.status().name.as_str(), c, s, now, span))
+                        .map(|s| chart(t.status().name.as_str(), c, s, now, self.zoom))
                 })
             })
             .collect();
@@ -619,6 +646,7 @@ impl Monitor {
                         target: h.target.clone(),
                         consumer: h.consumer.clone(),
                         span_seconds: span.as_secs(),
+                        span_fitted: self.zoom.is_fitted(),
                         history_until: None,
                         processed_per_s: Vec::new(),
                         duplicates_per_s: Vec::new(),
@@ -650,6 +678,80 @@ impl Monitor {
                 .splice(0..0, part(|p| p.dead_lettered_per_second));
         }
         charts
+    }
+
+    /// Every consumer's deliveries as counts ([`deploys::Step`]) from the baseline
+    /// before the oldest deploy or restart marker up to now: the Prometheus history
+    /// before the first poll, the dashboard's own scrapes after it (the last hour
+    /// at each scrape, older ones by the minute means the series keep).
+    fn deploy_steps(
+        &self,
+        now: DateTime<Utc>,
+        history: Option<&History>,
+        markers: &[TimelineMarker],
+    ) -> Vec<ConsumerSteps> {
+        let Some(oldest) = markers
+            .iter()
+            .filter(|m| deploys::DEPLOY_KINDS.contains(&m.kind.as_str()))
+            .map(|m| m.at)
+            .min()
+        else {
+            return Vec::new();
+        };
+        let lead = deploys::BASELINE_SPAN + deploys::PEAK_SPAN;
+        let span = (now - oldest)
+            .to_std()
+            .unwrap_or_default()
+            .saturating_add(lead)
+            .min(MAX_RETENTION);
+        let mut out: Vec<ConsumerSteps> = Vec::new();
+        for t in &self.targets {
+            for c in t.consumer_names() {
+                let Some(s) = t.series(c) else {
+                    continue;
+                };
+                let since = t
+                    .consumers()
+                    .find(|status| status.consumer == c)
+                    .and_then(|status| status.totals.since);
+                let steps = deploys::steps_from_series(s, now, span, since);
+                out.push(ConsumerSteps {
+                    target: t.status().name.clone(),
+                    consumer: c.to_string(),
+                    steps,
+                });
+            }
+        }
+        if let (Some(history), Some(own_start)) = (history, self.first_poll_at) {
+            for h in &history.consumers {
+                let before: Vec<history::HistoryPoint> = h
+                    .points
+                    .iter()
+                    .filter(|p| p.t < own_start.timestamp())
+                    .copied()
+                    .collect();
+                let steps = deploys::steps_from_history(&before, history.step_seconds);
+                match out
+                    .iter_mut()
+                    .find(|c| c.target == h.target && c.consumer == h.consumer)
+                {
+                    Some(c) => {
+                        c.steps.splice(0..0, steps);
+                    }
+                    None => out.push(ConsumerSteps {
+                        target: h.target.clone(),
+                        consumer: h.consumer.clone(),
+                        steps,
+                    }),
+                }
+            }
+        }
+        // In time order for the windows' bisection (a clock that went back leaves
+        // the series' points out of order).
+        for c in &mut out {
+            c.steps.sort_by_key(|s| s.end);
+        }
+        out
     }
 
     /// The series of one consumer of one target (the whole bounded history).
@@ -713,12 +815,14 @@ fn chart(
     consumer: &str,
     series: &ConsumerSeries,
     now: DateTime<Utc>,
-    span: Duration,
+    zoom: Zoom,
 ) -> ConsumerChart {
+    let span = zoom.span();
     ConsumerChart {
         target: target.to_string(),
         consumer: consumer.to_string(),
         span_seconds: span.as_secs(),
+        span_fitted: zoom.is_fitted(),
         history_until: None,
         processed_per_s: series.processed_per_s.window(now, span),
         duplicates_per_s: series.duplicates_per_s.window(now, span),

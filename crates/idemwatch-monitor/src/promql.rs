@@ -16,8 +16,8 @@ use std::time::Duration;
 use crate::config::{AlertRules, MetricNames};
 use idemwatch_engine::metrics::names;
 
-use super::alerts::{DEPLOY_DAY_RATIO, DEPLOY_WINDOW, DUPLICATE_RATIO_ALERT};
 use super::rates::{WINDOW_1M, WINDOW_5M};
+use super::ratios::{DEPLOY_DAY_RATIO, DEPLOY_WINDOW, DUPLICATE_RATIO_ALERT};
 
 /// How long the duplicate rate must stay above the deploy-day baseline, with no
 /// restart of the target, before Prometheus pages (a deploy's spike is over well
@@ -145,6 +145,166 @@ pub fn duplicate_age_quantile(q: f64, buckets: &str) -> String {
     format!("histogram_quantile({q}, {buckets})")
 }
 
+/// A recording rule's name at another aggregation `level` than per consumer, e.g.
+/// `instance_consumer_kind:idem_infra_errors:rate1m`.
+pub fn recorded_at(level: &str, metric_stem: &str, operation: &str) -> String {
+    format!("{level}:{metric_stem}:{operation}")
+}
+
+/// `rate1m`, `rate5m`: the operation part of a rate rule's name.
+fn rate_op(range: Duration) -> String {
+    format!("rate{}", duration(range))
+}
+
+/// The labels every per-ingress expression keeps: where it ran and which ingress
+/// (`source`, docs/CONTRACT.md §9 "Fleet ingress").
+pub const SOURCE_GROUPING: &str = "job, instance, source";
+
+/// The aggregation levels of the stall, side-effect and ingress rules.
+pub const CONSUMER_CAUSE: &str = "instance_consumer_cause";
+pub const CONSUMER_KIND: &str = "instance_consumer_kind";
+pub const CONSUMER_REASON: &str = "instance_consumer_reason";
+pub const SOURCE: &str = "instance_source";
+pub const SOURCE_KIND: &str = "instance_source_kind";
+pub const SOURCE_REASON: &str = "instance_source_reason";
+
+/// The stem of the rule that says how long a paused consumer has been paused.
+pub const PAUSED_FOR_STEM: &str = "idem_consumer_paused_for";
+/// The stem of the DUP-flag share of an ingress's messages (no metric of its own:
+/// dup_flag="true" / all).
+pub const INGRESS_DUP_FLAG_RATIO: &str = "idem_ingress_dup_flag_ratio";
+
+/// Per target, consumer and `cause`, only while paused: seconds since the pause
+/// began (`time() - idem_consumer_paused_since_seconds`, which is per consumer;
+/// the cause comes from `idem_consumer_paused`, at 1 for the one that paused it).
+pub fn paused_for(names: &MetricNames) -> String {
+    let by = consumer_grouping(names);
+    format!(
+        "(time() - max by ({by}) ({since} > 0))\n  * on ({by}) group_right\nmax by ({by}, cause) ({paused} == 1)",
+        since = names.paused_since,
+        paused = names.paused,
+    )
+}
+
+/// Per target and consumer: failed tries in the current pause (0 while running).
+pub fn pause_retries(names: &MetricNames) -> String {
+    format!(
+        "max by ({}) ({})",
+        consumer_grouping(names),
+        names.pause_retries
+    )
+}
+
+/// Per-second rate of a counter over `range`, summed per target, consumer and `label`.
+pub fn rate_by(names: &MetricNames, counter: &str, label: &str, range: Duration) -> String {
+    format!(
+        "sum by ({}, {label}) (rate({counter}[{}]))",
+        consumer_grouping(names),
+        duration(range)
+    )
+}
+
+/// Per-second rate of an ingress counter over `range`, per target and source (and
+/// `label` when given); `selector` narrows the counter (`{dup_flag="true"}`).
+pub fn ingress_rate(counter: &str, selector: &str, label: Option<&str>, range: Duration) -> String {
+    let by = match label {
+        Some(l) => format!("{SOURCE_GROUPING}, {l}"),
+        None => SOURCE_GROUPING.to_string(),
+    };
+    format!(
+        "sum by ({by}) (rate({counter}{selector}[{}]))",
+        duration(range)
+    )
+}
+
+/// Per target and source: 1 while the ingress holds its broker connection.
+pub fn ingress_connected(names: &MetricNames) -> String {
+    format!("max by ({SOURCE_GROUPING}) ({})", names.ingress_connected)
+}
+
+/// The `reason` of `idem_provider_repeat_calls_total` that should stay 0 (a send the
+/// engine lost track of: a purged claim, a second store).
+pub const REPEAT_UNEXPECTED: &str = "unexpected";
+
+/// The recording rules of the stalls, the provider's repeat calls and the device
+/// ingress (docs/CONTRACT.md §9): what the Grafana rows "Stalls and side effects" and
+/// "Device ingress" chart, each expression once.
+pub fn stall_and_ingress_rules() -> Vec<Recording> {
+    let n = MetricNames::default();
+    let op = rate_op(WINDOW_1M);
+    let messages = recorded_at(SOURCE, names::INGRESS_MESSAGES.family, &op);
+    vec![
+        Recording {
+            record: recorded_at(CONSUMER_CAUSE, PAUSED_FOR_STEM, "seconds"),
+            expr: paused_for(&n),
+        },
+        Recording {
+            record: recorded_at(CONSUMER_KIND, names::INFRA_ERRORS.family, &op),
+            expr: rate_by(&n, &n.infra_errors, "kind", WINDOW_1M),
+        },
+        Recording {
+            record: recorded_at(CONSUMER_REASON, names::PROVIDER_REPEAT_CALLS.family, &op),
+            expr: rate_by(&n, &n.provider_repeat_calls, &n.reason_label, WINDOW_1M),
+        },
+        Recording {
+            record: messages.clone(),
+            expr: ingress_rate(&n.ingress_messages, "", None, WINDOW_1M),
+        },
+        Recording {
+            record: recorded_at(SOURCE, INGRESS_DUP_FLAG_RATIO, &op),
+            expr: format!(
+                "{}\n/ {messages}",
+                ingress_rate(&n.ingress_messages, "{dup_flag=\"true\"}", None, WINDOW_1M)
+            ),
+        },
+        Recording {
+            record: recorded_at(SOURCE_REASON, names::INGRESS_DEAD_LETTERED.family, &op),
+            expr: ingress_rate(
+                &n.ingress_dead_lettered,
+                "",
+                Some(&n.reason_label),
+                WINDOW_1M,
+            ),
+        },
+        Recording {
+            record: recorded_at(SOURCE_KIND, names::INGRESS_ERRORS.family, &op),
+            expr: ingress_rate(&n.ingress_errors, "", Some("kind"), WINDOW_1M),
+        },
+    ]
+}
+
+/// The deploy window's length in the shipped rules: the dashboard's default settle
+/// time (`[alerts] deploy_settle_time`).
+pub const DEPLOY_WINDOW_RULES: Duration = crate::config::DEFAULT_DEPLOY_SETTLE_TIME;
+
+/// A per-deploy recording rule's name:
+/// `instance_consumer:{stem}:window{settle}` (e.g.
+/// `instance_consumer:idem_deploy_duplicate_ratio:window10m`).
+pub fn deploy_recorded(stem: &str) -> String {
+    format!(
+        "instance_consumer:{stem}:window{}",
+        duration(DEPLOY_WINDOW_RULES)
+    )
+}
+
+/// The stems of the per-deploy rules: duplicates, deliveries processed, their ratio.
+pub const DEPLOY_DUPLICATES: &str = "idem_deploy_duplicate_dropped";
+pub const DEPLOY_PROCESSED: &str = "idem_deploy_messages_processed";
+pub const DEPLOY_RATIO: &str = "idem_deploy_duplicate_ratio";
+
+/// A deploy as Prometheus sees it: the server has no markers table, so a deploy is a
+/// new process (`process_start_time_seconds`), and its window is the settle time
+/// after the start. A counter starts at zero with its process, so its value in
+/// the window is what the deploy's process did since it started: the deploy's own
+/// count, no range or offset needed.
+pub fn in_deploy_window(names: &MetricNames) -> String {
+    format!(
+        "time() - {} <= {}",
+        names.process_start_time,
+        DEPLOY_WINDOW_RULES.as_secs()
+    )
+}
+
 /// The recording rules: per target and consumer, the rates the dashboard charts.
 pub fn recording_rules() -> Vec<Recording> {
     let n = MetricNames::default();
@@ -177,12 +337,84 @@ pub fn recording_rules() -> Vec<Recording> {
             duration(DUPLICATE_AGE_RANGE)
         ),
     });
+    out.extend(stall_and_ingress_rules());
+    // The deploy budget (crate::deploys): per consumer, since its process started,
+    // while that start is within the window.
+    let window = in_deploy_window(&n);
+    for (stem, counter) in [
+        (DEPLOY_DUPLICATES, &n.duplicate_dropped),
+        (DEPLOY_PROCESSED, &n.processed),
+    ] {
+        out.push(Recording {
+            record: deploy_recorded(stem),
+            expr: format!(
+                "sum by ({}) ({counter})\nand on (job, instance) ({window})",
+                consumer_grouping(&n)
+            ),
+        });
+    }
+    let dup = deploy_recorded(DEPLOY_DUPLICATES);
+    let processed = deploy_recorded(DEPLOY_PROCESSED);
+    out.push(Recording {
+        record: deploy_recorded(DEPLOY_RATIO),
+        expr: format!("{dup} / ({processed} + {dup})"),
+    });
     out
 }
 
 /// The alert rules, each the Prometheus side of a dashboard rule
 /// ([`super::alerts`]).
 pub fn alert_rules() -> Vec<AlertRule> {
+    let mut rules = consumer_alert_rules();
+    rules.extend(stall_and_ingress_alerts());
+    rules
+}
+
+/// An ingress without its broker connection this long pages: its reconnects back off
+/// to a few seconds, so a minute is a broker (or its login, or its certificate) that
+/// is really gone; the broker keeps the session's messages meanwhile, and nothing of
+/// the fleet reaches a consumer.
+pub const INGRESS_DISCONNECTED_FOR: Duration = Duration::from_secs(60);
+
+/// The alerts of the stall, repeat-call and ingress rules (docs/CONTRACT.md §9); the
+/// terminal dashboard shows these on its Overview rather than alerting.
+pub fn stall_and_ingress_alerts() -> Vec<AlertRule> {
+    let n = MetricNames::default();
+    vec![
+        AlertRule {
+            alert: "IdemProviderRepeatUnexpected",
+            dashboard: None,
+            expr: format!(
+                "sum by ({}) (increase({}{{{}=\"{REPEAT_UNEXPECTED}\"}}[{}])) > 0",
+                consumer_grouping(&n),
+                n.provider_repeat_calls,
+                n.reason_label,
+                duration(WINDOW_5M)
+            ),
+            for_: None,
+            severity: "warning",
+            summary: format!(
+                "{{{{ $labels.instance }}}}/{{{{ $labels.{} }}}}: the provider replayed {{{{ $value }}}} key(s) in {} that the engine called as new: a send it lost track of (a purged claim, a second store)",
+                n.consumer_label,
+                duration(WINDOW_5M)
+            ),
+        },
+        AlertRule {
+            alert: "IdemIngressDisconnected",
+            dashboard: None,
+            expr: format!("{} == 0", ingress_connected(&n)),
+            for_: Some(INGRESS_DISCONNECTED_FOR),
+            severity: "critical",
+            summary: format!(
+                "{{{{ $labels.instance }}}}: ingress {{{{ $labels.source }}}} has had no broker connection for {}: device messages wait at the broker",
+                duration(INGRESS_DISCONNECTED_FOR)
+            ),
+        },
+    ]
+}
+
+/// The alerts over the consumers' own counters.
+fn consumer_alert_rules() -> Vec<AlertRule> {
     let n = MetricNames::default();
     let defaults = AlertRules::default();
     let by = consumer_grouping(&n);
@@ -291,6 +523,29 @@ pub fn alert_rules() -> Vec<AlertRule> {
             for_: Some(defaults.target_down_after),
             severity: "critical",
             summary: "consumer target {{ $labels.job }}/{{ $labels.instance }} is down".into(),
+        },
+        AlertRule {
+            alert: "IdemDeployOverBudget",
+            dashboard: Some("deploy_over_budget"),
+            // The window's last recorded ratio (at its end, the settle time after
+            // the start), judged once it closed, for as long as the dashboard holds
+            // its alert (an hour) unless a newer start opens the next window.
+            expr: format!(
+                "last_over_time({}[{}]) > {}\nand on (job, instance) (time() - {} > {})",
+                deploy_recorded(DEPLOY_RATIO),
+                duration(super::ratios::OVER_BUDGET_HELD),
+                defaults.deploy_duplicate_budget,
+                n.process_start_time,
+                DEPLOY_WINDOW_RULES.as_secs()
+            ),
+            for_: None,
+            severity: "warning",
+            summary: format!(
+                "{{{{ $labels.instance }}}}/{{{{ $labels.{} }}}}: the deploy (process start) cost more than the {}% duplicate budget over its {} window",
+                n.consumer_label,
+                defaults.deploy_duplicate_budget * 100.0,
+                duration(DEPLOY_WINDOW_RULES)
+            ),
         },
         AlertRule {
             alert: "IdemConsumerPaused",

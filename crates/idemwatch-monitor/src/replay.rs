@@ -224,6 +224,9 @@ pub fn replay(input: &ReplayInputs<'_>) -> Vec<AlertRecord> {
             consumers: &consumers,
             database: Some(&db),
             markers: &markers,
+            // A deploy's verdict is the report's own section (`deploys`), read
+            // from the same history: not replayed as an alert.
+            deploys: &[],
             rules: input.rules,
         });
         log.track(t, &mut alerts);

@@ -117,6 +117,49 @@ fn the_engine_deadlines_are_read_and_default_as_the_example_says() {
     assert_eq!(Config::default().deadlines(), Deadlines::default());
     assert_eq!(
         Deadlines::default().statement_timeout,
-        Duration::from_secs(30)
+        Duration::from_secs(20)
     );
+}
+
+/// The deploy budget's keys: the example states the defaults, a consumer's own
+/// budget wins over the default for it alone, and an unusable value names its key.
+#[test]
+fn the_deploy_budget_is_read_with_per_consumer_overrides() {
+    use std::time::Duration;
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/config.example.toml");
+    let alerts = Config::load(&example).unwrap().alerts;
+    assert_eq!(alerts, idemwatch_monitor::config::AlertRules::default());
+    assert_eq!(alerts.deploy_duplicate_budget, 0.004);
+    assert_eq!(alerts.deploy_settle_time, Duration::from_secs(600));
+    let path = Path::new("inline.toml");
+    let c = Config::from_toml(
+        "[alerts]\ndeploy_duplicate_budget = 0.002\ndeploy_settle_time = \"5m\"\n\
+         [alerts.deploy_duplicate_budget_by_consumer]\nzone-exit-sms = 0.0005\n",
+        path,
+    )
+    .unwrap();
+    assert_eq!(c.alerts.deploy_budget_of("zone-exit-sms"), 0.0005);
+    assert_eq!(c.alerts.deploy_budget_of("trip-counter"), 0.002);
+    assert_eq!(c.alerts.deploy_settle_time, Duration::from_secs(300));
+    for (text, key) in [
+        (
+            "[alerts]\ndeploy_duplicate_budget = 0.0\n",
+            "alerts.deploy_duplicate_budget",
+        ),
+        (
+            "[alerts]\ndeploy_duplicate_budget = 4.0\n",
+            "alerts.deploy_duplicate_budget",
+        ),
+        (
+            "[alerts.deploy_duplicate_budget_by_consumer]\nsms = -1.0\n",
+            "alerts.deploy_duplicate_budget_by_consumer.sms",
+        ),
+        (
+            "[alerts]\ndeploy_settle_time = \"10s\"\n",
+            "alerts.deploy_settle_time",
+        ),
+    ] {
+        let err = Config::from_toml(text, path).unwrap_err().to_string();
+        assert!(err.contains(key), "{text}: {err}");
+    }
 }

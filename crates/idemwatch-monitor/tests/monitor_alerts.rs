@@ -310,6 +310,7 @@ fn a_deploy_spike_below_the_deploy_day_baseline_is_not_a_warning() {
         consumers: &consumers,
         database: None,
         markers,
+        deploys: &[],
         rules: &rules,
     };
     let high = |a: &Vec<idemwatch_monitor::alerts::Alert>| {
@@ -406,6 +407,7 @@ fn low_rate_deploy(redelivered: u64) -> Vec<idemwatch_monitor::alerts::Alert> {
         consumers: &consumers,
         database: None,
         markers: &deploy,
+        deploys: &[],
         rules: &idemwatch_monitor::config::AlertRules::default(),
     })
     .into_iter()

@@ -695,7 +695,10 @@ impl App {
                 self.list_mut(ListId::Consumers).selected = first;
                 Vec::new()
             }
-            AlertObject::Consumer { target, consumer } => {
+            AlertObject::Consumer { target, consumer }
+            | AlertObject::Deploy {
+                target, consumer, ..
+            } => {
                 let name = format!("{target}/{consumer}");
                 self.chart.consumer = self.chart_names().iter().position(|n| *n == name);
                 self.list_mut(ListId::Consumers).selected = Some(name);

@@ -9,6 +9,23 @@
 //! unacked deliveries come back as duplicates after the visibility timeout. The
 //! producer side redelivers more during the deploy window too (the simulator's
 //! ~0.4 %). The duplicate-rate chart spikes at the deploy marker for real reasons.
+//!
+//! The other two things the tool is for show within its first minute or so, from the
+//! same real parts:
+//! - **Ordering anomalies.** Some devices drive through tunnels: they buffer a few
+//!   events, send their newest one live when they are back in coverage, then flush
+//!   the buffer (the simulator's `tunnel_rate`). The `vehicle-state` consumer's
+//!   seq-guarded upsert keeps those older events in history only, and the Vehicles
+//!   tab lists them as late events; opening one shows the state (still at the newer
+//!   seq) beside the history. The first tunnel is flushed 38 s in.
+//! - **Claims in doubt.** Now and then (`slow_first_after`, then every
+//!   `slow_every`, for `slow_for`) the SMS/ERP sandbox turns slow: it sends at once
+//!   but answers only after `slow_answer`, past the engine's 10 s provider deadline.
+//!   The engine gives up on those calls — did the SMS go out? — and gives their
+//!   claims back: in doubt on the Overview and the Tables tab while the consumers
+//!   pause. Their retries go out under the same provider key; once the provider is
+//!   quick again it replays its first answer and the claims are resolved: one SMS
+//!   each, nothing lost, nothing sent twice.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +37,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use idemwatch_drills::sim::fleet::{FleetConfig, FleetSim};
-use idemwatch_drills::sim::sandbox_provider::{self, SandboxHandle};
+use idemwatch_drills::sim::sandbox_provider::{self, SandboxHandle, SandboxState};
 use idemwatch_engine::consumers::ConsumerMode;
 use idemwatch_engine::crash::{CrashPlan, CrashPoint};
 use idemwatch_engine::exporter;
@@ -46,6 +63,18 @@ pub struct DemoSettings {
     pub deploy_kills: u32,
     /// A malformed message from a "buggy producer" this often (dead letters).
     pub garbage_every: Duration,
+    /// Probability per fresh event that its device enters a tunnel (see the module
+    /// doc): the ordering anomalies of the Vehicles tab.
+    pub tunnel_rate: f64,
+    /// The provider's slow spells: the first after `slow_first_after`, then every
+    /// `slow_every`, each lasting `slow_for`, answers held `slow_answer` (zero: never
+    /// slow). Past the engine's provider deadline, so a claim comes into doubt.
+    pub slow_first_after: Duration,
+    pub slow_every: Duration,
+    pub slow_for: Duration,
+    pub slow_answer: Duration,
+    /// The side-effect claims' lease, the engine's and the dashboard's alike.
+    pub claim_lease: Duration,
     pub seed: u64,
 }
 
@@ -59,6 +88,16 @@ impl DemoSettings {
             deploy_every: Duration::from_secs(120),
             deploy_kills: 6,
             garbage_every: Duration::from_secs(75),
+            // ~1 tunnel every 40 s fleet-wide at 8 events/s; seed 2026 flushes the first
+            // one 38 s in (see the test `the_first_tunnel_flushes_within_45_s`).
+            tunnel_rate: 0.004,
+            // Between deploys (40 s, then every 120 s), so the chart's deploy spike
+            // and the claims in doubt are told apart.
+            slow_first_after: Duration::from_secs(55),
+            slow_every: Duration::from_secs(120),
+            slow_for: Duration::from_secs(25),
+            slow_answer: Duration::from_secs(12),
+            claim_lease: idemwatch_engine::consumers::DEFAULT_CLAIM_LEASE,
             seed: 2026,
         }
     }
@@ -71,7 +110,12 @@ pub struct DemoEndpoints {
     pub db_url: String,
     pub queue_url: String,
     pub sms_url: String,
+    /// The sandbox the Drills tab's drills call: one of their own, never slow, so a
+    /// drill's verdict does not depend on when the demo's provider is slow.
+    pub drill_sms_url: String,
     pub dir: PathBuf,
+    /// The side-effect claims' lease the demo's engine runs with.
+    pub claim_lease: Duration,
 }
 
 impl DemoEndpoints {
@@ -79,7 +123,7 @@ impl DemoEndpoints {
     /// system: one scrape target and the database.
     pub fn monitor_config(&self) -> Config {
         let mut db = DatabaseConfig::with_url(&self.db_url);
-        db.claim_lease = Duration::from_secs(60);
+        db.claim_lease = self.claim_lease;
         Config {
             targets: vec![ScrapeTarget {
                 name: "demo-engine".into(),
@@ -98,7 +142,8 @@ pub struct Demo {
     deploy_now: tokio::sync::mpsc::UnboundedSender<()>,
     world: Arc<World>,
     tasks: Vec<JoinHandle<()>>,
-    _sandbox: SandboxHandle,
+    sandbox: SandboxHandle,
+    _drill_sandbox: SandboxHandle,
 }
 
 impl Drop for Demo {
@@ -152,12 +197,16 @@ impl Demo {
         let sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
             .await
             .map_err(|e| EngineError::Other(format!("cannot start the SMS sandbox: {e}")))?;
+        let drill_sandbox = sandbox_provider::spawn(([127, 0, 0, 1], 0).into())
+            .await
+            .map_err(|e| EngineError::Other(format!("cannot start the drills' sandbox: {e}")))?;
         let db_url = sqlite_url(&settings.dir.join("demo.db"));
         let queue_url = sqlite_url(&settings.dir.join("demo-queue.db"));
         let store = store::open(&db_url).await?;
         let queue = queue::open(&queue_url).await?;
         let mut cfg = EngineConfig::new(&db_url, &queue_url, &sandbox.url(), &sandbox.url());
         cfg.mode = ConsumerMode::Idempotent;
+        cfg.claim_lease = settings.claim_lease;
         cfg.runner = RunnerSettings {
             visibility_timeout: Duration::from_secs(5),
             lease_batch: 8,
@@ -197,6 +246,11 @@ impl Demo {
             settings.clone(),
             stop_rx.clone(),
         )));
+        tasks.push(tokio::spawn(slow_spells(
+            sandbox.state().clone(),
+            settings.clone(),
+            stop_rx.clone(),
+        )));
         tasks.push(tokio::spawn(consume(
             world.clone(),
             settings.clone(),
@@ -210,14 +264,28 @@ impl Demo {
                 db_url,
                 queue_url,
                 sms_url: sandbox.url(),
+                drill_sms_url: drill_sandbox.url(),
                 dir: settings.dir.clone(),
+                claim_lease: settings.claim_lease,
             },
             stop,
             deploy_now,
             world,
             tasks,
-            _sandbox: sandbox,
+            sandbox,
+            _drill_sandbox: drill_sandbox,
         })
+    }
+
+    /// The SMS sandbox: what it sent and was asked (tests check nothing was sent
+    /// twice).
+    pub fn sandbox(&self) -> &SandboxState {
+        self.sandbox.state()
+    }
+
+    /// The demo's business database (tests read its claims).
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.world.store.clone()
     }
 
     /// Simulate a deploy now (the dashboard's `D` key in demo mode).
@@ -235,17 +303,24 @@ impl Demo {
     }
 }
 
+/// The demo's fleet: `events_per_second` events a (simulated) second, a few late
+/// ones, and the tunnels.
+fn fleet_config(settings: &DemoSettings, start: chrono::DateTime<Utc>) -> FleetConfig {
+    FleetConfig {
+        vehicles: settings.vehicles,
+        seed: settings.seed,
+        start,
+        tick: Duration::from_millis(1000 / u64::from(settings.events_per_second.max(1))),
+        late_rate: 0.004,
+        tunnel_rate: settings.tunnel_rate,
+        ..FleetConfig::default()
+    }
+}
+
 /// The producer: the fleet, at a steady rate, plus the occasional buggy message.
 async fn produce(world: Arc<World>, settings: DemoSettings, mut stop: watch::Receiver<bool>) {
     let per_tick = settings.events_per_second.max(1);
-    let mut sim = FleetSim::new(FleetConfig {
-        vehicles: settings.vehicles,
-        seed: settings.seed,
-        start: Utc::now(),
-        tick: Duration::from_millis(1000 / u64::from(per_tick)),
-        late_rate: 0.004,
-        ..FleetConfig::default()
-    });
+    let mut sim = FleetSim::new(fleet_config(&settings, Utc::now()));
     let queues: Vec<String> = idemwatch_engine::consumers::FLEET_CONSUMERS
         .iter()
         .map(|c| c.to_string())
@@ -274,6 +349,34 @@ async fn produce(world: Arc<World>, settings: DemoSettings, mut stop: watch::Rec
         if let Err(e) = world.queue.publish(&queues, &bodies).await {
             tracing::warn!(error = %e, "demo producer could not publish");
         }
+    }
+}
+
+/// The provider's slow spells (see the module doc): answers held past the engine's
+/// deadline for `slow_for`, then quick again.
+async fn slow_spells(
+    sandbox: SandboxState,
+    settings: DemoSettings,
+    mut stop: watch::Receiver<bool>,
+) {
+    if settings.slow_answer.is_zero() || settings.slow_for.is_zero() {
+        return;
+    }
+    let mut next = tokio::time::Instant::now() + settings.slow_first_after;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = stop.changed() => return,
+        }
+        tracing::info!(answer_after = ?settings.slow_answer, lasting = ?settings.slow_for,
+            "demo: the provider turns slow");
+        sandbox.set_answer_delay(settings.slow_answer);
+        tokio::select! {
+            _ = tokio::time::sleep(settings.slow_for) => {}
+            _ = stop.changed() => return,
+        }
+        sandbox.set_answer_delay(Duration::ZERO);
+        next += settings.slow_every.max(settings.slow_for);
     }
 }
 
@@ -347,5 +450,126 @@ async fn consume(
         if let Ok(mut current) = world.current.write() {
             *current = Arc::new(Metrics::new());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idemwatch_drills::sim::fleet::{SimKind, MIN_TUNNEL_EVENTS};
+
+    /// The slow provider's story end to end, in-process: claims come into doubt (the
+    /// engine gave up on calls the sandbox had acted on), then resolve by themselves
+    /// once it is quick again — each of them sent exactly once, none left open, and
+    /// no provider key sent twice by anyone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_provider_puts_claims_in_doubt_that_resolve_with_nothing_lost_or_sent_twice() {
+        let dir = std::env::temp_dir().join(format!(
+            "idw-demo-slow-{}-{}",
+            std::process::id(),
+            Utc::now().timestamp_nanos_opt().unwrap_or_default()
+        ));
+        let mut settings = DemoSettings::in_dir(&dir);
+        // Only the slow spell: no deploy, no garbage in this run.
+        settings.first_deploy_after = Duration::from_secs(3600);
+        settings.garbage_every = Duration::from_secs(3600);
+        // Once the side-effect consumers have steady traffic (trips take ~10 s to
+        // reach their first zone exit).
+        settings.slow_first_after = Duration::from_secs(15);
+        settings.slow_for = Duration::from_secs(15);
+        settings.slow_every = Duration::from_secs(3600);
+        let demo = Demo::start(settings).await.expect("demo starts");
+        let store = demo.store();
+        let lease = demo.endpoints.claim_lease;
+
+        let mut doubted: std::collections::BTreeMap<(String, String), String> = Default::default();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while doubted.is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no claim came into doubt"
+            );
+            for c in store.claims_in_doubt(lease).await.expect("claims") {
+                doubted.insert((c.consumer, c.message_key), c.provider_key);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let open = store.claims_in_doubt(lease).await.expect("claims");
+            if open.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "claims still in doubt: {open:?}"
+            );
+            for c in open {
+                doubted.insert((c.consumer, c.message_key), c.provider_key);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+
+        let sent: Vec<String> = demo
+            .sandbox()
+            .sent_sms()
+            .into_iter()
+            .filter_map(|s| s.idempotency_key)
+            .chain(
+                demo.sandbox()
+                    .sent_erp()
+                    .into_iter()
+                    .filter_map(|e| e.idempotency_key),
+            )
+            .collect();
+        let mut once = std::collections::HashSet::new();
+        for key in &sent {
+            assert!(once.insert(key), "provider key {key} sent twice");
+        }
+        for ((consumer, message_key), provider_key) in &doubted {
+            let claim = store
+                .claim(
+                    consumer,
+                    &idemwatch_engine::envelope::MessageKey::from_stored(message_key.clone()),
+                )
+                .await
+                .expect("claim")
+                .expect("the claim is kept");
+            assert_eq!(
+                claim.state,
+                idemwatch_engine::store::ClaimState::Sent,
+                "{consumer} {message_key}: {claim:?}"
+            );
+            assert!(
+                sent.contains(provider_key),
+                "{consumer} {message_key} never reached the provider"
+            );
+        }
+        drop(demo);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The Vehicles tab has something to show within the first minute: the demo's
+    /// fleet (seeded, so this is the stream every demo starts with) flushes its first
+    /// tunnel — a run of older seqs of one device right behind its newer live event —
+    /// within 45 s of events (38 s), the next one 70 s in; the dashboard lists each at
+    /// its next poll.
+    #[test]
+    fn the_first_tunnel_flushes_within_45_s() {
+        let settings = DemoSettings::in_dir(Path::new("unused"));
+        let mut sim = FleetSim::new(fleet_config(&settings, Utc::now()));
+        let per_second = settings.events_per_second as usize;
+        let msgs = sim.take_n(per_second * 45);
+        let first_flush = msgs.windows(1 + MIN_TUNNEL_EVENTS as usize).position(|w| {
+            let live = &w[0].envelope;
+            w[1..].iter().all(|m| {
+                m.kind == SimKind::Late
+                    && m.envelope.device_id == live.device_id
+                    && m.envelope.seq < live.seq
+            })
+        });
+        let at = first_flush.expect("a tunnel flushed within the first 45 s of events");
+        eprintln!("first tunnel flush: event {at}, {} s in", at / per_second);
+        assert!(at / per_second < 45, "first flush {} s in", at / per_second);
     }
 }

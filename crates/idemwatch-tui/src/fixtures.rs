@@ -265,6 +265,7 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             detail: Some("same key 34-SIM-0003:311:zone_exit, different payload".into()),
             raw: conflict_raw(),
         }),
+        deploys: deploys(&markers, &charts(&names), at),
         markers,
         history: None,
         history_source: None,
@@ -285,6 +286,30 @@ pub fn snapshot(at: DateTime<Utc>) -> Snapshot {
             redelivered_per_s: rate_series(2.6),
         }],
     }
+}
+
+/// The deploy and the restart of the markers, their budgets read from the charts'
+/// rates as the monitor reads its series.
+fn deploys(
+    markers: &[TimelineMarker],
+    charts: &[ConsumerChart],
+    at: DateTime<Utc>,
+) -> Vec<idemwatch_monitor::deploys::DeployBudget> {
+    use idemwatch_monitor::deploys::{budgets, steps_from_rates, ConsumerSteps};
+    let steps: Vec<ConsumerSteps> = charts
+        .iter()
+        .map(|c| ConsumerSteps {
+            target: c.target.clone(),
+            consumer: c.consumer.clone(),
+            steps: steps_from_rates(&c.processed_per_s, &c.duplicates_per_s, None),
+        })
+        .collect();
+    budgets(
+        markers,
+        &steps,
+        &idemwatch_monitor::config::AlertRules::default(),
+        at,
+    )
 }
 
 /// One engine, up, with an HTTP edge and an MQTT ingress.
@@ -363,6 +388,7 @@ fn database(at: DateTime<Utc>, names: &[&str], markers: &[TimelineMarker]) -> Op
             claimed_at: now() - Duration::seconds(140),
             age_seconds: 140,
             attempts: 2,
+            released: false,
         }],
         dead_letters: vec![
             DeadLetterGroup {
@@ -580,6 +606,7 @@ fn charts(names: &[&str]) -> Vec<ConsumerChart> {
             target: "demo-engine".into(),
             consumer: c.to_string(),
             span_seconds: 900,
+            span_fitted: false,
             history_until: None,
             processed_per_s: ratio_series(0.0)
                 .into_iter()

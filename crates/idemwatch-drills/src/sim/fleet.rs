@@ -6,10 +6,16 @@
 //! is no wall clock and no global RNG inside: time is `start + tick × n` for the
 //! n-th generated event and all randomness comes from one seeded ChaCha8 stream.
 //!
-//! Besides fresh events the stream contains the two delivery anomalies the pattern
+//! Besides fresh events the stream contains the delivery anomalies the pattern
 //! must survive: **redeliveries** (exact byte copies of an earlier message, at about
-//! 0.01 % normally and 0.4 % inside a deploy window) and **late** events (held back
-//! so they arrive after a newer event of the same device).
+//! 0.01 % normally and 0.4 % inside a deploy window), **late** events (held back
+//! so they arrive after a newer event of the same device) and, when
+//! [`FleetConfig::tunnel_rate`] is set, **tunnels**: a device loses its link for a
+//! few events and buffers them; back in coverage it sends its newest event live and
+//! then flushes the buffer, oldest first, so a whole run of older seqs (an
+//! `ignition_on` among them, often enough) arrives behind a newer one. That is the
+//! field report's ghost "engine running": a consumer without a seq guard applies the
+//! flushed `ignition_on` over the newer state.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
@@ -29,6 +35,11 @@ pub const MAX_LATE_EVENTS: u32 = 5;
 /// After this many steps a held event is released as soon as its device has sent
 /// one newer event (the device is picked next if it has not), so nothing is lost.
 pub const MAX_HOLD_STEPS: u64 = 5;
+/// Events a device buffers in one tunnel: at least this many...
+pub const MIN_TUNNEL_EVENTS: u32 = 3;
+/// ...and at most this many (a vehicle sends one event every few seconds, so a
+/// tunnel of tens of seconds to a minute of driving).
+pub const MAX_TUNNEL_EVENTS: u32 = 8;
 
 /// Istanbul, where the field report's fleet drives.
 const HOME: (f64, f64) = (41.0, 29.0);
@@ -52,6 +63,10 @@ pub struct FleetConfig {
     pub deploy_redelivery_rate: f64,
     /// Probability that a fresh event is held back and arrives late.
     pub late_rate: f64,
+    /// Probability that a fresh event of a device with a link is the first one it
+    /// buffers in a tunnel (0: no tunnels, the stream of a config without them is
+    /// unchanged byte for byte). See [`MIN_TUNNEL_EVENTS`], [`MAX_TUNNEL_EVENTS`].
+    pub tunnel_rate: f64,
     /// Device ids are this prefix plus a 4-digit number, e.g. `34-SIM-0001`.
     pub device_prefix: String,
 }
@@ -70,6 +85,7 @@ impl Default for FleetConfig {
             redelivery_rate: 0.0001,
             deploy_redelivery_rate: 0.004,
             late_rate: 0.001,
+            tunnel_rate: 0.0,
             device_prefix: "34-SIM-".to_owned(),
         }
     }
@@ -82,7 +98,8 @@ pub enum SimKind {
     Fresh,
     /// An exact copy (same bytes, same `message_id`) of an earlier emitted message.
     Redelivery,
-    /// A new event held back so it arrives after a newer event of the same device.
+    /// A new event held back so it arrives after a newer event of the same device
+    /// (a single held event, or one of a tunnel's flushed buffer).
     Late,
 }
 
@@ -131,6 +148,15 @@ struct Held {
     held_at_step: u64,
 }
 
+/// A device without a link: the events it generated meanwhile, oldest first.
+#[derive(Debug)]
+struct Tunnel {
+    vehicle: usize,
+    buffered: Vec<SimMessage>,
+    /// Events still to be buffered; the one after them is sent live, then the buffer.
+    left: u32,
+}
+
 /// The simulator. Call [`FleetSim::next`] (or iterate) for an endless stream.
 #[derive(Debug)]
 pub struct FleetSim {
@@ -145,6 +171,7 @@ pub struct FleetSim {
     recent: VecDeque<SimMessage>,
     held: Vec<Held>,
     released: VecDeque<SimMessage>,
+    tunnels: Vec<Tunnel>,
 }
 
 impl FleetSim {
@@ -173,6 +200,7 @@ impl FleetSim {
             recent: VecDeque::with_capacity(REDELIVERY_RING),
             held: Vec::new(),
             released: VecDeque::new(),
+            tunnels: Vec::new(),
         }
     }
 
@@ -213,11 +241,40 @@ impl FleetSim {
                 return copy;
             }
         }
-        // At most one event is held per step, so even `late_rate = 1` makes progress.
+        // At most one event is held and one tunnel entered per step, and a tunnel
+        // buffers a bounded number of events, so even rates of 1 make progress.
         let mut may_hold = true;
+        let mut may_tunnel = true;
         loop {
             let vehicle = self.pick_vehicle();
             let message = self.generate(vehicle);
+            if let Some(i) = self.tunnels.iter().position(|t| t.vehicle == vehicle) {
+                let tunnel = &mut self.tunnels[i];
+                if tunnel.left > 0 {
+                    tunnel.left -= 1;
+                    tunnel.buffered.push(message);
+                    continue;
+                }
+                // Back in coverage: the live event first, then the buffer.
+                let tunnel = self.tunnels.remove(i);
+                self.released
+                    .extend(tunnel.buffered.into_iter().map(|mut m| {
+                        m.kind = SimKind::Late;
+                        m
+                    }));
+                self.note_newer_event(vehicle);
+                return self.emit(message);
+            }
+            if may_tunnel && self.chance(self.config.tunnel_rate) {
+                let events = self.rng.random_range(MIN_TUNNEL_EVENTS..=MAX_TUNNEL_EVENTS);
+                self.tunnels.push(Tunnel {
+                    vehicle,
+                    buffered: vec![message],
+                    left: events - 1,
+                });
+                may_tunnel = false;
+                continue;
+            }
             if may_hold && self.chance(self.config.late_rate) {
                 self.held.push(Held {
                     message,
@@ -730,6 +787,110 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The runs of a tunnel's flush: (index of the live event that came out of the
+    /// tunnel, the flushed messages right behind it).
+    fn flushes(msgs: &[SimMessage]) -> Vec<(usize, &[SimMessage])> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < msgs.len() {
+            let run = msgs[i + 1..]
+                .iter()
+                .take_while(|m| m.kind == SimKind::Late)
+                .count();
+            if run > 0 {
+                out.push((i, &msgs[i + 1..i + 1 + run]));
+            }
+            i += run + 1;
+        }
+        out
+    }
+
+    #[test]
+    fn tunnel_devices_flush_older_seqs_after_a_newer_one_deterministically() {
+        let config = FleetConfig {
+            tunnel_rate: 0.01,
+            ..quiet(23)
+        };
+        let msgs = FleetSim::new(config.clone()).take_n(20_000);
+        let again = FleetSim::new(config.clone()).take_n(20_000);
+        assert_eq!(bytes(&msgs), bytes(&again), "same seed, same stream");
+        assert_eq!(
+            msgs.iter().map(|m| m.kind).collect::<Vec<_>>(),
+            again.iter().map(|m| m.kind).collect::<Vec<_>>()
+        );
+        let other = FleetSim::new(FleetConfig { seed: 24, ..config }).take_n(20_000);
+        assert_ne!(bytes(&msgs), bytes(&other));
+
+        let runs = flushes(&msgs);
+        let mut ghost_ignitions = 0;
+        for (live, flushed) in &runs {
+            let live = &msgs[*live].envelope;
+            // One device's buffer, oldest first, every seq from the tunnel's entry up
+            // to the one just before the live event: older seqs after a newer one.
+            assert!(
+                (MIN_TUNNEL_EVENTS..=MAX_TUNNEL_EVENTS).contains(&(flushed.len() as u32)),
+                "flush of {}",
+                flushed.len()
+            );
+            for (k, m) in flushed.iter().enumerate() {
+                assert_eq!(m.envelope.device_id, live.device_id);
+                assert_eq!(
+                    m.envelope.seq,
+                    live.seq - flushed.len() as u64 + k as u64,
+                    "flushed in seq order, right up to the live one"
+                );
+                assert!(m.envelope.seq < live.seq);
+            }
+            ghost_ignitions += flushed
+                .iter()
+                .filter(|m| m.envelope.event_type == EventType::IgnitionOn)
+                .count();
+        }
+        // 20 000 events at 1 % start ~200 tunnels (fewer: a device in one starts none).
+        assert!(runs.len() > 100, "tunnels flushed: {}", runs.len());
+        assert!(
+            ghost_ignitions > 10,
+            "flushed ignition_on: {ghost_ignitions}"
+        );
+        // Late events come only from tunnels here, and nothing is lost or doubled: each
+        // device's seqs 1..=newest arrive exactly once, but for a tunnel still open
+        // when the stream was cut.
+        let mut seqs: HashMap<&str, Vec<u64>> = HashMap::new();
+        for m in &msgs {
+            seqs.entry(&m.envelope.device_id)
+                .or_default()
+                .push(m.envelope.seq);
+        }
+        let flushed: usize = runs.iter().map(|(_, f)| f.len()).sum();
+        assert_eq!(
+            flushed,
+            msgs.iter().filter(|m| m.kind == SimKind::Late).count()
+        );
+        for (device, mut got) in seqs {
+            got.sort_unstable();
+            let n = got.len() as u64;
+            assert_eq!(
+                got,
+                (1..=n).collect::<Vec<_>>(),
+                "{device}: lost or doubled"
+            );
+        }
+    }
+
+    #[test]
+    fn a_tunnel_with_every_rate_at_one_still_makes_progress() {
+        let config = FleetConfig {
+            vehicles: 3,
+            tunnel_rate: 1.0,
+            late_rate: 1.0,
+            ..quiet(29)
+        };
+        let msgs = FleetSim::new(config).take_n(2_000);
+        assert_eq!(msgs.len(), 2_000);
+        assert!(msgs.iter().any(|m| m.kind == SimKind::Late));
+        assert!(msgs.iter().any(|m| m.kind == SimKind::Fresh));
     }
 
     #[test]

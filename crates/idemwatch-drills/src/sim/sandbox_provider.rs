@@ -288,6 +288,9 @@ pub struct SandboxState {
     inner: Arc<Mutex<Inner>>,
     /// How long every POST takes to answer (see [`SandboxState::set_latency`]).
     latency: Arc<Mutex<Duration>>,
+    /// How long every POST's answer is held after it was acted on (see
+    /// [`SandboxState::set_answer_delay`]).
+    answer_delay: Arc<Mutex<Duration>>,
     /// POSTs being answered now, and the most there ever were at once.
     in_flight: Arc<(AtomicUsize, AtomicUsize)>,
 }
@@ -348,6 +351,25 @@ impl SandboxState {
             .latency
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = latency;
+    }
+
+    /// Act on every POST at once (send, store the answer under its key) but answer
+    /// only after `delay`: a provider that is slow to *answer*, not to act. A caller
+    /// whose deadline is shorter gives up on a call that did go out — the send is in
+    /// doubt — and its retry under the same key is answered by a replay. Zero (the
+    /// default): answer as soon as acted on.
+    pub fn set_answer_delay(&self, delay: Duration) {
+        *self
+            .answer_delay
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = delay;
+    }
+
+    fn answer_delay(&self) -> Duration {
+        *self
+            .answer_delay
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The most POSTs (SMS and ERP together) ever answered at once: how many calls
@@ -547,13 +569,17 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 async fn post_sms(State(state): State<SandboxState>, headers: HeaderMap, body: Bytes) -> Reply {
     let _in_flight = InFlight::enter(&state.in_flight);
     tokio::time::sleep(state.delay()).await;
-    state.post_sms(idempotency_key(&headers), &body)
+    let reply = state.post_sms(idempotency_key(&headers), &body);
+    tokio::time::sleep(state.answer_delay()).await;
+    reply
 }
 
 async fn post_erp(State(state): State<SandboxState>, headers: HeaderMap, body: Bytes) -> Reply {
     let _in_flight = InFlight::enter(&state.in_flight);
     tokio::time::sleep(state.delay()).await;
-    state.post_erp(idempotency_key(&headers), &body)
+    let reply = state.post_erp(idempotency_key(&headers), &body);
+    tokio::time::sleep(state.answer_delay()).await;
+    reply
 }
 
 async fn sent_sms(State(state): State<SandboxState>) -> Json<Vec<SentSms>> {
@@ -936,6 +962,39 @@ mod tests {
         assert_eq!(requests.len(), 3);
         assert!(requests[1].replayed);
         assert_eq!(client.sent_sms().await.expect("sent").len(), 1);
+    }
+
+    /// A slow answer: the SMS is sent before the answer comes, a caller that gives
+    /// up first does not know it, and its retry under the same key is a replay.
+    #[tokio::test]
+    async fn a_slow_answer_sends_first_and_a_retry_with_the_key_is_a_replay() {
+        let (handle, client, _) = start().await;
+        handle.state().set_answer_delay(Duration::from_millis(1500));
+        let impatient = reqwest::Client::builder()
+            .timeout(Duration::from_millis(300))
+            .build()
+            .expect("client");
+        let url = format!("{}/sms", handle.url());
+        let timed_out = impatient
+            .post(&url)
+            .header(CONTENT_TYPE, "application/json")
+            .header(idemwatch_engine::idempotency_key::HEADER, "k-slow")
+            .body(SMS)
+            .send()
+            .await
+            .expect_err("the answer comes after the caller's deadline");
+        assert!(timed_out.is_timeout(), "{timed_out}");
+        // Sent nonetheless, before any answer.
+        let sent = handle.state().sent_sms();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].idempotency_key.as_deref(), Some("k-slow"));
+
+        handle.state().set_answer_delay(Duration::ZERO);
+        let http = reqwest::Client::new();
+        let retry = post(&http, &url, Some("k-slow"), SMS).await;
+        assert_eq!(retry.0, 200);
+        assert_eq!(retry.1.as_deref(), Some("true"), "the retry is a replay");
+        assert_eq!(client.sent_sms().await.expect("sent").len(), 1, "sent once");
     }
 
     #[test]

@@ -222,7 +222,7 @@ pub const DEFAULT_CLAIM_LEASE: Duration = Duration::from_secs(60);
 
 /// `--provider-concurrency`'s default: calls in flight per side-effect consumer.
 /// Enough that a batch of 100 against a provider answering in 80 ms takes a few
-/// round trips, not a hundred (BENCHMARKS.md, "Pipeline", has the measurement);
+/// round trips, not a hundred (docs/journal/benchmarks-2026-11-30-to-12-05.md, "The whole pipeline", has the measurement);
 /// far below the hundreds of concurrent requests a real SMS API's rate limits
 /// start to refuse.
 pub const DEFAULT_PROVIDER_CONCURRENCY: usize = 32;

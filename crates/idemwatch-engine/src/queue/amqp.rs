@@ -3,7 +3,7 @@
 //! Why `amqprs` and not `lapin`: lapin runs its own I/O thread and hands every frame
 //! across it, so each delivery and ack costs thread wake-ups on a machine whose cores
 //! the broker and the database need too; amqprs reads and writes in tokio tasks on the
-//! engine's own runtime. Measured (BENCHMARKS.md, "Which AMQP client" and "amqprs in
+//! engine's own runtime. Measured (docs/journal/benchmarks-2026-11-30-to-12-05.md, "Which AMQP client" and "amqprs in
 //! the engine"): 3.9 against 6.4–7.4 µs of our CPU per delivery on the consume path,
 //! and a tenth of the context switches. What amqprs does not do for us: it does not
 //! hold an incoming frame to the negotiated `frame_max`, so the broker is trusted not

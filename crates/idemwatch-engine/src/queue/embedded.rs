@@ -331,7 +331,7 @@ impl Queue for EmbeddedQueue {
 /// together, in publish order (ids follow it within a queue). Queue by queue, not
 /// message by message: a lease or an ack then touches the pages of its own queue's
 /// rows only — message by message, the four queues' rows alternate and a lease of
-/// 100 rows dirtied the pages of 400 (BENCHMARKS.md, "Group commit on the SQLite
+/// 100 rows dirtied the pages of 400 (docs/journal/benchmarks-2026-11-30-to-12-05.md, "Group commit on the SQLite
 /// threads").
 fn publish_all(
     conn: &Connection,

@@ -5,7 +5,7 @@
 //! Why hand-written: sqlx's SQLite driver also keeps each connection on a worker
 //! thread, but every call — each statement, each `BEGIN`/`COMMIT`, each result row —
 //! is a hand-off to that thread and back, and on a small shared machine those
-//! hand-offs, not SQL, were most of a batch's cost (BENCHMARKS.md, "rusqlite against
+//! hand-offs, not SQL, were most of a batch's cost (docs/journal/benchmarks-2026-11-30-to-12-05.md, "rusqlite against
 //! sqlx": the same statements are ~2× faster through SQLite's C API). Here a job is a
 //! closure over a [`rusqlite::Connection`] that runs whole on the thread — prepared
 //! statements from the connection's cache, one `BEGIN IMMEDIATE … COMMIT` where it
@@ -20,7 +20,7 @@
 //! another, and a commit per job was much of their cost (the pages they share
 //! written to the WAL again at every commit, the lock and wal-index work of each
 //! transaction): with it the queue's thread wrote ~65 % fewer WAL frames and used
-//! ~40 % less CPU for the same 20,000 messages (BENCHMARKS.md, "Group commit on the
+//! ~40 % less CPU for the same 20,000 messages (the benchmarks journal, docs/journal/, "Group commit on the
 //! SQLite threads"). A job that fails is rolled back to its savepoint and the others
 //! commit: the group shares a transaction only for the fsync and the page writes.
 //! A job alone in its group runs without a savepoint.

@@ -108,8 +108,13 @@ pub struct InDoubtClaim {
     pub consumer: String,
     pub message_key: String,
     pub claimed_at: DateTime<Utc>,
+    /// Since `claimed_at`; 0 for a released claim (its claim time is gone).
     pub age_seconds: i64,
     pub attempts: i64,
+    /// Given back by its owner after the provider failed or did not answer in time
+    /// (the engine's release sets `claimed_at` to the epoch, so it is due for a retry
+    /// at once): the retry is due, there is no age to show.
+    pub released: bool,
 }
 
 /// Dead letters of one consumer and reason.
@@ -430,12 +435,18 @@ impl DbPoller {
             .into_iter()
             .map(|(consumer, message_key, claimed_at, attempts)| {
                 let claimed_at = claimed_at.unwrap_or(now);
+                let released = claimed_at == DateTime::<Utc>::UNIX_EPOCH;
                 InDoubtClaim {
                     consumer,
                     message_key,
                     claimed_at,
-                    age_seconds: (now - claimed_at).num_seconds(),
+                    age_seconds: if released {
+                        0
+                    } else {
+                        (now - claimed_at).num_seconds()
+                    },
                     attempts,
+                    released,
                 }
             })
             .collect();

@@ -1,5 +1,5 @@
 //! The report as one CSV table: a `section` column says which part a row belongs
-//! to (point, consumer, marker, alert, dead_letters, claim, drill), so one file
+//! to (point, consumer, marker, deploy, alert, dead_letters, claim, drill), so one file
 //! loads into a spreadsheet and filters by section.
 
 use std::fmt::Write;
@@ -67,6 +67,31 @@ pub fn table(r: &Report) -> String {
             &m.label,
             m.detail.as_deref().unwrap_or(""),
         ]);
+    }
+    for d in &r.deploys {
+        for c in &d.consumers {
+            row([
+                "deploy",
+                &d.at.to_rfc3339(),
+                &c.target,
+                &c.consumer,
+                &d.label,
+                &opt(c.ratio),
+                &format!(
+                    "kind={} until={} ends={} processed={} duplicates={} budget={} verdict={} peak_ratio={} baseline_ratio={} settle_seconds={}",
+                    d.kind,
+                    d.until.to_rfc3339(),
+                    d.ends.as_str(),
+                    c.processed,
+                    c.duplicates,
+                    c.budget,
+                    c.verdict.as_str(),
+                    opt(c.peak_ratio),
+                    c.baseline_ratio,
+                    c.settle_seconds.map(|s| s.to_string()).unwrap_or_default()
+                ),
+            ]);
+        }
     }
     for a in &r.alerts {
         row([

@@ -6,6 +6,7 @@ use std::fmt::Write;
 
 use super::{ConsumerReport, Report};
 use crate::alerts::{Cause, DEPLOY_DAY_RATIO, NORMAL_DAY_RATIO};
+use crate::deploys::WindowEnd;
 use idemwatch_base::clock::{clock, date_time};
 
 /// Text as HTML (also inside attributes).
@@ -277,6 +278,7 @@ pub fn page(r: &Report) -> String {
     duplicate_rate(&mut out, r);
     rates(&mut out, r);
     markers(&mut out, r);
+    deploys(&mut out, r);
     alerts(&mut out, r);
     dead_letters(&mut out, r);
     claims(&mut out, r);
@@ -381,6 +383,56 @@ fn markers(out: &mut String, r: &Report) {
     );
 }
 
+/// Each deploy's window, one row per consumer: its duplicates against its budget.
+fn deploys(out: &mut String, r: &Report) {
+    table(
+        out,
+        "Deploys: duplicate budget per window",
+        &[
+            "deploy",
+            "window",
+            "consumer",
+            "processed",
+            "duplicates",
+            "dup %",
+            "budget",
+            "verdict",
+            "peak 1m",
+            "baseline",
+            "settled after",
+        ],
+        r.deploys
+            .iter()
+            .flat_map(|d| {
+                d.consumers.iter().map(move |c| {
+                    vec![
+                        format!("{} {} {}", clock(d.at), d.kind, d.label),
+                        format!(
+                            "{} s ({})",
+                            d.window_seconds,
+                            match d.ends {
+                                WindowEnd::NextMarker => "to the next deploy",
+                                WindowEnd::SettleTime => "settle time",
+                                WindowEnd::Open => "open at the poll",
+                            }
+                        ),
+                        format!("{}/{}", c.target, c.consumer),
+                        format!("{:.0}", c.processed),
+                        format!("{:.0}", c.duplicates),
+                        pct(c.ratio),
+                        pct(Some(c.budget)),
+                        c.verdict.label().to_string(),
+                        pct(c.peak_ratio),
+                        pct(Some(c.baseline_ratio)),
+                        c.settle_seconds
+                            .map_or("not settled".into(), |s| format!("{s} s")),
+                    ]
+                })
+            })
+            .collect(),
+    );
+}
+
 /// Each alert with how long it held: until it ended, or (still holding) at least to
 /// the window's end.
 fn alerts(out: &mut String, r: &Report) {
@@ -450,7 +502,12 @@ fn claims(out: &mut String, r: &Report) {
                 vec![
                     c.consumer.clone(),
                     c.message_key.clone(),
-                    clock(c.claimed_at),
+                    // A released claim's time is gone (the epoch): its retry is due.
+                    if c.released {
+                        "retry due".to_string()
+                    } else {
+                        clock(c.claimed_at)
+                    },
                     c.attempts.to_string(),
                 ]
             })

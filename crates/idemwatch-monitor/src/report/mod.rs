@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::alerts::AlertRecord;
 use crate::db::{DeadLetterGroup, DrillRunSummary, InDoubtClaim};
+use crate::deploys::DeployBudget;
 use crate::markers::TimelineMarker;
 use crate::Snapshot;
 
@@ -84,6 +85,10 @@ pub struct Report {
     pub consumers: Vec<ConsumerReport>,
     /// In the window, oldest first.
     pub markers: Vec<TimelineMarker>,
+    /// The deploys and restarts marked in the window with their duplicate budget
+    /// ([`crate::deploys`]; a window reaching past the report's end is as the poll
+    /// saw it), oldest first.
+    pub deploys: Vec<DeployBudget>,
     /// Alerts that held at some point in the window, oldest first.
     pub alerts: Vec<AlertRecord>,
     pub dead_letters: Vec<DeadLetterGroup>,
@@ -207,6 +212,7 @@ impl Report {
             source: source.to_string(),
             consumers,
             markers: Vec::new(),
+            deploys: Vec::new(),
             alerts,
             dead_letters: db.map(|d| d.dead_letters.clone()).unwrap_or_default(),
             claims_in_doubt_total: db.map_or(0, |d| d.claims_in_doubt_total),
@@ -216,6 +222,7 @@ impl Report {
             notes: Vec::new(),
         };
         report.set_markers(&snapshot.markers);
+        report.set_deploys(&snapshot.deploys);
         report.set_drill_runs(db.map(|d| d.drill_runs.as_slice()).unwrap_or(&[]));
         if db.is_none() {
             report
@@ -258,6 +265,17 @@ impl Report {
             .collect();
         m.sort_by_key(|m| m.at);
         self.markers = m;
+    }
+
+    /// Keep the deploys marked in the window, oldest first.
+    pub fn set_deploys(&mut self, deploys: &[DeployBudget]) {
+        let mut d: Vec<DeployBudget> = deploys
+            .iter()
+            .filter(|d| d.at >= self.from && d.at <= self.to)
+            .cloned()
+            .collect();
+        d.sort_by_key(|d| d.at);
+        self.deploys = d;
     }
 
     /// Keep the drill runs that started in the window.
@@ -316,6 +334,7 @@ mod tests {
             source: "dashboard".into(),
             consumers: Vec::new(),
             markers: Vec::new(),
+            deploys: Vec::new(),
             alerts: Vec::new(),
             windows: Vec::new(),
             dead_letters: Vec::new(),
@@ -342,6 +361,65 @@ mod tests {
             json.file_name().unwrap(),
             "idemwatch-report-20261130-041203.json"
         );
+    }
+
+    /// A deploy of the window is in every format: an HTML table row per consumer, a
+    /// CSV row of section `deploy`, the JSON `deploys` array; one before the window is
+    /// left out.
+    #[test]
+    fn the_deploys_of_the_window_are_in_every_format() {
+        use crate::deploys::{budgets, ConsumerSteps, Step};
+        use crate::markers::MarkerSource;
+        let to = chrono::TimeZone::with_ymd_and_hms(&Utc, 2026, 11, 30, 4, 15, 0).unwrap();
+        let at = |s: i64| to - chrono::Duration::seconds(s);
+        let steps = (0..1200)
+            .map(|s| Step {
+                end: at(1200 - s),
+                processed: 10.0,
+                duplicates: if s == 500 { 7.0 } else { 0.0 },
+            })
+            .collect();
+        let marker = |s: i64, label: &str| TimelineMarker {
+            at: at(s),
+            kind: "deploy".into(),
+            label: label.into(),
+            detail: None,
+            source: MarkerSource::Database,
+        };
+        let deploys = budgets(
+            &[marker(1100, "v1"), marker(300, "v2")],
+            &[ConsumerSteps {
+                target: "fleet".into(),
+                consumer: "zone-exit-sms".into(),
+                steps,
+            }],
+            &crate::config::AlertRules::default(),
+            to,
+        );
+        let mut r = report_to(to);
+        r.set_deploys(&deploys);
+        assert_eq!(r.deploys.len(), 1, "v1 was marked before the window");
+        assert_eq!(r.deploys[0].label, "v2");
+        let html = r.render(Format::Html);
+        assert!(
+            html.contains("<h2>Deploys: duplicate budget per window</h2>"),
+            "{html}"
+        );
+        assert!(html.contains("<td>fleet/zone-exit-sms</td>"), "{html}");
+        let csv = r.render(Format::Csv);
+        let row = csv
+            .lines()
+            .find(|l| l.starts_with("deploy,"))
+            .expect("a deploy row");
+        assert!(row.contains(",fleet,zone-exit-sms,v2,0,"), "{row}");
+        assert!(row.contains("verdict=within"), "{row}");
+        let json: serde_json::Value = serde_json::from_str(&r.render(Format::Json)).unwrap();
+        assert_eq!(json["deploys"][0]["consumers"][0]["duplicates"], 0.0);
+        assert_eq!(json["deploys"][0]["ends"], "open");
+        // The deploy before: 7 duplicates among 6000 (its window ended at the settle
+        // time, 10 min, before the next).
+        let v1 = &deploys[1].consumers[0];
+        assert_eq!((v1.processed, v1.duplicates), (6000.0, 7.0));
     }
 
     #[test]

@@ -165,7 +165,14 @@ fn claims_table(app: &App, state: &ListState, sorted: &str, theme: &Theme) -> Li
             Row::new([
                 Cell::from(c.consumer.clone()),
                 Cell::from(c.message_key.clone()),
-                Cell::from(format::duration(c.age_seconds)).style(theme.crit),
+                // A released claim (the provider failed or did not answer in time)
+                // has no claim time left: its retry is due.
+                Cell::from(if c.released {
+                    "retry due".to_string()
+                } else {
+                    format::duration(c.age_seconds)
+                })
+                .style(theme.crit),
                 Cell::from(c.attempts.to_string()),
             ])
         })

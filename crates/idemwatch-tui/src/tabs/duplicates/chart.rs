@@ -128,8 +128,10 @@ fn chart_title(app: &App, plot: &Plot<'_>) -> String {
             )
         })
         .unwrap_or_default();
+    // A fitted span says so: the chart is younger than its window, not zoomed in.
+    let fitted_note = if plot.fitted { " (all so far)" } else { "" };
     format!(
-        " Duplicate rate {} (w) — {which} — last {} · {scale_note}{source_note} ",
+        " Duplicate rate {} (w) — {which} — last {}{fitted_note} · {scale_note}{source_note} ",
         ratio_label(app.rate_window),
         span_label(plot.span)
     )

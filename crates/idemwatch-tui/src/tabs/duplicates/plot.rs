@@ -35,9 +35,10 @@ pub fn segments(points: &[Point], now: DateTime<Utc>, scale: f64) -> Segments {
     out
 }
 
-/// `1 min`, `15 min`, `6 h`, `7 d`.
+/// `1 min`, `1 min 30 s` (a span fitted to the data), `15 min`, `6 h`, `7 d`.
 pub fn span_label(seconds: u64) -> String {
     match seconds {
+        s if s < 3600 && s % 60 != 0 => format!("{} min {} s", s / 60, s % 60),
         s if s < 3600 => format!("{} min", s / 60),
         s if s < 86_400 => format!("{} h", s / 3600),
         s => format!("{} d", s / 86_400),
@@ -57,6 +58,8 @@ pub fn axis_time(t: DateTime<Utc>, span_seconds: u64) -> String {
 pub(super) struct Plot<'a> {
     pub(super) now: DateTime<Utc>,
     pub(super) span: u64,
+    /// The span is all the data there is so far (zoom.rs), not a zoom level.
+    pub(super) fitted: bool,
     pub(super) series: Vec<(usize, String, Segments)>,
     pub(super) markers: Vec<&'a TimelineMarker>,
     pub(super) scale: Scale,
@@ -133,6 +136,7 @@ pub(super) fn plot<'a>(app: &'a App, charts: &[(usize, &ConsumerChart)]) -> Opti
     Some(Plot {
         now,
         span,
+        fitted: charts.iter().any(|(_, c)| c.span_fitted),
         series,
         markers,
         scale,
@@ -159,6 +163,7 @@ mod tests {
         assert_eq!(axis_time(t, 3600), "04:12");
         assert_eq!(axis_time(t, 7 * 86_400), "11-30 04:12");
         assert_eq!(span_label(60), "1 min");
+        assert_eq!(span_label(90), "1 min 30 s");
         assert_eq!(span_label(7 * 86_400), "7 d");
     }
 }

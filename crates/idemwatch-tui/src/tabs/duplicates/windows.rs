@@ -71,7 +71,9 @@ pub(super) fn windows_panel(
     frame.render_widget(Paragraph::new(lines).block(panel(title, theme)), area);
 }
 
-/// The consumers of `app`'s snapshot in view (the filter, the selected chart).
+/// The consumers of `app`'s snapshot in view (the filter, the selected chart), a
+/// consumer with a window marked SHORT first: when the panel has fewer lines than
+/// consumers, the warning is what must stay on screen.
 pub(super) fn in_view(app: &App) -> Vec<&ConsumerWindows> {
     let Some(snap) = &app.snapshot else {
         return Vec::new();
@@ -81,9 +83,13 @@ pub(super) fn in_view(app: &App) -> Vec<&ConsumerWindows> {
         .consumer
         .and_then(|i| snap.charts.get(i))
         .map(|c| (c.target.as_str(), c.consumer.as_str()));
-    snap.windows
+    let mut shown = snap
+        .windows
         .iter()
         .filter(|w| selected.is_none_or(|(t, c)| t == w.target && c == w.consumer))
         .filter(|w| app.matches(&format!("{}/{}", w.target, w.consumer)))
-        .collect()
+        .collect::<Vec<_>>();
+    // Stable: the snapshot's order otherwise.
+    shown.sort_by_key(|w| w.short().next().is_none());
+    shown
 }
