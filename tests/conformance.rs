@@ -61,6 +61,7 @@ on_every_backend!(
     a_purge_batch_bigger_than_one_delete_takes_every_row_once,
     the_claims_in_doubt_are_the_open_ones_older_than_the_lease,
     a_duplicate_delivered_later_is_dropped_with_its_age,
+    a_vehicle_event_delivered_later_is_dropped_with_its_age,
 );
 
 // ---- drills -------------------------------------------------------------------
@@ -249,6 +250,48 @@ fn age_buckets(metrics_text: &str, consumer: &str) -> (Vec<(String, u64)>, u64) 
     (buckets, count)
 }
 
+/// A duplicate's age is "within" a delay when it is at least the delay and not
+/// much more (a loaded machine's scheduling).
+fn within(age: f64, least: f64) -> bool {
+    (least..least + 4.0).contains(&age)
+}
+
+/// `original` processed once by `worker`, then a copy of it published
+/// `LATE_COPY_DELAY` later: dropped with that age in the histogram (the 10 s bucket,
+/// not the 1 s one), the process's oldest and the store's `duplicate_ages`. Returns
+/// when the original was processed.
+async fn a_late_copy_is_dropped_with_its_age(
+    engine: &Engine,
+    worker: &Worker,
+    c: &str,
+    original: &[u8],
+) -> std::time::Instant {
+    let delay = LATE_COPY_DELAY.as_secs_f64();
+    engine.publish(&[original.to_vec()]).await.unwrap();
+    until_idle_within_a_minute(worker).await;
+    assert_eq!(engine.store.duplicate_ages().await.unwrap(), vec![]);
+    let first = std::time::Instant::now();
+    tokio::time::sleep(LATE_COPY_DELAY).await;
+    engine.publish(&[original.to_vec()]).await.unwrap();
+    until_idle_within_a_minute(worker).await;
+    let counts = &engine.summary().consumers[c];
+    assert_eq!((counts.processed, counts.duplicate_dropped), (1, 1));
+    let (buckets, count) = age_buckets(&engine.metrics.encode_prometheus_text(), c);
+    assert_eq!(count, 1, "{buckets:?}");
+    let at = |le: &str| buckets.iter().find(|(b, _)| b == le).map(|(_, n)| *n);
+    assert_eq!((at("1.0"), at("10.0")), (Some(0), Some(1)), "{buckets:?}");
+    let max = engine.metrics.duplicate_age_max(c);
+    assert!(
+        within(max, delay),
+        "observed {max} s after a {delay} s delay"
+    );
+    let kept = engine.store.duplicate_ages().await.unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].consumer, c);
+    assert!(within(kept[0].max_age_seconds, delay), "{kept:?}");
+    first
+}
+
 /// A zone exit processed, then the same message delivered again a known delay later:
 /// the copy is dropped as a duplicate whose age is that delay (within the time one
 /// delivery takes), in the histogram's (1 s, 10 s] bucket, in the process's maximum
@@ -256,9 +299,7 @@ fn age_buckets(metrics_text: &str, consumer: &str) -> (Vec<(String, u64)>, u64) 
 /// the seen-set path (the SQL table as the seen-set): the age is the time since the
 /// first processing, not since the last copy.
 async fn a_duplicate_delivered_later_is_dropped_with_its_age(db: &TestDb) {
-    let tolerance = 4.0;
     let delay = LATE_COPY_DELAY.as_secs_f64();
-    let within = |age: f64, least: f64| (least..least + tolerance).contains(&age);
     let engine = pipelined_engine(db, 8, 8).await;
     let c = trip_counter::NAME;
     let original = zone_exit("34-AGE-1", 1).to_json_line().into_bytes();
@@ -280,35 +321,8 @@ async fn a_duplicate_delivered_later_is_dropped_with_its_age(db: &TestDb) {
         .finish_side_effect(sms, &sms_key, sent, "ok")
         .await
         .unwrap();
-    engine
-        .publish(std::slice::from_ref(&original))
-        .await
-        .unwrap();
     let worker = engine.worker(c, Arc::new(CrashPlan::none()), None).unwrap();
-    until_idle_within_a_minute(&worker).await;
-    assert_eq!(engine.store.duplicate_ages().await.unwrap(), vec![]);
-    let first = std::time::Instant::now();
-    tokio::time::sleep(LATE_COPY_DELAY).await;
-    engine
-        .publish(std::slice::from_ref(&original))
-        .await
-        .unwrap();
-    until_idle_within_a_minute(&worker).await;
-    let counts = &engine.summary().consumers[c];
-    assert_eq!((counts.processed, counts.duplicate_dropped), (1, 1));
-    let (buckets, count) = age_buckets(&engine.metrics.encode_prometheus_text(), c);
-    assert_eq!(count, 1, "{buckets:?}");
-    let at = |le: &str| buckets.iter().find(|(b, _)| b == le).map(|(_, n)| *n);
-    assert_eq!((at("1.0"), at("10.0")), (Some(0), Some(1)), "{buckets:?}");
-    let max = engine.metrics.duplicate_age_max(c);
-    assert!(
-        within(max, delay),
-        "observed {max} s after a {delay} s delay"
-    );
-    let kept = engine.store.duplicate_ages().await.unwrap();
-    assert_eq!(kept.len(), 1, "{kept:?}");
-    assert_eq!(kept[0].consumer, c);
-    assert!(within(kept[0].max_age_seconds, delay), "{kept:?}");
+    let first = a_late_copy_is_dropped_with_its_age(&engine, &worker, c, &original).await;
     drop(worker);
     let again = engine
         .store
@@ -327,13 +341,7 @@ async fn a_duplicate_delivered_later_is_dropped_with_its_age(db: &TestDb) {
     assert!(kept_sms.is_some_and(|a| within(a, delay)), "{kept:?}");
 
     // The seen-set path: the same key, later again, checked against the table.
-    let mut cfg = EngineConfig::new(
-        &db.url,
-        &db.queue_url(),
-        "http://127.0.0.1:9",
-        "http://127.0.0.1:9",
-    );
-    cfg.consumers = vec![c.into()];
+    let mut cfg = one_consumer(db, c);
     cfg.mode = ConsumerMode::SeenSet;
     cfg.runner = RunnerSettings {
         idle_poll: Duration::from_millis(5),
@@ -361,6 +369,35 @@ async fn a_duplicate_delivered_later_is_dropped_with_its_age(db: &TestDb) {
         kept_trips.is_some_and(|a| a >= max - 0.5),
         "{kept:?} against {max}"
     );
+}
+
+/// `vehicle-state` keeps no dedup row: its history row is the record. A copy of an
+/// event delivered `LATE_COPY_DELAY` after the original is dropped with the age of
+/// that row (its `received_at`), in the histogram, the process's oldest and the
+/// store's `duplicate_ages`, on the batch path and the per-message path alike (before,
+/// every one of its duplicates had an unknown age and the dashboard's Dedup windows
+/// said "none with a known age").
+async fn a_vehicle_event_delivered_later_is_dropped_with_its_age(db: &TestDb) {
+    let delay = LATE_COPY_DELAY.as_secs_f64();
+    let c = vehicle_state::NAME;
+    let mut cfg = one_consumer(db, c);
+    cfg.runner.idle_poll = Duration::from_millis(5);
+    let engine = Engine::open(&cfg).await.unwrap();
+    let original = vehicle_event("34-VAGE-1", 7, "position", 1)
+        .to_json_line()
+        .into_bytes();
+    let worker = engine.worker(c, Arc::new(CrashPlan::none()), None).unwrap();
+    a_late_copy_is_dropped_with_its_age(&engine, &worker, c, &original).await;
+    // The per-message path (what a batch that failed falls back to) reads the same.
+    let again = engine
+        .store
+        .apply_vehicle_event(&Message::parse(&original).unwrap(), true)
+        .await
+        .unwrap();
+    let age = again
+        .duplicate_age(chrono::Utc::now())
+        .map(|a| a.as_secs_f64());
+    assert!(age.is_some_and(|a| within(a, delay)), "{again:?}");
 }
 
 // ---- the "twice" property --------------------------------------------------------
@@ -925,6 +962,10 @@ async fn a_vehicle_batch_is_decided_as_if_one_by_one(db: &TestDb) {
     }
     let label = |o: &store::VehicleOutcome| match o {
         store::VehicleOutcome::KeyConflict { .. } => "conflict".to_string(),
+        store::VehicleOutcome::Duplicate { first_at } => {
+            assert!(first_at.is_some(), "a duplicate without its first time");
+            "Duplicate".to_string()
+        }
         other => format!("{other:?}"),
     };
     assert_eq!(
@@ -995,7 +1036,7 @@ async fn racing_vehicle_batches_store_each_event_once(db: &TestDb) {
         std::collections::HashMap::new();
     for task in tasks {
         for (env, outcome) in task.await.unwrap() {
-            if outcome == store::VehicleOutcome::Duplicate {
+            if matches!(outcome, store::VehicleOutcome::Duplicate { .. }) {
                 continue;
             }
             let previous = first_time.insert((env.device_id.clone(), env.seq), outcome.clone());
@@ -1555,15 +1596,21 @@ async fn racing_claim_batches_take_each_claim_once(db: &TestDb) {
     }
 }
 
-/// A trip-counter engine on `db`, pipelined, with a short visibility timeout.
-async fn pipelined_engine(db: &TestDb, lease_batch: usize, prefetch: usize) -> Engine {
+/// An engine's config for `consumer` alone on `db`, its providers unreachable.
+fn one_consumer(db: &TestDb, consumer: &str) -> EngineConfig {
     let mut cfg = EngineConfig::new(
         &db.url,
         &db.queue_url(),
         "http://127.0.0.1:9",
         "http://127.0.0.1:9",
     );
-    cfg.consumers = vec![trip_counter::NAME.into()];
+    cfg.consumers = vec![consumer.to_string()];
+    cfg
+}
+
+/// A trip-counter engine on `db`, pipelined, with a short visibility timeout.
+async fn pipelined_engine(db: &TestDb, lease_batch: usize, prefetch: usize) -> Engine {
+    let mut cfg = one_consumer(db, trip_counter::NAME);
     cfg.runner = RunnerSettings {
         lease_batch,
         prefetch,
@@ -1936,13 +1983,7 @@ async fn refused_writes_are_retried_then_applied_once(
     table: &str,
     lease_batch: usize,
 ) -> Engine {
-    let mut cfg = EngineConfig::new(
-        &db.url,
-        &db.queue_url(),
-        "http://127.0.0.1:9",
-        "http://127.0.0.1:9",
-    );
-    cfg.consumers = vec![consumer.to_string()];
+    let mut cfg = one_consumer(db, consumer);
     cfg.runner = RunnerSettings {
         lease_batch,
         retry_delay: Duration::from_millis(10),

@@ -157,11 +157,7 @@ impl<'a> DedupBatch<'a> {
     /// processed, in seconds; None when the batch dropped no duplicate with a known
     /// first time. What [`note_duplicate_age_sql`] keeps per consumer.
     pub fn oldest_duplicate(outcomes: &[DedupOutcome], now: DateTime<Utc>) -> Option<f64> {
-        outcomes
-            .iter()
-            .filter_map(|o| o.duplicate_age(now))
-            .map(|age| age.as_secs_f64())
-            .max_by(f64::total_cmp)
+        super::oldest_age(outcomes.iter().map(|o| o.duplicate_age(now)))
     }
 
     /// The applied items' zone exits, merged per device (in device order).

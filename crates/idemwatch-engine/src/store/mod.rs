@@ -79,9 +79,56 @@ pub enum VehicleOutcome {
     /// Older than the state: history row stored with `applied = false`, state untouched.
     Late,
     /// This (device, seq, event_type) is already in history with the same payload.
-    Duplicate,
+    /// `first_at`: when that history row was received (its `received_at`), so the
+    /// duplicate's age is known as for the dedup table's consumers (issue 41); None
+    /// where nothing was read (the naive path decides nothing).
+    Duplicate { first_at: Option<DateTime<Utc>> },
     /// Already in history with a different payload.
     KeyConflict { stored: Fingerprint },
+}
+
+/// How long before `now` the time `first` was: a duplicate's age. Never negative: a
+/// first time ahead of `now` (a clock step between two hosts) reads as 0.
+pub(crate) fn age_at(first: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    now.signed_duration_since(first)
+        .to_std()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// The oldest of a batch's duplicate ages, in seconds (None when no duplicate had a
+/// known first time): what the batch notes in `duplicate_ages`.
+pub(crate) fn oldest_age(ages: impl Iterator<Item = Option<Duration>>) -> Option<f64> {
+    ages.flatten()
+        .map(|age| age.as_secs_f64())
+        .max_by(f64::total_cmp)
+}
+
+impl VehicleOutcome {
+    /// The decision alone, without when the row was first received: what comparing
+    /// two ways of deciding (one-by-one calls against a batch) compares.
+    pub fn without_age(self) -> Self {
+        match self {
+            VehicleOutcome::Duplicate { .. } => VehicleOutcome::Duplicate { first_at: None },
+            other => other,
+        }
+    }
+
+    /// How long ago its history row was received, for a duplicate whose first time
+    /// is known (never negative, as [`DedupOutcome::duplicate_age`]).
+    pub fn duplicate_age(&self, now: DateTime<Utc>) -> Option<Duration> {
+        match self {
+            VehicleOutcome::Duplicate {
+                first_at: Some(first),
+            } => Some(age_at(*first, now)),
+            _ => None,
+        }
+    }
+
+    /// The oldest duplicate among `outcomes`, in seconds: what the batch notes in
+    /// `duplicate_ages` in its own transaction (see [`DedupBatch::oldest_duplicate`]).
+    pub(crate) fn oldest_duplicate(outcomes: &[VehicleOutcome], now: DateTime<Utc>) -> Option<f64> {
+        oldest_age(outcomes.iter().map(|o| o.duplicate_age(now)))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -154,11 +201,7 @@ impl ClaimOutcome {
     /// the duplicate this outcome drops. Never negative.
     pub fn duplicate_age(&self, now: DateTime<Utc>) -> Option<Duration> {
         match self {
-            ClaimOutcome::Done(_, Some(first)) => Some(
-                now.signed_duration_since(*first)
-                    .to_std()
-                    .unwrap_or(Duration::ZERO),
-            ),
+            ClaimOutcome::Done(_, Some(first)) => Some(age_at(*first, now)),
             _ => None,
         }
     }
@@ -166,11 +209,7 @@ impl ClaimOutcome {
     /// The oldest duplicate among `outcomes`, in seconds (see
     /// [`DedupBatch::oldest_duplicate`]).
     pub(crate) fn oldest_duplicate(outcomes: &[ClaimOutcome], now: DateTime<Utc>) -> Option<f64> {
-        outcomes
-            .iter()
-            .filter_map(|o| o.duplicate_age(now))
-            .map(|age| age.as_secs_f64())
-            .max_by(f64::total_cmp)
+        oldest_age(outcomes.iter().map(|o| o.duplicate_age(now)))
     }
 }
 
@@ -889,11 +928,7 @@ impl DedupOutcome {
         match self {
             DedupOutcome::Duplicate {
                 first_at: Some(first),
-            } => Some(
-                now.signed_duration_since(*first)
-                    .to_std()
-                    .unwrap_or(Duration::ZERO),
-            ),
+            } => Some(age_at(*first, now)),
             _ => None,
         }
     }
@@ -918,10 +953,11 @@ pub(crate) fn duplicate_or_conflict(
 pub(crate) fn vehicle_duplicate_or_conflict(
     stored: String,
     fingerprint: &Fingerprint,
+    first_at: Option<DateTime<Utc>>,
 ) -> VehicleOutcome {
-    match duplicate_or_conflict(stored, fingerprint, None) {
+    match duplicate_or_conflict(stored, fingerprint, first_at) {
         DedupOutcome::KeyConflict { stored } => VehicleOutcome::KeyConflict { stored },
-        _ => VehicleOutcome::Duplicate,
+        _ => VehicleOutcome::Duplicate { first_at },
     }
 }
 

@@ -12,11 +12,18 @@
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, Utc};
+
 use super::{vehicle_duplicate_or_conflict, StoreResult, VehicleFacts, VehicleOutcome};
 use crate::envelope::{Envelope, Fingerprint, Message};
 
 /// A history row's identity: `(device_id, seq, event_type)`.
 pub(crate) type HistoryKey<'a> = (&'a str, i64, &'static str);
+
+/// The history rows of a batch already stored, by identity: each one's payload hash
+/// (duplicate or conflict) and when it was received (the duplicate's age; None where
+/// a backend could not read it), read by the same statement.
+pub(crate) type StoredHistory = HashMap<(String, i64, String), (String, Option<DateTime<Utc>>)>;
 
 /// One event of a batch, with what every backend writes for it.
 pub(crate) struct VehicleItem<'a> {
@@ -111,12 +118,15 @@ impl<'a> VehicleBatch<'a> {
         d
     }
 
-    /// Every item's outcome and the writes they need. `stored`: the payload hash of
-    /// each history key already stored; `last_seq`: each device's stored state.
+    /// Every item's outcome and the writes they need. `stored`: the payload hash and
+    /// received time of each history key already stored; `last_seq`: each device's
+    /// stored state; `now`: the received time of the rows this batch writes (a repeat
+    /// inside the batch is a duplicate of age ~0).
     pub fn decide<'b>(
         &'b self,
-        stored: &HashMap<(String, i64, String), String>,
+        stored: &StoredHistory,
         last_seq: &HashMap<String, i64>,
+        now: DateTime<Utc>,
     ) -> (Vec<VehicleOutcome>, VehicleWrites<'b, 'a>) {
         let mut current: HashMap<&str, i64> =
             last_seq.iter().map(|(d, s)| (d.as_str(), *s)).collect();
@@ -131,14 +141,18 @@ impl<'a> VehicleBatch<'a> {
             .map(|(i, item)| {
                 let (device, seq, event_type) = item.key();
                 let stored_hash = stored.get(&(device.to_string(), seq, event_type.to_string()));
-                if let Some(hash) = stored_hash {
-                    return vehicle_duplicate_or_conflict(hash.clone(), item.fingerprint);
+                if let Some((hash, received_at)) = stored_hash {
+                    return vehicle_duplicate_or_conflict(
+                        hash.clone(),
+                        item.fingerprint,
+                        *received_at,
+                    );
                 }
                 let first = self.first[i];
                 if first != i {
                     // The row the first item of this key wrote holds its fingerprint.
                     let written = self.items[first].fingerprint.as_str().to_string();
-                    return vehicle_duplicate_or_conflict(written, item.fingerprint);
+                    return vehicle_duplicate_or_conflict(written, item.fingerprint, Some(now));
                 }
                 let newer = current.get(device).is_none_or(|&c| seq > c);
                 writes.history.push((item, newer));
@@ -191,9 +205,15 @@ pub(super) mod tests {
         assert_eq!(batch.distinct().count(), 6);
         assert_eq!(batch.devices(), ["D1", "D2", "D3"]);
         let d3 = envs[6].fingerprint().as_str().to_string();
-        let stored = [(("D3".to_string(), 2, "position".to_string()), d3)].into();
+        let received = "2026-11-30T04:12:05Z".parse::<DateTime<Utc>>().unwrap();
+        let now = "2026-11-30T05:12:05Z".parse::<DateTime<Utc>>().unwrap();
+        let stored = [(
+            ("D3".to_string(), 2, "position".to_string()),
+            (d3, Some(received)),
+        )]
+        .into();
         let last_seq = [("D2".to_string(), 4), ("D3".to_string(), 9)].into();
-        let (outcomes, writes) = batch.decide(&stored, &last_seq);
+        let (outcomes, writes) = batch.decide(&stored, &last_seq, now);
         let conflict = VehicleOutcome::KeyConflict {
             stored: envs[0].fingerprint().clone(),
         };
@@ -202,13 +222,29 @@ pub(super) mod tests {
             vec![
                 VehicleOutcome::Applied,
                 VehicleOutcome::Late,
-                VehicleOutcome::Duplicate,
+                // A repeat inside the batch: the row the batch writes, received now.
+                VehicleOutcome::Duplicate {
+                    first_at: Some(now)
+                },
                 conflict,
                 VehicleOutcome::Late,
                 VehicleOutcome::Applied,
-                VehicleOutcome::Duplicate,
+                // The stored row's received time: an hour old.
+                VehicleOutcome::Duplicate {
+                    first_at: Some(received)
+                },
                 VehicleOutcome::Applied,
             ]
+        );
+        let ages: Vec<u64> = outcomes
+            .iter()
+            .filter_map(|o| o.duplicate_age(now))
+            .map(|a| a.as_secs())
+            .collect();
+        assert_eq!(ages, [0, 3600]);
+        assert_eq!(
+            VehicleOutcome::oldest_duplicate(&outcomes, now),
+            Some(3600.0)
         );
         let history: Vec<(i64, bool)> = writes
             .history

@@ -20,7 +20,7 @@ use sqlx::{Connection, MySql, MySqlPool, QueryBuilder};
 use super::claim_batch;
 use super::deadline::{connect_within, Tripwire};
 use super::dialect::{lost_race, retrying};
-use super::vehicle_batch::{VehicleBatch, VehicleItem};
+use super::vehicle_batch::{StoredHistory, VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_update, VEHICLE_UPSERT_HEAD};
 use super::*;
 use crate::deadlines::Deadlines;
@@ -208,21 +208,25 @@ impl Store for MysqlStore {
                 let rows: Vec<(String, i64)> = q.build_query_as().fetch_all(&mut *tx).await?;
                 last_seq.extend(rows);
             }
-            let mut stored = HashMap::new();
+            let mut stored = StoredHistory::new();
             for chunk in distinct.chunks(ROWS_PER_STATEMENT) {
                 let mut q = QueryBuilder::<MySql>::new(
-                    "SELECT CAST(device_id AS CHAR), seq, CAST(event_type AS CHAR), CAST(payload_hash AS CHAR)
+                    "SELECT CAST(device_id AS CHAR), seq, CAST(event_type AS CHAR), CAST(payload_hash AS CHAR),
+                            received_at
                      FROM vehicle_history WHERE (device_id, seq, event_type) IN ",
                 );
                 q.push_tuples(chunk, |mut t, item| {
                     let (device, seq, event_type) = item.key();
                     t.push_bind(device).push_bind(seq).push_bind(event_type);
                 });
-                let rows: Vec<(String, i64, String, String)> =
+                let rows: Vec<(String, i64, String, String, NaiveDateTime)> =
                     q.build_query_as().fetch_all(&mut *tx).await?;
-                stored.extend(rows.into_iter().map(|(d, s, t, h)| ((d, s, t), h)));
+                stored.extend(
+                    rows.into_iter()
+                        .map(|(d, s, t, h, at)| ((d, s, t), (h, Some(at.and_utc())))),
+                );
             }
-            let (outcomes, writes) = batch.decide(&stored, &last_seq);
+            let (outcomes, writes) = batch.decide(&stored, &last_seq, Utc::now());
             for chunk in writes.history.chunks(ROWS_PER_STATEMENT) {
                 let mut q = QueryBuilder::<MySql>::new(
                     "INSERT IGNORE INTO vehicle_history

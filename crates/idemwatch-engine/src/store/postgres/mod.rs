@@ -17,7 +17,7 @@ use sqlx::{ConnectOptions, Connection, Executor, PgConnection, PgPool};
 
 use super::deadline::{connect_within, Tripwire};
 use super::dialect::lost_race;
-use super::vehicle_batch::{VehicleBatch, VehicleItem};
+use super::vehicle_batch::{StoredHistory, VehicleBatch, VehicleItem};
 use super::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use super::*;
 use crate::deadlines::Deadlines;
@@ -196,8 +196,8 @@ impl Store for PostgresStore {
         .execute(&mut *tx)
         .await?;
         let keys: Vec<_> = batch.distinct().map(|item| item.key()).collect();
-        let stored: HashMap<(String, i64, String), String> = sqlx::query_as(
-            "SELECT h.device_id, h.seq, h.event_type, h.payload_hash
+        let stored: StoredHistory = sqlx::query_as(
+            "SELECT h.device_id, h.seq, h.event_type, h.payload_hash, h.received_at
              FROM UNNEST($1::text[], $2::bigint[], $3::text[]) AS v (d, s, t)
              JOIN vehicle_history h ON h.device_id = v.d AND h.seq = v.s AND h.event_type = v.t",
         )
@@ -207,7 +207,11 @@ impl Store for PostgresStore {
         .fetch_all(&mut *tx)
         .await?
         .into_iter()
-        .map(|(d, s, t, h): (String, i64, String, String)| ((d, s, t), h))
+        .map(
+            |(d, s, t, h, at): (String, i64, String, String, DateTime<Utc>)| {
+                ((d, s, t), (h, Some(at)))
+            },
+        )
         .collect();
         let last_seq: HashMap<String, i64> = sqlx::query_as(
             "SELECT device_id, last_seq FROM vehicle_state WHERE device_id = ANY($1)",
@@ -217,7 +221,7 @@ impl Store for PostgresStore {
         .await?
         .into_iter()
         .collect();
-        let (outcomes, writes) = batch.decide(&stored, &last_seq);
+        let (outcomes, writes) = batch.decide(&stored, &last_seq, Utc::now());
         let rows = &writes.history;
         if !rows.is_empty() {
             let payload = |(item, _): &(&VehicleItem, bool)| {

@@ -21,7 +21,7 @@ use crate::sqlite::thread::db;
 use crate::store::batch::{note_duplicate_age_sql, FirstSeen};
 use crate::store::claim_batch::{self, ClaimFinish, ClaimRequest, ClaimResult};
 use crate::store::dialect::parse_text_time;
-use crate::store::vehicle_batch::VehicleBatch;
+use crate::store::vehicle_batch::{StoredHistory, VehicleBatch};
 use crate::store::vehicle_sql::{vehicle_upsert_tail, VEHICLE_UPSERT_HEAD};
 use crate::store::{
     parse_ts, ts, Backend, Claim, ClaimOutcome, ClaimState, DedupBatch, DedupOutcome, Recordable,
@@ -58,14 +58,20 @@ fn read_each<K: Eq + std::hash::Hash, P: rusqlite::Params, V: rusqlite::types::F
     select: &str,
     keys: impl Iterator<Item = (K, P)>,
 ) -> StoreResult<HashMap<K, V>> {
+    read_each_row(tx, select, keys, |r| r.get(0))
+}
+
+/// [`read_each`] with the row read by `row` (several columns).
+fn read_each_row<K: Eq + std::hash::Hash, P: rusqlite::Params, V>(
+    tx: &Transaction<'_>,
+    select: &str,
+    keys: impl Iterator<Item = (K, P)>,
+    row: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<V>,
+) -> StoreResult<HashMap<K, V>> {
     let mut read = tx.prepare_cached(select).map_err(db)?;
     let mut found = HashMap::new();
     for (key, params) in keys {
-        if let Some(v) = read
-            .query_row(params, |r| r.get(0))
-            .optional()
-            .map_err(db)?
-        {
+        if let Some(v) = read.query_row(params, &row).optional().map_err(db)? {
             found.insert(key, v);
         }
     }
@@ -138,22 +144,28 @@ pub(super) fn apply_vehicle_batch(
     envs: &[Message],
 ) -> StoreResult<Vec<VehicleOutcome>> {
     let batch = VehicleBatch::new(envs)?;
-    let now = ts(Utc::now());
-    let stored = read_each(
+    let at = Utc::now();
+    let now = ts(at);
+    let stored_rows: HashMap<(String, i64, String), (String, String)> = read_each_row(
         tx,
-        "SELECT payload_hash FROM vehicle_history
+        "SELECT payload_hash, received_at FROM vehicle_history
          WHERE device_id = ?1 AND seq = ?2 AND event_type = ?3",
         batch
             .distinct()
             .map(|i| i.key())
             .map(|(d, s, t)| ((d.into(), s, t.into()), (d, s, t))),
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
+    let stored: StoredHistory = stored_rows
+        .into_iter()
+        .map(|(k, (hash, received))| (k, (hash, parse_text_time(&received))))
+        .collect();
     let last_seq = read_each(
         tx,
         "SELECT last_seq FROM vehicle_state WHERE device_id = ?1",
         batch.devices().into_iter().map(|d| (d.to_string(), [d])),
     )?;
-    let (outcomes, writes) = batch.decide(&stored, &last_seq);
+    let (outcomes, writes) = batch.decide(&stored, &last_seq, at);
     let mut history = tx
         .prepare_cached(
             "INSERT INTO vehicle_history

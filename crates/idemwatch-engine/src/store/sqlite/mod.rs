@@ -307,14 +307,22 @@ mod tests {
             event("V1", 4, "position", position),
             event("V1", 6, "zone_enter", r#""zone":"Z""#),
         ];
+        let decided = store.apply_vehicle_batch(&next).await.unwrap();
         assert_eq!(
-            store.apply_vehicle_batch(&next).await.unwrap(),
+            decided
+                .iter()
+                .cloned()
+                .map(VehicleOutcome::without_age)
+                .collect::<Vec<_>>(),
             [
-                VehicleOutcome::Duplicate,
+                VehicleOutcome::Duplicate { first_at: None },
                 VehicleOutcome::Late,
                 VehicleOutcome::Applied
             ]
         );
+        // The duplicate carries when its history row was received: moments ago.
+        let age = decided[0].duplicate_age(chrono::Utc::now()).unwrap();
+        assert!(age < std::time::Duration::from_secs(60), "{age:?}");
         let state = store.vehicle_state("V1").await.unwrap().unwrap();
         assert_eq!((state.last_seq, state.zone.as_deref()), (6, Some("Z")));
         assert_eq!(store.vehicle_history("V1").await.unwrap().len(), 3);
