@@ -231,8 +231,8 @@ async fn two_ingest_instances_in_a_share_group_split_the_fleet_and_one_sigkilled
     };
     let mut a = member("ingest-a", "a-1.log");
     let mut b = member("ingest-b", "b.log");
-    broker.wait_for_log("Received SUBSCRIBE from ingest-a");
-    broker.wait_for_log("Received SUBSCRIBE from ingest-b");
+    broker.wait_subscribed(&mut a, "ingest-a", &env.path("a-1.log"));
+    broker.wait_subscribed(&mut b, "ingest-b", &env.path("b.log"));
     assert!(broker.log_has("$share/fleet-ingest/fleet/+/events"));
 
     let (events, messages) = fleet_events(48, 800);

@@ -4,7 +4,7 @@
 //! consumers applied each event once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,6 +133,34 @@ impl PrivateMosquitto {
 
     pub fn log_has(&self, needle: &str) -> bool {
         self.log_count(needle) > 0
+    }
+
+    /// Wait (30 s at most) for `ingest` to subscribe (`Received SUBSCRIBE from
+    /// CLIENT_ID` in the broker's log). An ingest that exits meanwhile fails the wait
+    /// at once with its exit status, output and log, instead of the wait's timeout.
+    pub fn wait_subscribed(&self, ingest: &mut KillOnDrop, client_id: &str, log: &Path) {
+        use std::io::Read;
+        let needle = format!("Received SUBSCRIBE from {client_id}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.log_has(&needle) {
+            if let Some(status) = ingest.0.try_wait().expect("ingest's status") {
+                let (mut out, mut err) = (String::new(), String::new());
+                if let Some(o) = ingest.0.stdout.as_mut() {
+                    let _ = o.read_to_string(&mut out);
+                }
+                if let Some(e) = ingest.0.stderr.as_mut() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                panic!("{client_id} exited ({status}) before it subscribed:\n{out}\n{err}\n{log}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{client_id} did not subscribe within 30 s; its log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// How many times `needle` is in the broker's log.

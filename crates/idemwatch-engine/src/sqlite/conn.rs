@@ -5,7 +5,7 @@
 //! pragmas.
 
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
@@ -48,14 +48,42 @@ pub(crate) async fn connect_sqlite(
             })?;
         }
     }
-    Ok(SqlitePoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(60))
-        // A local file does not hang up: no ping (a round trip to SQLite's thread)
-        // before every statement.
-        .test_before_acquire(false)
-        .connect_with(opts)
-        .await?)
+    // Two processes opening one new file at once (two `ingest mqtt` members of a share
+    // group started together): the one that does not turn the file to WAL meets
+    // SQLITE_BUSY on its connection's `PRAGMA journal_mode = WAL` at once, without
+    // SQLite's busy handler (changing the journal mode takes the file's exclusive lock,
+    // and SQLite does not wait for it). It exited 3 "database is locked" about one
+    // start in four. Opening is tried again for as long as a writer may wait (`busy`),
+    // then the lock is an error like any other.
+    let deadline = Instant::now() + busy;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let opened = SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(60))
+            // A local file does not hang up: no ping (a round trip to SQLite's thread)
+            // before every statement.
+            .test_before_acquire(false)
+            .connect_with(opts.clone())
+            .await;
+        match opened {
+            Err(e) if locked(&e) && Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "SQLite file locked while opening; another process is opening it too, again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            opened => return Ok(opened?),
+        }
+    }
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED, extended codes included (the low byte).
+fn locked(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    let code: i32 = db.code().and_then(|c| c.parse().ok()).unwrap_or(1);
+    matches!(code & 0xff, 5 | 6)
 }
 
 /// Bring a SQLite file's schema up to date, also when another process is doing the
@@ -80,6 +108,47 @@ pub(crate) async fn migrate(
                 attempt += 1;
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three openers of one new file at once (three processes' worth: SQLite's locks
+    /// hold between connections of one process as between processes), on 40 new
+    /// files: every open succeeds and every file ends in WAL. Before the retry, the
+    /// openers that lost the race to turn the file to WAL failed "database is
+    /// locked" at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+    async fn openers_of_one_new_file_at_once_all_open_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..40 {
+            let url = format!(
+                "sqlite://{}",
+                dir.path().join(format!("f{round}.db")).display()
+            );
+            let openers: Vec<_> = (0..3)
+                .map(|_| {
+                    let url = url.clone();
+                    tokio::spawn(async move {
+                        connect_sqlite(&url, 1, SqliteSynchronous::Full, Duration::from_secs(5))
+                            .await
+                    })
+                })
+                .collect();
+            for opener in openers {
+                let pool = opener
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                assert_eq!(mode, "wal");
+            }
         }
     }
 }
