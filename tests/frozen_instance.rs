@@ -225,13 +225,21 @@ async fn a_frozen_instance_repeats_only_its_calls_in_flight(kind: Kind, queue: Q
         .map(|by_reason| by_reason.values().filter_map(|v| v.as_f64()).sum())
         .unwrap_or_default();
     assert_eq!(shown, 4.0, "{sms:#}");
+    // Every claim ends sent. One whose call was in flight when A froze is B's by a
+    // takeover (its second attempt). One that A claimed and had not called yet is
+    // taken over too; on RabbitMQ a delivery that had not reached A's batch when it
+    // froze goes to B with the rest of A's unacked ones when the broker closes A's
+    // link, and B's claim is its first (seen once in a clean-clone CI run: the 8
+    // zone exits reached A's runner in two batches).
     for body in &bodies {
         let claim = store.claim(SMS, &key_of(body)).await.unwrap().unwrap();
-        assert_eq!(
-            (claim.state, claim.attempts),
-            (ClaimState::Sent, 2),
-            "{claim:?}"
-        );
+        assert_eq!(claim.state, ClaimState::Sent, "{claim:?}");
+        let in_flight = repeated.contains(&&claim.provider_key);
+        let attempts_ok = match (in_flight, &queue) {
+            (true, _) | (false, Queue::Embedded) => claim.attempts == 2,
+            (false, Queue::RabbitMq) => (1..=2).contains(&claim.attempts),
+        };
+        assert!(attempts_ok, "{claim:?}");
     }
     assert!(store.dead_letters(10).await.unwrap().is_empty());
 
