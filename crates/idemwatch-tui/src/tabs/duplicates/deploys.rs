@@ -12,6 +12,8 @@
 //! │    demo-engine/vehicle-state    9        968  0.930%  0.400%   2.30%   1m 09s  OVER     │
 //! └───────────────────────────────────────────────────────────────────────────────────────┘
 //! ```
+//! Short of room, each deploy keeps its own row and only its consumers over budget
+//! (worst first), and the last row counts what was left out.
 //! The figures are `snapshot --json`'s `deploys` (`idemwatch_monitor::deploys`);
 //! an open window's verdict is provisional ("so far"): its first minute is all
 //! spike.
@@ -140,6 +142,12 @@ pub(super) fn deploys_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Th
         ),
         theme.dim.add_modifier(Modifier::BOLD),
     )];
+    // Short of room (the chart keeps its 16 rows; a 45-row screen leaves this panel
+    // a few), every deploy keeps its own row and only its consumers over budget,
+    // worst first, and the last row says what is left out: before, the panel showed
+    // the newest deploy's first consumer and cut the rest without a word.
+    let short = lines_wanted(app) > rows && rows > 2;
+    let mut hidden = 0usize;
     for d in &snap.deploys {
         let open = d.ends == WindowEnd::Open;
         let head = format!("{} {}", format::clock(d.at), d.label);
@@ -181,7 +189,18 @@ pub(super) fn deploys_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Th
             ),
             verdict_span(d.verdict, open, theme),
         ]));
-        for c in consumers(app, d) {
+        let mut shown: Vec<_> = consumers(app, d).collect();
+        if short {
+            let all = shown.len();
+            shown.retain(|c| c.verdict == Verdict::Over);
+            shown.sort_by(|a, b| {
+                b.ratio
+                    .partial_cmp(&a.ratio)
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
+            hidden += all - shown.len();
+        }
+        for c in shown {
             let name = format!("{}/{}", c.target, c.consumer);
             lines.push(Line::from(vec![
                 Span::raw(format!(
@@ -204,9 +223,17 @@ pub(super) fn deploys_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Th
                 verdict_span(c.verdict, open, theme),
             ]));
         }
-        if lines.len() >= rows {
-            break;
-        }
+    }
+    if short && (lines.len() > rows || hidden > 0) {
+        let room = rows - 1;
+        hidden += lines.len().saturating_sub(room);
+        lines.truncate(room);
+        lines.push(Line::styled(
+            format!(
+                "… {hidden} more (within budget, or older): / filters, snapshot --json has all"
+            ),
+            theme.dim,
+        ));
     }
     if snap.deploys.is_empty() {
         lines.push(Line::styled(
