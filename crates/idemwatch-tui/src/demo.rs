@@ -9,6 +9,9 @@
 //! unacked deliveries come back as duplicates after the visibility timeout. The
 //! producer side redelivers more during the deploy window too (the simulator's
 //! ~0.4 %). The duplicate-rate chart spikes at the deploy marker for real reasons.
+//! Every second deploy drains the old incarnation instead of killing it (`(drained)`
+//! in its marker): nothing is redelivered twice, so it stays within the duplicate
+//! budget beside the killed ones over it.
 //!
 //! The other two things the tool is for show within its first minute or so, from the
 //! same real parts:
@@ -59,7 +62,9 @@ pub struct DemoSettings {
     /// First simulated deploy after this long, then every `deploy_every`.
     pub first_deploy_after: Duration,
     pub deploy_every: Duration,
-    /// Deliveries killed between commit and ack by each deploy.
+    /// Deliveries killed between commit and ack by each odd-numbered deploy; the
+    /// even-numbered ones drain the old consumers first and kill nothing, so the
+    /// Deploys panel shows a deploy over its duplicate budget beside one within it.
     pub deploy_kills: u32,
     /// A malformed message from a "buggy producer" this often (dead letters).
     pub garbage_every: Duration,
@@ -94,7 +99,10 @@ impl DemoSettings {
             // Between deploys (40 s, then every 120 s), so the chart's deploy spike
             // and the claims in doubt are told apart.
             slow_first_after: Duration::from_secs(55),
-            slow_every: Duration::from_secs(120),
+            // Every other deploy's window (#1, #3, …: the killed ones): its claims
+            // given back and redelivered are the window's duplicates too, and a
+            // drained deploy's window stays clean (within its budget).
+            slow_every: Duration::from_secs(240),
             slow_for: Duration::from_secs(25),
             slow_answer: Duration::from_secs(12),
             claim_lease: idemwatch_engine::consumers::DEFAULT_CLAIM_LEASE,
@@ -161,7 +169,8 @@ struct World {
     queue: Arc<dyn Queue>,
     cfg: EngineConfig,
     current: RwLock<Arc<Metrics>>,
-    /// Deploys so far: the producer opens a redelivery window on each.
+    /// Deploys that killed their consumers so far: the producer opens a redelivery
+    /// window on each (a drained deploy returns what it held unprocessed: no window).
     deploys: AtomicU64,
 }
 
@@ -428,17 +437,34 @@ async fn consume(
         }
         deploy_no += 1;
         next_deploy = tokio::time::Instant::now() + settings.deploy_every;
-        world.deploys.fetch_add(1, Ordering::Relaxed);
+        // Odd deploys kill the old incarnation mid-flight (some deliveries commit and
+        // never ack: their redeliveries are dropped as duplicates) while the producer
+        // redelivers more: over the budget. Even ones drain it first (what it held
+        // unprocessed goes back uncounted, nothing is redelivered twice): within it.
+        // The question the Deploys panel answers — did this deploy cost more
+        // duplicates than deploys usually do? — then has both answers on screen.
+        let drained = deploy_no.is_multiple_of(2);
+        if !drained {
+            world.deploys.fetch_add(1, Ordering::Relaxed);
+        }
+        let (label, detail) = if drained {
+            (
+                format!("demo deploy #{deploy_no} (drained)"),
+                "simulated rolling restart: the old consumers drained first",
+            )
+        } else {
+            (
+                format!("demo deploy #{deploy_no}"),
+                "simulated rolling restart: the old consumers killed mid-flight",
+            )
+        };
         let _ = world
             .store
-            .add_marker(
-                MarkerKind::Deploy,
-                &format!("demo deploy #{deploy_no}"),
-                Some("simulated rolling restart of the consumers"),
-            )
+            .add_marker(MarkerKind::Deploy, &label, Some(detail))
             .await;
-        // The old incarnation dies mid-flight: some deliveries commit and never ack.
-        crash.arm(CrashPoint::AfterCommitBeforeAck, settings.deploy_kills);
+        if !drained {
+            crash.arm(CrashPoint::AfterCommitBeforeAck, settings.deploy_kills);
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
         while crash.pending() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
