@@ -95,6 +95,22 @@ fn nats_err(e: impl std::fmt::Display) -> QueueError {
     QueueError::Nats(e.to_string())
 }
 
+/// How often a stream's creation is asked again after the server failed it (about
+/// 1.5 s in all: 100, 200, 400, 800 ms).
+const STREAM_CREATE_RETRIES: u32 = 4;
+
+/// The server's own trouble setting a stream up (its API answered 5xx): seen as error
+/// 10049 "error creating store for stream" when the server removed its account's
+/// empty storage directory after another client deleted its last stream, at the
+/// instant this one's was being made (nats-server's log: "could not create storage
+/// directory … no such file or directory"). Asked again, it succeeds; a chaos drill's
+/// setup failed on it in a CI run. A refusal of the request (4xx: a bad name, a
+/// config in conflict) is not asked again.
+fn server_fault(e: &async_nats::jetstream::context::CreateStreamError) -> bool {
+    use async_nats::jetstream::context::CreateStreamErrorKind;
+    matches!(e.kind(), CreateStreamErrorKind::JetStream(err) if err.code() >= 500)
+}
+
 /// A stream or consumer name: JetStream allows no `.`, `*`, `>`, `/` or whitespace.
 fn name_part(s: &str) -> String {
     s.chars()
@@ -228,21 +244,29 @@ impl NatsQueue {
             Some((base, _)) => format!("{base}.>"),
             None => format!("{}.>", loc.subject),
         };
-        let s = self
-            .js
-            .get_or_create_stream(stream::Config {
-                name: loc.stream.clone(),
-                subjects: vec![wildcard],
-                retention: stream::RetentionPolicy::WorkQueue,
-                storage: stream::StorageType::File,
-                discard: stream::DiscardPolicy::New,
-                max_bytes: STREAM_MAX_BYTES,
-                max_message_size: MAX_MESSAGE_BYTES,
-                duplicate_window: DUPLICATE_WINDOW,
-                ..Default::default()
-            })
-            .await
-            .map_err(nats_err)?;
+        let config = stream::Config {
+            name: loc.stream.clone(),
+            subjects: vec![wildcard],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            discard: stream::DiscardPolicy::New,
+            max_bytes: STREAM_MAX_BYTES,
+            max_message_size: MAX_MESSAGE_BYTES,
+            duplicate_window: DUPLICATE_WINDOW,
+            ..Default::default()
+        };
+        let mut attempt = 0u32;
+        let s = loop {
+            match self.js.get_or_create_stream(config.clone()).await {
+                Ok(s) => break s,
+                Err(e) if attempt < STREAM_CREATE_RETRIES && server_fault(&e) => {
+                    attempt += 1;
+                    tracing::debug!(error = %e, attempt, stream = %loc.stream, "JetStream could not set the stream up; asking again");
+                    tokio::time::sleep(Duration::from_millis(50) * 2u32.pow(attempt)).await;
+                }
+                Err(e) => return Err(nats_err(e)),
+            }
+        };
         streams.insert(loc.stream.clone(), s.clone());
         Ok(s)
     }
@@ -733,6 +757,26 @@ impl Queue for NatsQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The server's 500 (error 10049, its store for the stream) is asked again; a
+    /// 400 (a config the server refuses) and a timeout are not.
+    #[test]
+    fn only_the_servers_own_failure_to_make_a_stream_is_asked_again() {
+        use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
+        let answer = |code: u16, err_code: u64| {
+            let body = format!(
+                r#"{{"code":{code},"err_code":{err_code},"description":"error creating store for stream"}}"#
+            );
+            CreateStreamError::new(CreateStreamErrorKind::JetStream(
+                serde_json::from_str(&body).unwrap(),
+            ))
+        };
+        assert!(server_fault(&answer(500, 10049)));
+        assert!(!server_fault(&answer(400, 10058)));
+        assert!(!server_fault(&CreateStreamError::new(
+            CreateStreamErrorKind::TimedOut
+        )));
+    }
 
     #[test]
     fn names_the_server_accepts() {
