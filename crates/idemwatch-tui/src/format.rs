@@ -53,6 +53,16 @@ pub fn ago(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
 
 pub use idemwatch_base::clock::clock;
 
+/// `text` in at most `width` characters, `…` where it was cut.
+pub fn fit(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
 /// `text` in lines of at most `width` characters, broken between words, at most
 /// `max_lines` of them; the last ends in `…` when text was left out. A long alert
 /// then keeps its object on a second line instead of losing it at the edge.
@@ -76,7 +86,7 @@ pub fn wrap(text: &str, width: usize, max_lines: usize) -> Vec<String> {
     lines.truncate(max_lines.max(1));
     for l in &mut lines {
         if l.chars().count() > width {
-            *l = l.chars().take(width.saturating_sub(1)).collect::<String>() + "…";
+            *l = fit(l, width);
         }
     }
     if cut {

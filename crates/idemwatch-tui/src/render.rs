@@ -75,13 +75,7 @@ fn banner_lines(text: &str, width: usize, max_rows: usize) -> Vec<String> {
     let pack = |parts: &[&str]| {
         let mut rows: Vec<String> = Vec::new();
         for part in parts {
-            let part: String = if part.chars().count() > width {
-                let mut cut: String = part.chars().take(width.saturating_sub(1)).collect();
-                cut.push('…');
-                cut
-            } else {
-                part.to_string()
-            };
+            let part = format::fit(part, width);
             match rows.last_mut() {
                 Some(row)
                     if row.chars().count() + sep.chars().count() + part.chars().count()

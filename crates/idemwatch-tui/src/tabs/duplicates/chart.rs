@@ -325,7 +325,7 @@ fn marker_lane(
         let left = usize::from(x.saturating_sub(free + 2));
         let label_end = if right >= len.min(left) || left < 3 {
             (right >= 3).then(|| {
-                let label = fit(&m.label, right);
+                let label = format::fit(&m.label, right);
                 buf.set_string(*x + 2, lane.y, &label, theme.marker(&m.kind));
                 *x + 2 + label.chars().count() as u16
             })
@@ -334,7 +334,7 @@ fn marker_lane(
             buf.set_string(
                 *x - 1 - n as u16,
                 lane.y,
-                fit(&m.label, n),
+                format::fit(&m.label, n),
                 theme.marker(&m.kind),
             );
             None
@@ -349,16 +349,6 @@ fn marker_lane(
             theme.dim,
         );
     }
-}
-
-/// `label` in at most `n` columns, "…" where it was cut.
-fn fit(label: &str, n: usize) -> String {
-    if label.chars().count() <= n {
-        return label.to_string();
-    }
-    let mut cut: String = label.chars().take(n.saturating_sub(1)).collect();
-    cut.push('…');
-    cut
 }
 
 /// Each consumer's colour and its current rate over the chart's window: the same

@@ -96,7 +96,7 @@ const COLUMNS: [(&str, usize, bool); 6] = [
 
 /// A row's name cell and its numeric cells, aligned under the header.
 fn cells(name: &str, name_width: usize, values: [String; 6], compact: bool) -> String {
-    let mut out = format!("{:<name_width$}", truncate(name, name_width));
+    let mut out = format!("{:<name_width$}", format::fit(name, name_width));
     for ((_, width, in_compact), value) in COLUMNS.iter().zip(values) {
         if compact && !in_compact {
             continue;
@@ -245,14 +245,4 @@ pub(super) fn deploys_panel(frame: &mut Frame, area: Rect, app: &App, theme: &Th
     let title =
         format!(" Deploys: duplicates per window against the budget ({shown}, newest first) ");
     frame.render_widget(Paragraph::new(lines).block(panel(title, theme)), area);
-}
-
-/// At most `width` characters, the cut marked with `…`.
-fn truncate(s: &str, width: usize) -> String {
-    if s.chars().count() <= width {
-        return s.to_string();
-    }
-    let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
-    out.push('…');
-    out
 }
