@@ -256,6 +256,15 @@ fn within(age: f64, least: f64) -> bool {
     (least..least + 4.0).contains(&age)
 }
 
+/// A duplicate's age, read from what the store answered (`what`), is `within` the delay.
+fn assert_aged(age: Option<Duration>, delay: f64, what: &impl std::fmt::Debug) {
+    let age = age.map(|a| a.as_secs_f64());
+    assert!(
+        age.is_some_and(|a| within(a, delay)),
+        "{age:?} after {delay} s: {what:?}"
+    );
+}
+
 /// `original` processed once by `worker`, then a copy of it published
 /// `LATE_COPY_DELAY` later: dropped with that age in the histogram (the 10 s bucket,
 /// not the 1 s one), the process's oldest and the store's `duplicate_ages`. Returns
@@ -329,10 +338,7 @@ async fn a_duplicate_delivered_later_is_dropped_with_its_age(db: &TestDb) {
         .claim_side_effect(sms, &sms_key, &sms_fp, "pk-age", lease)
         .await
         .unwrap();
-    let age = again
-        .duplicate_age(chrono::Utc::now())
-        .map(|a| a.as_secs_f64());
-    assert!(age.is_some_and(|a| within(a, delay)), "{again:?}");
+    assert_aged(again.duplicate_age(chrono::Utc::now()), delay, &again);
     let kept = engine.store.duplicate_ages().await.unwrap();
     let kept_sms = kept
         .iter()
@@ -394,10 +400,7 @@ async fn a_vehicle_event_delivered_later_is_dropped_with_its_age(db: &TestDb) {
         .apply_vehicle_event(&Message::parse(&original).unwrap(), true)
         .await
         .unwrap();
-    let age = again
-        .duplicate_age(chrono::Utc::now())
-        .map(|a| a.as_secs_f64());
-    assert!(age.is_some_and(|a| within(a, delay)), "{again:?}");
+    assert_aged(again.duplicate_age(chrono::Utc::now()), delay, &again);
 }
 
 // ---- the "twice" property --------------------------------------------------------

@@ -365,6 +365,15 @@ async fn fail_open_handles_unchecked_while_redis_is_down_and_counts_the_bypass()
     assert_eq!(sms.sent_sms().await.unwrap().len(), 3);
 
     // The dashboard reads the bypass from the engine's exposition, per consumer.
+    let tracker = dashboard_view(&text, &MetricNames::default());
+    let seen = &tracker.status().seen_set_bypassed;
+    assert_eq!(seen.get(zone_exit_sms::NAME), Some(&6.0), "{seen:?}");
+    assert_eq!(seen.get(trip_counter::NAME), Some(&6.0), "{seen:?}");
+}
+
+/// The dashboard's view of an engine: its tracker after one scrape of the engine's
+/// exposition `text`.
+fn dashboard_view(text: &str, names: &MetricNames) -> TargetTracker {
     let mut tracker = TargetTracker::new("fleet", "http://127.0.0.1:9464/metrics");
     tracker.observe(
         &ScrapeResult {
@@ -373,14 +382,12 @@ async fn fail_open_handles_unchecked_while_redis_is_down_and_counts_the_bypass()
             at: chrono::Utc::now(),
             duration: Duration::from_millis(1),
             outcome: Ok(
-                parse(&text, Format::PrometheusText).expect("the engine's exposition parses")
+                parse(text, Format::PrometheusText).expect("the engine's exposition parses")
             ),
         },
-        &MetricNames::default(),
+        names,
     );
-    let seen = &tracker.status().seen_set_bypassed;
-    assert_eq!(seen.get(zone_exit_sms::NAME), Some(&6.0), "{seen:?}");
-    assert_eq!(seen.get(trip_counter::NAME), Some(&6.0), "{seen:?}");
+    tracker
 }
 
 // ---- duplicate age against the seen-set's TTL (issue 41) ----------------------------
@@ -473,18 +480,7 @@ async fn a_seen_set_ttl_shorter_than_twice_the_oldest_duplicate_warns() {
 
     // The dashboard's view of this engine: its TTL, the ages, the margins, the WARN.
     let names = MetricNames::default();
-    let mut tracker = TargetTracker::new("fleet", "http://127.0.0.1:9464/metrics");
-    let text = engine.metrics.encode_prometheus_text();
-    tracker.observe(
-        &ScrapeResult {
-            target: "fleet".into(),
-            url: "http://127.0.0.1:9464/metrics".into(),
-            at: chrono::Utc::now(),
-            duration: Duration::from_millis(1),
-            outcome: parse(&text, Format::PrometheusText).map_err(|e| e.to_string()),
-        },
-        &names,
-    );
+    let tracker = dashboard_view(&engine.metrics.encode_prometheus_text(), &names);
     let targets = [tracker.status().clone()];
     assert_eq!(targets[0].seen_set_ttl_seconds, Some(ttl.as_secs_f64()));
     let consumers: Vec<_> = tracker.consumers().cloned().collect();

@@ -408,15 +408,17 @@ mod tests {
     /// Without a duplicate of known age nothing is short and the line says so.
     #[test]
     fn no_duplicate_yet_is_no_margin_and_no_warning() {
-        let c = ConsumerStatus::new("local", "trip-counter");
-        let w = evaluate(&WindowInputs {
-            consumers: &[c],
-            targets: &[],
-            brokers: &[],
-            stored_max: &BTreeMap::new(),
-            retention: Some(Duration::from_secs(3600)),
-            provider_key_lifetime: Duration::from_secs(86_400),
-        });
+        let alone = |c: ConsumerStatus| {
+            evaluate(&WindowInputs {
+                consumers: &[c],
+                targets: &[],
+                brokers: &[],
+                stored_max: &BTreeMap::new(),
+                retention: Some(Duration::from_secs(3600)),
+                provider_key_lifetime: Duration::from_secs(86_400),
+            })
+        };
+        let w = alone(ConsumerStatus::new("local", "trip-counter"));
         assert_eq!(w[0].max_seconds, None);
         assert_eq!(w[0].windows[0].margin, None);
         assert_eq!(w[0].short().count(), 0);
@@ -424,14 +426,7 @@ mod tests {
         // Duplicates without an age are said to be so, not hidden as none.
         let mut c = ConsumerStatus::new("local", "vehicle-state");
         c.duplicate_dropped.total = 3.0;
-        let w = evaluate(&WindowInputs {
-            consumers: &[c],
-            targets: &[],
-            brokers: &[],
-            stored_max: &BTreeMap::new(),
-            retention: Some(Duration::from_secs(3600)),
-            provider_key_lifetime: Duration::from_secs(86_400),
-        });
+        let w = alone(c);
         assert_eq!(w[0].summary, "3 duplicates dropped, none with a known age");
         assert_eq!(w[0].short().count(), 0);
     }
